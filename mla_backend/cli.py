@@ -1,0 +1,32 @@
+"""Command line: `python -m mla_backend {doctor,build,bench}`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mla_backend", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("doctor", help="versions, GPUs and which kernel serves decode, and why")
+    build = sub.add_parser("build", help="build the CUDA kernels ahead of time (no GPU needed)")
+    build.add_argument("--arch", default=None,
+                       help="comma-separated targets, e.g. sm_90a,sm_120a (default: the visible GPU's)")
+    bench = sub.add_parser("bench", help="time the decode kernel against the peers importable here")
+    bench.add_argument("--quick", action="store_true", help="a few shapes only")
+    bench.add_argument("--out", default="bench_decode", help="prefix of the JSON and PNG written")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    if args.command == "doctor":
+        from .doctor import main as doctor
+
+        return doctor()
+    if args.command == "build":
+        from .jit import build_cli
+
+        return build_cli(args.arch)
+    from .bench import main as bench_main
+
+    return bench_main(quick=args.quick, out_prefix=args.out)

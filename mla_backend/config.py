@@ -1,0 +1,195 @@
+"""Settings of mla_backend and the choice of the kernel that serves decode.
+
+Sources, later ones win: defaults < environment (``MLA_BACKEND``, ``MLA_BACKEND_NUM_KV_SPLITS``,
+``MLA_BACKEND_ENABLE_PDL``) < explicit values (Python kwargs or vLLM's
+``--additional-config '{"mla_backend": {...}}'``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+BackendName = Literal["auto", "xqa", "trtllm-gen"]
+KernelName = Literal["xqa", "trtllm-gen", "fallback"]
+
+ENV_PREFIX = "MLA_BACKEND"
+# Environment variable -> field. MLA_BACKEND alone names the backend, as users expect.
+ENV_FIELDS = {
+    "MLA_BACKEND": "backend",
+    "MLA_BACKEND_NUM_KV_SPLITS": "num_kv_splits",
+    "MLA_BACKEND_ENABLE_PDL": "enable_pdl",
+    "MLA_BACKEND_VALIDATE_PAGE_IDS": "validate_page_ids",
+}
+
+# Compute capabilities our bundled mma.sync kernels are built and tuned for.
+XQA_EXACT = {(8, 9), (9, 0)}
+XQA_MAJORS = {12, 10}  # 12.x: the target (RTX 50xx/PRO 6000); 10.x runs mma.sync too, trtllm-gen is faster.
+TRTLLM_GEN = {(10, 0), (10, 3)}
+
+# Largest split of one request's KV across CTAs; bounds the workspace the merge needs.
+MAX_KV_SPLITS = 256
+
+
+class MLABackendConfig(BaseModel):
+    """Validated settings. Unknown keys and bad values raise ``pydantic.ValidationError``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: BackendName = Field(
+        "auto", description="Kernel family: auto (pick by GPU), xqa (bundled), trtllm-gen (FlashInfer, SM100)."
+    )
+    num_kv_splits: int | None = Field(
+        None, ge=1, le=MAX_KV_SPLITS,
+        description="Split each request's KV over this many CTAs; None picks from SM count, batch and length.",
+    )
+    enable_pdl: bool | None = Field(
+        None, description="Programmatic dependent launch; None enables it where the GPU supports it (SM90+)."
+    )
+    validate_page_ids: bool = Field(
+        False, description="On GPU tensors, check seq_lens and page ids on the host before each launch "
+        "(a device sync: for debugging). CPU tensors are always checked.",
+    )
+
+    @classmethod
+    def from_sources(
+        cls,
+        overrides: Mapping[str, Any] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> "MLABackendConfig":
+        """Merge environment variables and explicit overrides, then validate."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for var, field in ENV_FIELDS.items():
+            raw = environ.get(var)
+            if raw is not None and raw.strip() != "":
+                values[field] = _parse_env(var, raw)
+        unknown = sorted(
+            k for k in environ if k.startswith(ENV_PREFIX + "_") and k not in ENV_FIELDS
+        )
+        if unknown:
+            raise ValueError(
+                f"unknown environment variable(s) {unknown}; mla_backend reads {sorted(ENV_FIELDS)}"
+            )
+        values.update(dict(overrides or {}))
+        return cls.model_validate(values)
+
+    @classmethod
+    def from_additional_config(
+        cls, additional_config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
+    ) -> "MLABackendConfig":
+        """Read the ``mla_backend`` section of vLLM's ``--additional-config``."""
+        section = (additional_config or {}).get("mla_backend", {})
+        if not isinstance(section, Mapping):
+            raise ValueError(
+                f'additional_config["mla_backend"] must be a JSON object, got {type(section).__name__}'
+            )
+        return cls.from_sources(section, environ)
+
+
+def _parse_env(var: str, raw: str) -> Any:
+    raw = raw.strip()
+    if var in ("MLA_BACKEND_ENABLE_PDL", "MLA_BACKEND_VALIDATE_PAGE_IDS"):
+        lowered = raw.lower()
+        if lowered in {"1", "true", "yes", "on"}:
+            return True
+        if lowered in {"0", "false", "no", "off"}:
+            return False
+        if lowered == "auto" and var == "MLA_BACKEND_ENABLE_PDL":
+            return None
+        raise ValueError(f"{var}={raw!r}: expected one of 1/0/true/false" +
+                         ("/auto" if var == "MLA_BACKEND_ENABLE_PDL" else ""))
+    if var == "MLA_BACKEND_NUM_KV_SPLITS":
+        if raw.lower() == "auto":
+            return None
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{var}={raw!r}: expected a whole number or 'auto'") from None
+    return raw
+
+
+class BackendUnavailableError(ValueError):
+    """An explicitly requested backend cannot run on this device."""
+
+
+@dataclass(frozen=True)
+class Resolution:
+    kernel: KernelName
+    reason: str
+
+
+def flashinfer_available() -> bool:
+    return importlib.util.find_spec("flashinfer") is not None
+
+
+def _cc(capability: tuple[int, int]) -> str:
+    return f"{capability[0]}.{capability[1]}"
+
+
+def xqa_supported(capability: tuple[int, int]) -> bool:
+    return tuple(capability) in XQA_EXACT or capability[0] in XQA_MAJORS
+
+
+def resolve_backend(
+    config: MLABackendConfig,
+    capability: tuple[int, int],
+    has_flashinfer: bool | None = None,
+) -> Resolution:
+    """Pick the kernel that serves decode on a device of ``capability``.
+
+    Raises ``BackendUnavailableError`` when an explicit backend cannot run here.
+    """
+    capability = (int(capability[0]), int(capability[1]))
+    has_flashinfer = flashinfer_available() if has_flashinfer is None else has_flashinfer
+    cc = _cc(capability)
+    xqa_ok = xqa_supported(capability)
+    trtllm_ok = capability in TRTLLM_GEN and has_flashinfer
+
+    if config.backend == "xqa":
+        if not xqa_ok:
+            raise BackendUnavailableError(
+                f"backend='xqa' needs compute capability 8.9, 9.0, 10.x or 12.x; this GPU is {cc}. "
+                "Use backend='auto' to fall back to the engine's portable MLA decode instead."
+            )
+        return Resolution("xqa", f"backend='xqa' requested; SM {cc} runs the bundled mma.sync kernels")
+    if config.backend == "trtllm-gen":
+        if capability not in TRTLLM_GEN:
+            raise BackendUnavailableError(
+                f"backend='trtllm-gen' needs compute capability 10.0 or 10.3 (B200/B300/GB300); this GPU is {cc}. "
+                "Use backend='auto' to pick the bundled kernels or the portable fallback instead."
+            )
+        if not has_flashinfer:
+            raise BackendUnavailableError(
+                f"backend='trtllm-gen' needs FlashInfer (pip install flashinfer-python); SM {cc} could run it "
+                "but flashinfer is not importable. Use backend='auto' to use the bundled kernels instead."
+            )
+        return Resolution("trtllm-gen", f"backend='trtllm-gen' requested; SM {cc} with FlashInfer installed")
+
+    # auto
+    if capability[0] == 10:
+        if trtllm_ok:
+            return Resolution("trtllm-gen", f"auto: SM {cc} with FlashInfer installed -> FlashInfer trtllm-gen")
+        if xqa_ok:
+            why = "FlashInfer is not installed" if capability in TRTLLM_GEN else f"trtllm-gen does not serve SM {cc}"
+            return Resolution("xqa", f"auto: SM {cc}, {why} -> bundled mma.sync kernels")
+    if xqa_ok:
+        return Resolution("xqa", f"auto: SM {cc} -> bundled mma.sync kernels")
+    return Resolution(
+        "fallback",
+        f"auto: SM {cc} is not served by the bundled kernels (need 8.9, 9.0, 10.x or 12.x) "
+        "-> the engine's portable MLA decode",
+    )
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """One line per problem, naming the setting: for logs and CLI output."""
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "config"
+        lines.append(f"mla_backend.{where}: {e['msg']} (got {e.get('input')!r})")
+    return "; ".join(lines)

@@ -1,0 +1,169 @@
+"""FlashInfer-compatible MLA decode ops.
+
+Switch from FlashInfer by changing the import::
+
+    from mla_backend import trtllm_batch_decode_with_kv_cache_mla
+
+Semantics (FlashInfer's documented contract; see README): logits = (q . k) * bmm1_scale,
+out = softmax(logits) . v * bmm2_scale, causal over the q_len new tokens, bf16 output,
+optional natural-log LSE. CPU tensors run the float64 reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import List, Optional, Union
+
+import torch
+
+from .checks import DecodeProblem, check_decode_inputs, check_page_ids
+from .config import BackendName, BackendUnavailableError, MLABackendConfig, resolve_backend
+from .reference import mla_decode_reference
+
+log = logging.getLogger("mla_backend")
+
+Scale = Union[float, torch.Tensor]
+
+
+@functools.lru_cache(maxsize=1)
+def default_config() -> MLABackendConfig:
+    """The process-wide settings, read once from the environment."""
+    return MLABackendConfig.from_sources()
+
+
+def _run_reference(problem: DecodeProblem, return_lse: bool):
+    out, lse = mla_decode_reference(
+        problem.query, problem.cache, problem.block_tables, problem.seq_lens,
+        problem.bmm1_scale, problem.bmm2_scale,
+    )
+    problem.out.copy_(out)
+    return problem.out, lse.to(torch.float32)
+
+
+def _finish(problem: DecodeProblem, lse: torch.Tensor, return_lse: bool):
+    out = problem.out_given if problem.out_given is not None else problem.out
+    return (out, lse) if return_lse else out
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_fallback(reason: str) -> None:
+    log.warning("mla_backend: %s; running the float64 reference on the GPU (correct, slow)", reason)
+
+
+def _decode(problem: DecodeProblem, workspace_buffer, config: MLABackendConfig, kernel: str,
+            enable_pdl: Optional[bool], return_lse: bool):
+    if problem.query.device.type == "cpu":
+        check_page_ids(problem)
+        _, lse = _run_reference(problem, return_lse)
+        return _finish(problem, lse, return_lse)
+    if config.validate_page_ids:
+        check_page_ids(problem)
+    if kernel == "xqa":
+        from .xqa import run_xqa_decode
+
+        lse = run_xqa_decode(problem, workspace_buffer, config, enable_pdl, return_lse)
+        return _finish(problem, lse, return_lse)
+    if kernel == "trtllm-gen":
+        return _run_flashinfer_trtllm_gen(problem, workspace_buffer, enable_pdl, return_lse)
+    _, lse = _run_reference(problem, return_lse)
+    return _finish(problem, lse, return_lse)
+
+
+def _run_flashinfer_trtllm_gen(problem: DecodeProblem, workspace_buffer, enable_pdl, return_lse):
+    if return_lse:
+        raise ValueError("return_lse=True is not available from FlashInfer's trtllm-gen MLA kernels; "
+                         "use backend='xqa' where LSE is needed")
+    import flashinfer.mla
+
+    result = flashinfer.mla.trtllm_batch_decode_with_kv_cache_mla(
+        problem.query, problem.cache, workspace_buffer, 128, 512, 64, problem.block_tables,
+        problem.seq_lens, problem.max_seq_len, bmm1_scale=problem.bmm1_scale,
+        bmm2_scale=problem.bmm2_scale, enable_pdl=enable_pdl, backend="trtllm-gen",
+    )
+    problem.out.copy_(result.view_as(problem.out))
+    return _finish(problem, None, False)
+
+
+def trtllm_batch_decode_with_kv_cache_mla(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    workspace_buffer: torch.Tensor,
+    qk_nope_head_dim: int,
+    kv_lora_rank: int,
+    qk_rope_head_dim: int,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    sparse_mla_top_k: int = 0,
+    out: Optional[torch.Tensor] = None,
+    bmm1_scale: Scale = 1.0,
+    bmm2_scale: Scale = 1.0,
+    sinks: Optional[List[torch.Tensor]] = None,
+    skip_softmax_threshold_scale_factor: Optional[float] = None,
+    enable_pdl: Optional[bool] = None,
+    backend: BackendName = "auto",
+    return_lse: bool = False,
+):
+    """FlashInfer's ``trtllm_batch_decode_with_kv_cache_mla``, dispatched by the config resolver.
+
+    ``backend`` overrides the configured one ("auto" keeps the configured choice). Returns ``out``,
+    or ``(out, lse)`` with ``return_lse=True``.
+    """
+    if sparse_mla_top_k != 0:
+        raise ValueError(f"sparse MLA (sparse_mla_top_k={sparse_mla_top_k}) is not supported; pass 0")
+    if skip_softmax_threshold_scale_factor is not None:
+        raise ValueError("skip_softmax_threshold_scale_factor is not supported (exact softmax only)")
+    problem = check_decode_inputs(
+        query, kv_cache, workspace_buffer, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim,
+        block_tables, seq_lens, max_seq_len, out, bmm1_scale, bmm2_scale, sinks,
+    )
+    config = default_config()
+    if backend != "auto":
+        config = config.model_copy(update={"backend": MLABackendConfig(backend=backend).backend})
+    kernel = "reference"
+    if query.device.type == "cuda":
+        resolution = resolve_backend(config, torch.cuda.get_device_capability(query.device))
+        kernel = resolution.kernel
+        if kernel == "fallback":
+            _warn_fallback(resolution.reason)
+    return _decode(problem, workspace_buffer, config, kernel, enable_pdl, return_lse)
+
+
+def xqa_batch_decode_with_kv_cache_mla(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    workspace_buffer: torch.Tensor,
+    qk_nope_head_dim: int,
+    kv_lora_rank: int,
+    qk_rope_head_dim: int,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    out: Optional[torch.Tensor] = None,
+    bmm1_scale: Scale = 1.0,
+    bmm2_scale: Scale = 1.0,
+    sinks: Optional[List[torch.Tensor]] = None,
+    enable_pdl: Optional[bool] = None,
+    return_lse: bool = False,
+):
+    """FlashInfer's ``xqa_batch_decode_with_kv_cache_mla`` on the bundled kernels, plus ``return_lse``.
+
+    Unlike FlashInfer's SM120-only XQA MLA: bf16 and fp8, 1-128 heads, q_len 1-8, split-KV, LSE.
+    """
+    problem = check_decode_inputs(
+        query, kv_cache, workspace_buffer, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim,
+        block_tables, seq_lens, max_seq_len, out, bmm1_scale, bmm2_scale, sinks,
+    )
+    config = default_config()
+    if query.device.type == "cuda":
+        resolve_backend(config.model_copy(update={"backend": "xqa"}),
+                        torch.cuda.get_device_capability(query.device))
+    return _decode(problem, workspace_buffer, config, "xqa", enable_pdl, return_lse)
+
+
+__all__ = [
+    "BackendUnavailableError",
+    "trtllm_batch_decode_with_kv_cache_mla",
+    "xqa_batch_decode_with_kv_cache_mla",
+]

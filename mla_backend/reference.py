@@ -1,0 +1,61 @@
+"""Float64 reference for paged MLA decode: the contract every kernel is checked against.
+
+logits = (q . k) * bmm1_scale on the stored values (fp8 is dequantised exactly to float64);
+out = softmax(logits) . v * bmm2_scale, with v = k[..., :kv_lora_rank].
+Query token i of a request with q_len tokens sees KV positions 0 .. seq_len - q_len + i.
+A row that sees no key yields zeros and LSE -inf.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .shapes import pages_view
+
+
+def scale_value(scale: float | torch.Tensor) -> float:
+    return float(scale.item()) if isinstance(scale, torch.Tensor) else float(scale)
+
+
+def visible_lengths(seq_len: int, q_len: int) -> list[int]:
+    """Number of KV positions query token i (0-based) may attend to."""
+    return [max(0, seq_len - q_len + i + 1) for i in range(q_len)]
+
+
+def mla_decode_reference(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    bmm1_scale: float | torch.Tensor = 1.0,
+    bmm2_scale: float | torch.Tensor = 1.0,
+    kv_lora_rank: int = 512,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (out float64 [B, q_len, H, kv_lora_rank], lse float64 [B, q_len, H]) on query's device."""
+    batch, q_len, heads, _ = query.shape
+    cache = pages_view(kv_cache)
+    page_size = cache.shape[1]
+    s1, s2 = scale_value(bmm1_scale), scale_value(bmm2_scale)
+    device = query.device
+    out = torch.zeros(batch, q_len, heads, kv_lora_rank, dtype=torch.float64, device=device)
+    lse = torch.full((batch, q_len, heads), -math.inf, dtype=torch.float64, device=device)
+    lengths = seq_lens.tolist()
+    for b in range(batch):
+        seq_len = int(lengths[b])
+        if seq_len == 0:
+            continue
+        num_pages = -(-seq_len // page_size)
+        pages = block_tables[b, :num_pages].to(device=cache.device, dtype=torch.long)
+        keys = cache[pages].reshape(-1, cache.shape[-1])[:seq_len].to(device, torch.float64)
+        q = query[b].to(torch.float64)  # [q_len, H, D]
+        logits = torch.einsum("thd,ld->thl", q, keys) * s1
+        limit = torch.tensor(visible_lengths(seq_len, q_len), device=device)
+        hidden = torch.arange(seq_len, device=device)[None, :] >= limit[:, None]  # [q_len, L]
+        logits = logits.masked_fill(hidden[:, None, :], -math.inf)
+        row_lse = torch.logsumexp(logits, dim=-1)  # -inf where a row sees nothing
+        probs = torch.exp(logits - row_lse[..., None]).nan_to_num(0.0)
+        out[b] = torch.einsum("thl,ld->thd", probs, keys[:, :kv_lora_rank]) * s2
+        lse[b] = row_lse
+    return out, lse

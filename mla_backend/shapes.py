@@ -1,0 +1,17 @@
+"""Layout constants of DeepSeek-V3-class MLA and the paged cache views shared by op and reference."""
+
+import torch
+
+KV_LORA_RANK = 512
+ROPE_DIM = 64
+HEAD_DIM = KV_LORA_RANK + ROPE_DIM  # 576: q/k = concat(nope 512, rope 64); v = k[..., :512]
+QK_NOPE_HEAD_DIMS = (128, 192)  # the model's pre-absorption nope dim; FlashInfer accepts these
+PAGE_SIZES = (16, 32, 64, 128)
+MAX_HEADS = 128
+MAX_Q_LEN = 8
+DTYPES = (torch.bfloat16, torch.float8_e4m3fn)
+
+
+def pages_view(kv_cache: torch.Tensor) -> torch.Tensor:
+    """[P, page, 576] view of a [P, page, 576] or [P, 1, page, 576] cache."""
+    return kv_cache.squeeze(1) if kv_cache.dim() == 4 else kv_cache

@@ -1,0 +1,87 @@
+"""Config model: parsing from Python, environment and additional_config; backend resolution."""
+
+import pytest
+from pydantic import ValidationError
+
+from mla_backend.config import (
+    BackendUnavailableError,
+    MLABackendConfig,
+    resolve_backend,
+)
+
+CAPABILITIES = [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0), (12, 1)]
+XQA = {(8, 9), (9, 0), (10, 0), (10, 3), (12, 0), (12, 1)}
+TRTLLM = {(10, 0), (10, 3)}
+
+
+def expected(backend, cc, has_fi):
+    """The resolution table of the foundation issue, written out independently."""
+    if backend == "xqa":
+        return "xqa" if cc in XQA else "error"
+    if backend == "trtllm-gen":
+        return "trtllm-gen" if cc in TRTLLM and has_fi else "error"
+    if cc[0] == 10:
+        return "trtllm-gen" if has_fi else "xqa"
+    return "xqa" if cc in XQA else "fallback"
+
+
+@pytest.mark.parametrize("cc", CAPABILITIES)
+@pytest.mark.parametrize("backend", ["auto", "xqa", "trtllm-gen"])
+@pytest.mark.parametrize("has_fi", [True, False])
+def test_resolution_matrix(cc, backend, has_fi):
+    config = MLABackendConfig(backend=backend)
+    want = expected(backend, cc, has_fi)
+    if want == "error":
+        with pytest.raises(BackendUnavailableError) as info:
+            resolve_backend(config, cc, has_fi)
+        message = str(info.value)
+        assert f"{cc[0]}.{cc[1]}" in message and "backend='auto'" in message and backend in message
+    else:
+        resolution = resolve_backend(config, cc, has_fi)
+        assert resolution.kernel == want
+        assert f"{cc[0]}.{cc[1]}" in resolution.reason
+
+
+def test_defaults():
+    config = MLABackendConfig()
+    assert (config.backend, config.num_kv_splits, config.enable_pdl, config.validate_page_ids) == \
+        ("auto", None, None, False)
+
+
+@pytest.mark.parametrize("bad", [{"backend": "flashmla"}, {"num_kv_splits": 0}, {"num_kv_splits": 1000},
+                                 {"enable_pdl": "maybe"}, {"backnd": "xqa"}])
+def test_bad_values_and_unknown_keys_are_rejected(bad):
+    with pytest.raises(ValidationError) as info:
+        MLABackendConfig(**bad)
+    assert list(bad)[0] in str(info.value)
+
+
+def test_environment_and_overrides():
+    env = {"MLA_BACKEND": "xqa", "MLA_BACKEND_NUM_KV_SPLITS": "8", "MLA_BACKEND_ENABLE_PDL": "0"}
+    config = MLABackendConfig.from_sources(environ=env)
+    assert (config.backend, config.num_kv_splits, config.enable_pdl) == ("xqa", 8, False)
+    config = MLABackendConfig.from_sources({"backend": "auto", "num_kv_splits": None}, environ=env)
+    assert (config.backend, config.num_kv_splits, config.enable_pdl) == ("auto", None, False)
+
+
+@pytest.mark.parametrize("env, fragment", [
+    ({"MLA_BACKEND": "cutlass"}, "backend"),
+    ({"MLA_BACKEND_NUM_KV_SPLITS": "many"}, "MLA_BACKEND_NUM_KV_SPLITS"),
+    ({"MLA_BACKEND_ENABLE_PDL": "perhaps"}, "MLA_BACKEND_ENABLE_PDL"),
+    ({"MLA_BACKEND_SPLITS": "4"}, "MLA_BACKEND_SPLITS"),
+])
+def test_bad_environment_is_rejected_with_its_name(env, fragment):
+    with pytest.raises(ValueError) as info:
+        MLABackendConfig.from_sources(environ=env)
+    assert fragment in str(info.value)
+
+
+def test_additional_config_section():
+    config = MLABackendConfig.from_additional_config({"mla_backend": {"backend": "xqa", "num_kv_splits": 4},
+                                                      "other": 1}, environ={})
+    assert (config.backend, config.num_kv_splits) == ("xqa", 4)
+    assert MLABackendConfig.from_additional_config(None, environ={}) == MLABackendConfig()
+    with pytest.raises(ValidationError):
+        MLABackendConfig.from_additional_config({"mla_backend": {"splits": 4}}, environ={})
+    with pytest.raises(ValueError, match="JSON object"):
+        MLABackendConfig.from_additional_config({"mla_backend": "xqa"}, environ={})

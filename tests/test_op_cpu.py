@@ -1,0 +1,123 @@
+"""The public op on CPU tensors: input validation and the reference path."""
+
+import pytest
+import torch
+
+from mla_backend import trtllm_batch_decode_with_kv_cache_mla, xqa_batch_decode_with_kv_cache_mla
+from mla_backend.inputs import make_paged_problem
+from mla_backend.reference import mla_decode_reference
+
+WORKSPACE = torch.empty(1 << 10, dtype=torch.uint8)
+
+
+def call(problem, op=trtllm_batch_decode_with_kv_cache_mla, **overrides):
+    args = dict(query=problem.query, kv_cache=problem.kv_cache, workspace_buffer=WORKSPACE,
+                qk_nope_head_dim=128, kv_lora_rank=512, qk_rope_head_dim=64,
+                block_tables=problem.block_tables, seq_lens=problem.seq_lens,
+                max_seq_len=problem.max_seq_len)
+    args.update(overrides)
+    return op(**args)
+
+
+@pytest.fixture
+def problem():
+    return make_paged_problem([37, 5, 64], q_len=2, heads=4, page_size=16, seed=3)
+
+
+@pytest.mark.parametrize("op", [trtllm_batch_decode_with_kv_cache_mla, xqa_batch_decode_with_kv_cache_mla])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_cpu_op_returns_reference_in_bf16_with_lse(op, dtype):
+    problem = make_paged_problem([37, 0, 64, 1], q_len=2, heads=4, page_size=16, dtype=dtype, seed=4,
+                                 four_dim_cache=True)
+    scale = torch.tensor([0.06], dtype=torch.float32)
+    out, lse = call(problem, op, bmm1_scale=scale, bmm2_scale=1.5, return_lse=True)
+    want_out, want_lse = mla_decode_reference(problem.query, problem.kv_cache, problem.block_tables,
+                                              problem.seq_lens, 0.06, 1.5)
+    assert out.dtype == torch.bfloat16 and out.shape == (4, 2, 4, 512)
+    assert lse.dtype == torch.float32 and lse.shape == (4, 2, 4)
+    torch.testing.assert_close(out, want_out.to(torch.bfloat16))
+    torch.testing.assert_close(lse, want_lse.float())
+    assert torch.isneginf(lse[1]).all() and not out[1].any()
+
+
+def test_out_argument_is_filled_and_returned():
+    problem = make_paged_problem([20, 7], q_len=1, heads=8, page_size=32, seed=6)
+    out3 = torch.full((2, 8, 512), float("nan"), dtype=torch.bfloat16)
+    got = call(problem, out=out3, bmm1_scale=0.1)
+    assert got is out3 and not torch.isnan(out3).any()
+    out4 = torch.full((2, 1, 8, 512), float("nan"), dtype=torch.bfloat16)
+    assert call(problem, out=out4, bmm1_scale=0.1) is out4
+    torch.testing.assert_close(out4.view(2, 8, 512), out3)
+
+
+BAD_INPUTS = {
+    "query dtype": (dict(query="fp16"), TypeError, "query dtype"),
+    "dtype mismatch": (dict(kv_cache="fp8"), TypeError, "must match query dtype"),
+    "query rank": (dict(query="3d"), ValueError, "query must be"),
+    "query last dim": (dict(query="dim512"), ValueError, "last dim must be 576"),
+    "kv_cache last dim": (dict(kv_cache="dim512"), ValueError, "kv_cache last dim"),
+    "kv_cache rank": (dict(kv_cache="2d"), ValueError, "kv_cache must be"),
+    "kv_lora_rank": (dict(kv_lora_rank=256), ValueError, "kv_lora_rank must be 512"),
+    "rope dim": (dict(qk_rope_head_dim=32), ValueError, "qk_rope_head_dim must be 64"),
+    "nope dim": (dict(qk_nope_head_dim=64), ValueError, "qk_nope_head_dim"),
+    "too many heads": (dict(query="heads256"), ValueError, "number of heads"),
+    "q_len 9": (dict(query="qlen9"), ValueError, "q_len"),
+    "page size": (dict(kv_cache="page8"), ValueError, "page size"),
+    "max_seq_len": (dict(max_seq_len=10_000), ValueError, "exceeds what block_tables can address"),
+    "block_tables dtype": (dict(block_tables="int64"), TypeError, "block_tables must be int32"),
+    "seq_lens dtype": (dict(seq_lens="int64"), TypeError, "seq_lens must be int32"),
+    "seq_lens shape": (dict(seq_lens="short"), ValueError, "seq_lens must be"),
+    "block_tables batch": (dict(block_tables="short"), ValueError, "block_tables must be"),
+    "non-contiguous query": (dict(query="strided"), ValueError, "query must be contiguous"),
+    "non-contiguous cache rows": (dict(kv_cache="strided"), ValueError, "token rows must be contiguous"),
+    "device mismatch": (dict(block_tables="meta"), ValueError, "is on meta"),
+    "sinks": (dict(sinks=[torch.zeros(4)]), ValueError, "sinks"),
+    "out dtype": (dict(out="fp32"), TypeError, "out must be bfloat16"),
+    "out shape": (dict(out="wrong"), ValueError, "out must have shape"),
+    "scale dtype": (dict(bmm1_scale="fp64"), TypeError, "bmm1_scale tensor must be float32"),
+    "scale size": (dict(bmm2_scale="two"), ValueError, "bmm2_scale tensor must have one element"),
+    "scale type": (dict(bmm1_scale="text"), TypeError, "bmm1_scale must be a float"),
+    "page id out of range": (dict(block_tables="bad_id"), ValueError, "names page"),
+    "seq_len above max_seq_len": (dict(max_seq_len=40), ValueError, "outside 0..max_seq_len"),
+    "sparse": (dict(sparse_mla_top_k=64), ValueError, "sparse"),
+}
+
+
+def corrupt(problem, key, how):
+    """The named bad version of argument ``key``."""
+    q, kv, bt, sl = problem.query, problem.kv_cache, problem.block_tables, problem.seq_lens
+    makers = {
+        "fp16": lambda: q.to(torch.float16),
+        "fp8": lambda: kv.to(torch.float8_e4m3fn),
+        "3d": lambda: q[:, 0],
+        "dim512": lambda: (q if key == "query" else kv)[..., :512].contiguous(),
+        "2d": lambda: kv[0],
+        "heads256": lambda: q[:, :, :1].expand(-1, -1, 256, -1).contiguous(),
+        "qlen9": lambda: q[:, :1].expand(-1, 9, -1, -1).contiguous(),
+        "page8": lambda: kv.reshape(-1, 8, 576),
+        "int64": lambda: (bt if key == "block_tables" else sl).long(),
+        "short": lambda: (bt if key == "block_tables" else sl)[:2],
+        "strided": lambda: (q.transpose(1, 2) if key == "query"
+                            else torch.cat([kv, kv], dim=-1)[..., :576]),
+        "meta": lambda: bt.to("meta"),
+        "fp32": lambda: torch.empty(3, 2, 4, 512),
+        "wrong": lambda: torch.empty(3, 4, 512, dtype=torch.bfloat16),
+        "fp64": lambda: torch.ones(1, dtype=torch.float64),
+        "two": lambda: torch.ones(2),
+        "text": lambda: "1.0",
+        "bad_id": lambda: bt.clone().index_fill_(1, torch.tensor([0]), 10_000),
+    }
+    return makers[how]()
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_raises_clear_error(problem, case):
+    change, exc, fragment = BAD_INPUTS[case]
+    overrides = {k: corrupt(problem, k, v) if isinstance(v, str) else v for k, v in change.items()}
+    with pytest.raises(exc, match=fragment):
+        call(problem, **overrides)
+
+
+def test_junk_page_ids_past_seq_len_are_ignored(problem):
+    assert (problem.block_tables[:, -1] < 0).any() or (problem.block_tables[:, -1] > 1000).any()
+    call(problem, bmm1_scale=0.1)  # the factory put junk ids past each length: no error
