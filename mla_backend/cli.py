@@ -13,6 +13,7 @@ def main(argv: list[str] | None = None) -> int:
     build = sub.add_parser("build", help="build the CUDA kernels ahead of time (no GPU needed)")
     build.add_argument("--arch", default=None,
                        help="comma-separated targets, e.g. sm_90a,sm_120a (default: the visible GPU's)")
+    build.add_argument("--strict", action="store_true", help="fail on any register spill (CI)")
     bench = sub.add_parser("bench", help="time the decode kernel against the peers importable here")
     bench.add_argument("--quick", action="store_true", help="a few shapes only")
     bench.add_argument("--out", default="bench_decode", help="prefix of the JSON and PNG written")
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         from .jit import build_cli
 
-        return build_cli(args.arch)
+        return build_cli(args.arch, strict=args.strict)
     from .bench import main as bench_main
 
     return bench_main(quick=args.quick, out_prefix=args.out)

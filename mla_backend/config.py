@@ -24,6 +24,7 @@ ENV_FIELDS = {
     "MLA_BACKEND_NUM_KV_SPLITS": "num_kv_splits",
     "MLA_BACKEND_ENABLE_PDL": "enable_pdl",
     "MLA_BACKEND_VALIDATE_PAGE_IDS": "validate_page_ids",
+    "MLA_BACKEND_CACHE_DIR": "cache_dir",
 }
 
 # Compute capabilities our bundled mma.sync kernels are built and tuned for.
@@ -53,6 +54,9 @@ class MLABackendConfig(BaseModel):
     validate_page_ids: bool = Field(
         False, description="On GPU tensors, check seq_lens and page ids on the host before each launch "
         "(a device sync: for debugging). CPU tensors are always checked.",
+    )
+    cache_dir: str | None = Field(
+        None, description="Where the JIT build keeps compiled kernels; None means ~/.cache/mla_backend."
     )
 
     @classmethod

@@ -1,0 +1,127 @@
+// Launcher and torch-library binding of the MLA decode kernels (TORCH_LIBRARY: no pybind, so the
+// built library does not depend on the Python version). Shapes and dtypes were validated in Python
+// (mla_backend/checks.py); the checks here guard the kernel's own assumptions.
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "mla_decode_kernel.cuh"
+
+namespace mla {
+namespace {
+
+template <class Kernel>
+void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t stream, bool pdl,
+            const DecodeParams& params) {
+  if (smem_bytes > 48 * 1024) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+  C10_CUDA_CHECK(cudaGetLastError());
+}
+
+template <bool FP8, int ROW_GROUPS, int RF>
+void launch_decode(const DecodeParams& params, int batch, cudaStream_t stream, bool pdl) {
+  using C = TileConfig<FP8, ROW_GROUPS, RF>;
+  const dim3 grid((params.rows + C::kTileRows - 1) / C::kTileRows, params.num_splits, batch);
+  launch(mla_decode_kernel<FP8, ROW_GROUPS, RF>, grid, C::kThreads, C::kSmemBytes, stream, pdl, params);
+}
+
+// The tile shapes built into the library: (row groups, 16-row fragments per warp) for each dtype.
+void dispatch(bool fp8, int64_t row_groups, int64_t rf, const DecodeParams& params, int batch,
+              cudaStream_t stream, bool pdl) {
+  if (fp8 && row_groups == 1 && rf == 1) return launch_decode<true, 1, 1>(params, batch, stream, pdl);
+  if (fp8 && row_groups == 2 && rf == 1) return launch_decode<true, 2, 1>(params, batch, stream, pdl);
+  if (!fp8 && row_groups == 1 && rf == 1) return launch_decode<false, 1, 1>(params, batch, stream, pdl);
+  if (!fp8 && row_groups == 2 && rf == 1) return launch_decode<false, 2, 1>(params, batch, stream, pdl);
+  TORCH_CHECK(false, "mla_backend: no kernel built for fp8=", fp8, " row_groups=", row_groups, " rf=", rf);
+}
+
+const float* optional_scale(const std::optional<at::Tensor>& t) {
+  if (!t.has_value()) return nullptr;
+  TORCH_CHECK(t->scalar_type() == at::kFloat && t->numel() == 1, "scale tensors must be one float32");
+  return t->data_ptr<float>();
+}
+
+void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& block_tables,
+            const at::Tensor& seq_lens, at::Tensor& out, const std::optional<at::Tensor>& lse,
+            at::Tensor& workspace, int64_t num_splits, int64_t row_groups, int64_t rf,
+            double bmm1, const std::optional<at::Tensor>& bmm1_tensor, double bmm2,
+            const std::optional<at::Tensor>& bmm2_tensor, bool pdl) {
+  TORCH_CHECK(q.is_cuda() && q.dim() == 4 && q.size(3) == kHeadDim && q.is_contiguous(), "q: [B, q_len, H, 576] contiguous CUDA");
+  const bool fp8 = q.scalar_type() == at::kFloat8_e4m3fn;
+  TORCH_CHECK(fp8 || q.scalar_type() == at::kBFloat16, "q must be bf16 or fp8 e4m3");
+  TORCH_CHECK(kv.scalar_type() == q.scalar_type() && kv.dim() == 3 && kv.size(2) == kHeadDim &&
+                  kv.stride(2) == 1 && kv.stride(1) == kHeadDim, "kv: [pages, page, 576], rows contiguous");
+  const int64_t page_size = kv.size(1);
+  TORCH_CHECK(page_size >= 16 && (page_size & (page_size - 1)) == 0, "page size must be a power of two >= 16");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.stride(1) == 1, "block_tables: int32 rows");
+  TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous(), "seq_lens: int32");
+  TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.is_contiguous() && out.numel() == q.numel() / kHeadDim * kDimV, "out: bf16 [B, q_len, H, 512]");
+  TORCH_CHECK(num_splits >= 1, "num_splits >= 1");
+  const int64_t batch = q.size(0), rows = q.size(1) * q.size(2);
+
+  DecodeParams p = {};
+  p.q = static_cast<const uint8_t*>(q.data_ptr());
+  p.kv = static_cast<const uint8_t*>(kv.data_ptr());
+  p.block_tables = block_tables.data_ptr<int>();
+  p.seq_lens = seq_lens.data_ptr<int>();
+  p.out = reinterpret_cast<__nv_bfloat16*>(out.data_ptr());
+  p.lse = nullptr;
+  if (lse.has_value()) {
+    TORCH_CHECK(lse->scalar_type() == at::kFloat && lse->is_contiguous() && lse->numel() == batch * rows, "lse: fp32 [B, q_len, H]");
+    p.lse = lse->data_ptr<float>();
+  }
+  p.bmm1_ptr = optional_scale(bmm1_tensor);
+  p.bmm2_ptr = optional_scale(bmm2_tensor);
+  p.bmm1 = static_cast<float>(bmm1);
+  p.bmm2 = static_cast<float>(bmm2);
+  p.page_stride = kv.stride(0) * kv.element_size();
+  p.q_len = static_cast<int>(q.size(1));
+  p.heads = static_cast<int>(q.size(2));
+  p.rows = static_cast<int>(rows);
+  p.page_shift = __builtin_ctzll(page_size);
+  p.max_pages = static_cast<int>(block_tables.size(1));
+  p.bt_stride = static_cast<int>(block_tables.stride(0));
+  p.num_splits = static_cast<int>(num_splits);
+  if (num_splits > 1) {
+    const int64_t partials = batch * num_splits * rows;
+    const int64_t need = partials * (kDimV + 1) * static_cast<int64_t>(sizeof(float));
+    TORCH_CHECK(workspace.is_cuda() && workspace.is_contiguous() && workspace.nbytes() >= need,
+                "workspace too small for ", num_splits, " KV splits: need ", need, " bytes");
+    p.part_o = static_cast<float*>(workspace.data_ptr());
+    p.part_lse = p.part_o + partials * kDimV;
+  }
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  if (batch == 0) return;
+  dispatch(fp8, row_groups, rf, p, static_cast<int>(batch), stream, pdl);
+  if (num_splits > 1) {
+    launch(mla_merge_splits_kernel, dim3(rows, batch), 128, 0, stream, pdl, p);
+  }
+}
+
+}  // namespace
+}  // namespace mla
+
+TORCH_LIBRARY(mla_backend, m) {
+  m.def(
+      "decode(Tensor q, Tensor kv, Tensor block_tables, Tensor seq_lens, Tensor(a!) out, Tensor(b!)? lse, "
+      "Tensor(c!) workspace, int num_splits, int row_groups, int rf, float bmm1, Tensor? bmm1_tensor, "
+      "float bmm2, Tensor? bmm2_tensor, bool pdl) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(mla_backend, CUDA, m) { m.impl("decode", &mla::decode); }

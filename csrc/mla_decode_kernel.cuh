@@ -1,0 +1,494 @@
+// Paged MLA decode on warp-level mma.sync: one source for sm_120a (native FP8 QMMA), sm_90a and sm_89.
+//
+// Rows of the MMA are (query token, head) pairs of one request, so 1-128 heads and q_len 1-8 share
+// one path. A CTA owns TILE_ROWS rows and a range of KV tiles (split-KV). Its warps form
+// ROW_GROUPS x 4: each warp owns RF 16-row fragments and one quarter of the 512 output dims.
+//   QK^T: each warp multiplies its rows by a quarter of the 576 dims; the 4 partial scores are
+//         summed through shared memory. FP8 uses m16n8k32 e4m3 (QMMA), BF16 m16n8k16.
+//   P.V:  P stays in registers (FA2 layout). BF16 V feeds m16n8k16 bf16 via ldmatrix.trans. FP8 V
+//         is widened exactly to f16 (ldmatrix.trans on byte pairs + prmt + cvt.f16x2.e4m3x2) and
+//         multiplied with f16 P: P in e4m3 would cost ~4% relative error.
+// KV tiles of 32 tokens stream through a cp.async ring; rows are padded by 16 bytes so that
+// ldmatrix is free of bank conflicts. Shared memory stays under SM120's 99 KB per block.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace mla {
+
+constexpr int kHeadDim = 576;  // 512 latent (nope) + 64 rope
+constexpr int kDimV = 512;
+constexpr int kRopeDim = 64;
+constexpr int kBlockN = 32;  // KV tokens per tile
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct DecodeParams {
+  const uint8_t* q;          // [B, q_len, H, 576]
+  const uint8_t* kv;         // pages of [page_size, 576]
+  const int* block_tables;   // [B, bt_stride]
+  const int* seq_lens;       // [B]
+  __nv_bfloat16* out;        // [B, q_len, H, 512]
+  float* lse;                // [B, q_len, H] natural log, or nullptr
+  float* part_o;             // [B, splits, rows, 512] split partials (normalised), when splits > 1
+  float* part_lse;           // [B, splits, rows] log2 domain
+  const float* bmm1_ptr;     // device scale or nullptr
+  const float* bmm2_ptr;
+  float bmm1, bmm2;
+  long long page_stride;     // bytes between pages
+  int q_len, heads, rows;    // rows = q_len * heads
+  int page_shift;            // log2(page_size)
+  int max_pages;             // block-table columns: never read past them
+  int bt_stride;
+  int num_splits;
+};
+
+template <bool FP8, int ROW_GROUPS, int RF>
+struct TileConfig {
+  static constexpr int kElem = FP8 ? 1 : 2;
+  static constexpr int kWarps = 4 * ROW_GROUPS;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kRowsPerWarp = 16 * RF;
+  static constexpr int kTileRows = kRowsPerWarp * ROW_GROUPS;
+  static constexpr int kStages = FP8 ? 3 : 2;
+  static constexpr int kRowBytes = kHeadDim * kElem;
+  static constexpr int kSmemRowBytes = kRowBytes + 16;  // 16-byte pad: ldmatrix rows hit distinct banks
+  static constexpr int kChunksPerRow = kRowBytes / 16;
+  static constexpr int kStageBytes = kBlockN * kSmemRowBytes;
+  static constexpr int kSPitch = kBlockN + 8;  // floats; conflict-free float2 stores
+  static constexpr int kScoreBytes = 4 * kTileRows * kSPitch * 4;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kScoreBytes;
+  // QK^T works on 32-byte column chunks (one k32 fp8 step or one k16 bf16 step): each warp takes
+  // a quarter of the latent dims, and the rope chunks go one per warp from warp 0.
+  static constexpr int kNopeChunks = kDimV * kElem / 32 / 4;
+  static constexpr int kRopeChunks = kRopeDim * kElem / 32;
+  static constexpr int kQkChunks = kNopeChunks + 1;
+  static_assert(kSmemBytes <= 99 * 1024, "SM120 allows 99 KB of shared memory per block");
+  static_assert(kRopeChunks <= 4, "rope chunks are spread one per warp");
+};
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+// D += A.B, A 16x32 e4m3 (row), B 32x8 e4m3 (col), fp32 accumulators.
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two e4m3 values (low byte first) -> f16x2, exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t packed16) {
+  uint32_t out;
+  asm("{\n.reg .b16 lo;\ncvt.u16.u32 lo, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(out) : "r"(packed16));
+  return out;
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <bool F16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (F16) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+// Programmatic dependent launch: wait for the previous kernel's writes before the first global
+// read, and let the next kernel start its prologue early.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+}
+
+__device__ __forceinline__ float read_scale(const float* ptr, float value) {
+  return ptr != nullptr ? __ldg(ptr) : value;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One KV tile (32 tokens x 576) into shared memory; tokens at or past seq_len are zero-filled and
+// their page ids never read.
+template <class C>
+__device__ __forceinline__ void load_kv_tile(uint32_t stage, const DecodeParams& p, const int* bt_row,
+                                             int tile, int seq_len) {
+  constexpr int kTotal = kBlockN * C::kChunksPerRow;
+  const int page_mask = (1 << p.page_shift) - 1;
+#pragma unroll
+  for (int i = 0; i < (kTotal + C::kThreads - 1) / C::kThreads; ++i) {
+    const int c = threadIdx.x + i * C::kThreads;
+    if (kTotal % C::kThreads == 0 || c < kTotal) {
+      const int tok = c / C::kChunksPerRow;
+      const int col = c - tok * C::kChunksPerRow;
+      const int pos = tile * kBlockN + tok;
+      const uint8_t* src = p.kv;
+      int bytes = 0;
+      if (pos < seq_len) {
+        const int page = __ldg(bt_row + (pos >> p.page_shift));
+        src = p.kv + page * p.page_stride + (pos & page_mask) * C::kRowBytes + col * 16;
+        bytes = 16;
+      }
+      cp_async_16(stage + tok * C::kSmemRowBytes + col * 16, src, bytes);
+    }
+  }
+}
+
+template <bool FP8, int ROW_GROUPS, int RF>
+__global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
+    mla_decode_kernel(const __grid_constant__ DecodeParams p) {
+  using C = TileConfig<FP8, ROW_GROUPS, RF>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t kv_smem = smem_u32(smem);
+  float* scores = reinterpret_cast<float*>(smem + C::kStages * C::kStageBytes);
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int wd = warp & 3, wr = warp >> 2;  // dim quarter, row group
+  const int g = lane >> 2, t = lane & 3;
+  const int b = blockIdx.z, split = blockIdx.y;
+
+  pdl_wait();
+  pdl_launch_dependents();
+
+  const int seq_len = max(0, min(p.seq_lens[b], p.max_pages << p.page_shift));
+  const int n_tiles = (seq_len + kBlockN - 1) / kBlockN;
+  const int per_split = (n_tiles + p.num_splits - 1) / p.num_splits;
+  const int tile_begin = split * per_split;
+  const int tile_end = min(n_tiles, tile_begin + per_split);
+  const int* bt_row = p.block_tables + (long long)b * p.bt_stride;
+
+  // Rows of this thread: fragment f, half h -> row = warp_row0 + 16 f + 8 h + g.
+  const int warp_row0 = blockIdx.x * C::kTileRows + wr * C::kRowsPerWarp;
+  int limit[RF][2];  // visible KV positions of the row (causal over the q_len new tokens)
+#pragma unroll
+  for (int f = 0; f < RF; ++f)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp_row0 + 16 * f + 8 * h + g;
+      limit[f][h] = row < p.rows ? seq_len - p.q_len + row / p.heads + 1 : 0;
+    }
+
+  // Query fragments stay in registers for the whole KV range.
+  auto chunk_byte = [&](int s) {
+    return s < C::kNopeChunks ? (wd * C::kNopeChunks + s) * 32 : kDimV * C::kElem + wd * 32;
+  };
+  const bool has_rope = wd < C::kRopeChunks;
+  uint32_t qf[RF][C::kQkChunks][4];
+  const uint8_t* q_req = p.q + (long long)b * p.rows * C::kRowBytes;
+#pragma unroll
+  for (int f = 0; f < RF; ++f)
+#pragma unroll
+    for (int s = 0; s < C::kQkChunks; ++s)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = warp_row0 + 16 * f + 8 * (i & 1) + g;
+        const int byte = chunk_byte(s) + 16 * (i >> 1) + 4 * t;
+        const bool valid = row < p.rows && (s < C::kNopeChunks || has_rope);
+        qf[f][s][i] = valid ? __ldg(reinterpret_cast<const uint32_t*>(q_req + (long long)row * C::kRowBytes + byte)) : 0u;
+      }
+
+  const float scale_log2 = read_scale(p.bmm1_ptr, p.bmm1) * kLog2e;
+  float acc[RF][16][4];
+  float row_max[RF][2], row_sum[RF][2];
+#pragma unroll
+  for (int f = 0; f < RF; ++f) {
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[f][n][i] = 0.f;
+    row_max[f][0] = row_max[f][1] = -INFINITY;
+    row_sum[f][0] = row_sum[f][1] = 0.f;
+  }
+
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (tile_begin + s < tile_end) load_kv_tile<C>(kv_smem + s * C::kStageBytes, p, bt_row, tile_begin + s, seq_len);
+    cp_async_commit();
+  }
+
+  for (int tile = tile_begin; tile < tile_end; ++tile) {
+    const int k = tile - tile_begin;
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();  // tile k landed for all; every warp is done with the stage refilled next
+    {
+      const int next = tile + C::kStages - 1;
+      if (next < tile_end) load_kv_tile<C>(kv_smem + ((k + C::kStages - 1) % C::kStages) * C::kStageBytes, p, bt_row, next, seq_len);
+      cp_async_commit();
+    }
+    const uint32_t stage = kv_smem + (k % C::kStages) * C::kStageBytes;
+
+    // ---- partial scores over this warp's dims: K fragments via ldmatrix (8 tokens x 16 bytes).
+    float sc[RF][4][4];
+#pragma unroll
+    for (int f = 0; f < RF; ++f)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sc[f][j][i] = 0.f;
+#pragma unroll
+    for (int s = 0; s < C::kQkChunks; ++s) {
+      if (s == C::kNopeChunks && !has_rope) break;
+#pragma unroll
+      for (int jp = 0; jp < 2; ++jp) {  // n-tile pairs (16 tokens)
+        const int mi = lane >> 3;
+        const int tok = 16 * jp + 8 * (mi >> 1) + (lane & 7);
+        uint32_t kb[4];
+        ldmatrix_x4(kb, stage + tok * C::kSmemRowBytes + chunk_byte(s) + 16 * (mi & 1));
+#pragma unroll
+        for (int f = 0; f < RF; ++f) {
+          if constexpr (FP8) {
+            mma_e4m3(sc[f][2 * jp], qf[f][s], kb[0], kb[1]);
+            mma_e4m3(sc[f][2 * jp + 1], qf[f][s], kb[2], kb[3]);
+          } else {
+            mma_bf16(sc[f][2 * jp], qf[f][s], kb[0], kb[1]);
+            mma_bf16(sc[f][2 * jp + 1], qf[f][s], kb[2], kb[3]);
+          }
+        }
+      }
+    }
+
+    // ---- sum the four dim-quarter partials through shared memory.
+    float* mine = scores + wd * C::kTileRows * C::kSPitch;
+#pragma unroll
+    for (int f = 0; f < RF; ++f)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = wr * C::kRowsPerWarp + 16 * f + 8 * h + g;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          *reinterpret_cast<float2*>(mine + r * C::kSPitch + 8 * j + 2 * t) = make_float2(sc[f][j][2 * h], sc[f][j][2 * h + 1]);
+      }
+    __syncthreads();
+#pragma unroll
+    for (int other = 1; other < 4; ++other) {
+      const float* theirs = scores + ((wd + other) & 3) * C::kTileRows * C::kSPitch;
+#pragma unroll
+      for (int f = 0; f < RF; ++f)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = wr * C::kRowsPerWarp + 16 * f + 8 * h + g;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float2 v = *reinterpret_cast<const float2*>(theirs + r * C::kSPitch + 8 * j + 2 * t);
+            sc[f][j][2 * h] += v.x;
+            sc[f][j][2 * h + 1] += v.y;
+          }
+        }
+    }
+
+    // ---- online softmax (log2 domain), masked by each row's causal limit.
+    uint32_t pf[RF][2][4];  // P as A fragments: [f][k16 step][reg]
+#pragma unroll
+    for (int f = 0; f < RF; ++f)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int pos = tile * kBlockN + 8 * j + 2 * t + e;
+            float& x = sc[f][j][2 * h + e];
+            x = pos < limit[f][h] ? x * scale_log2 : -INFINITY;
+            mx = fmaxf(mx, x);
+          }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float new_max = fmaxf(row_max[f][h], mx);
+        const float base = new_max == -INFINITY ? 0.f : new_max;  // a row with nothing visible yet
+        const float correction = fast_exp2(row_max[f][h] - base);
+        row_max[f][h] = new_max;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = sc[f][j][2 * h + e];
+            x = fast_exp2(x - base);
+            sum += x;
+          }
+        row_sum[f][h] = row_sum[f][h] * correction + sum;
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+          acc[f][n][2 * h] *= correction;
+          acc[f][n][2 * h + 1] *= correction;
+        }
+      }
+#pragma unroll
+    for (int f = 0; f < RF; ++f)
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        pf[f][kk][0] = pack2<FP8>(sc[f][2 * kk][0], sc[f][2 * kk][1]);
+        pf[f][kk][1] = pack2<FP8>(sc[f][2 * kk][2], sc[f][2 * kk][3]);
+        pf[f][kk][2] = pack2<FP8>(sc[f][2 * kk + 1][0], sc[f][2 * kk + 1][1]);
+        pf[f][kk][3] = pack2<FP8>(sc[f][2 * kk + 1][2], sc[f][2 * kk + 1][3]);
+      }
+
+    // ---- O += P.V over this warp's 128 output dims.
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const int mi = lane >> 3;
+      const int tok = 16 * kk + 8 * (mi & 1) + (lane & 7);
+      if constexpr (FP8) {
+        // x4.trans over byte pairs: 16 tokens x 32 dims. Register r holds tokens (2t, 2t+1) of dims
+        // (2g, 2g+1) of its 16-byte column; prmt splits even and odd dims, cvt widens to f16.
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          uint32_t vr[4];
+          ldmatrix_x4_trans(vr, stage + tok * C::kSmemRowBytes + wd * 128 + q * 32 + 16 * (mi >> 1));
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const uint32_t lo = __byte_perm(vr[2 * half], 0, 0x3120);      // tokens 2t..: [even | odd]
+            const uint32_t hi = __byte_perm(vr[2 * half + 1], 0, 0x3120);  // tokens 8+2t..
+#pragma unroll
+            for (int f = 0; f < RF; ++f) {
+              mma_f16(acc[f][q * 4 + half * 2], pf[f][kk], e4m3x2_to_f16x2(lo), e4m3x2_to_f16x2(hi));
+              mma_f16(acc[f][q * 4 + half * 2 + 1], pf[f][kk], e4m3x2_to_f16x2(lo >> 16), e4m3x2_to_f16x2(hi >> 16));
+            }
+          }
+        }
+      } else {
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          uint32_t vr[4];
+          ldmatrix_x4_trans(vr, stage + tok * C::kSmemRowBytes + (wd * 128 + q * 16 + 8 * (mi >> 1)) * 2);
+#pragma unroll
+          for (int f = 0; f < RF; ++f) {
+            mma_bf16(acc[f][2 * q], pf[f][kk], vr[0], vr[1]);
+            mma_bf16(acc[f][2 * q + 1], pf[f][kk], vr[2], vr[3]);
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: normalise, then bf16 output + LSE, or fp32 partials for the merge kernel.
+  const float bmm2 = read_scale(p.bmm2_ptr, p.bmm2);
+  const bool single = p.num_splits == 1;
+#pragma unroll
+  for (int f = 0; f < RF; ++f)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float total = row_sum[f][h];
+      total += __shfl_xor_sync(0xffffffffu, total, 1);
+      total += __shfl_xor_sync(0xffffffffu, total, 2);
+      const int row = warp_row0 + 16 * f + 8 * h + g;
+      if (row >= p.rows) continue;
+      const float inv = total > 0.f ? 1.f / total : 0.f;
+      const float lse2 = total > 0.f ? row_max[f][h] + __log2f(total) : -INFINITY;
+      const float out_scale = single ? inv * bmm2 : inv;
+      const long long out_row = single ? (long long)b * p.rows + row
+                                       : ((long long)b * p.num_splits + split) * p.rows + row;
+#pragma unroll
+      for (int q = 0; q < (FP8 ? 8 : 16); ++q) {
+        // FP8 tiles pair up (even dims, odd dims) into 4 consecutive dims; BF16 tiles hold 2.
+        float v[4];
+        int dim;
+        if constexpr (FP8) {
+          const float* ev = acc[f][2 * q];
+          const float* od = acc[f][2 * q + 1];
+          v[0] = ev[2 * h]; v[1] = od[2 * h]; v[2] = ev[2 * h + 1]; v[3] = od[2 * h + 1];
+          dim = wd * 128 + q * 16 + 4 * t;
+        } else {
+          v[0] = acc[f][q][2 * h]; v[1] = acc[f][q][2 * h + 1];
+          dim = wd * 128 + q * 8 + 2 * t;
+        }
+        constexpr int kVec = FP8 ? 4 : 2;
+        if (single) {
+          __nv_bfloat16* dst = p.out + out_row * kDimV + dim;
+          uint32_t packed[2];
+#pragma unroll
+          for (int i = 0; i < kVec / 2; ++i) packed[i] = pack2<false>(v[2 * i] * out_scale, v[2 * i + 1] * out_scale);
+          if constexpr (kVec == 4) *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
+          else *reinterpret_cast<uint32_t*>(dst) = packed[0];
+        } else {
+          float* dst = p.part_o + out_row * kDimV + dim;
+          if constexpr (kVec == 4) *reinterpret_cast<float4*>(dst) = make_float4(v[0] * inv, v[1] * inv, v[2] * inv, v[3] * inv);
+          else *reinterpret_cast<float2*>(dst) = make_float2(v[0] * inv, v[1] * inv);
+        }
+      }
+      if (wd == 0 && t == 0) {
+        if (!single) p.part_lse[out_row] = lse2;
+        else if (p.lse != nullptr) p.lse[out_row] = lse2 * kLn2;
+      }
+    }
+}
+
+// Combine split partials by their LSE: one block of 128 threads per (request, row), 4 dims each.
+__global__ void __launch_bounds__(128) mla_merge_splits_kernel(const __grid_constant__ DecodeParams p) {
+  pdl_wait();
+  const int row = blockIdx.x, b = blockIdx.y;
+  const long long first = (long long)b * p.num_splits * p.rows + row;
+  float best = -INFINITY;
+  for (int s = 0; s < p.num_splits; ++s) best = fmaxf(best, p.part_lse[first + (long long)s * p.rows]);
+  const float base = best == -INFINITY ? 0.f : best;
+  float weight_sum = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int dim = threadIdx.x * 4;
+  for (int s = 0; s < p.num_splits; ++s) {
+    const long long part_row = first + (long long)s * p.rows;
+    const float w = fast_exp2(p.part_lse[part_row] - base);
+    if (w == 0.f) continue;  // empty split: its partial is zero and must not be read as NaN
+    const float4 v = *reinterpret_cast<const float4*>(p.part_o + part_row * kDimV + dim);
+    weight_sum += w;
+    acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
+  }
+  const float scale = weight_sum > 0.f ? read_scale(p.bmm2_ptr, p.bmm2) / weight_sum : 0.f;
+  const long long out_row = (long long)b * p.rows + row;
+  uint2 packed = make_uint2(pack2<false>(acc.x * scale, acc.y * scale), pack2<false>(acc.z * scale, acc.w * scale));
+  *reinterpret_cast<uint2*>(p.out + out_row * kDimV + dim) = packed;
+  if (threadIdx.x == 0 && p.lse != nullptr)
+    p.lse[out_row] = weight_sum > 0.f ? (best + __log2f(weight_sum)) * kLn2 : -INFINITY;
+}
+
+}  // namespace mla

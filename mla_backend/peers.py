@@ -1,0 +1,58 @@
+"""Peer MLA decode kernels the benchmark compares against, when importable (vLLM's FlashMLA and
+TRITON_MLA). Each factory returns a no-argument callable that runs one decode, or raises."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from .inputs import PagedProblem
+
+
+def flashmla(problem: PagedProblem, sm_scale: float) -> Callable[[], object]:
+    from vllm.v1.attention.ops import flashmla as fm
+
+    ok, why = fm.is_flashmla_dense_supported()
+    if not ok:
+        raise RuntimeError(why)
+    batch, q_len, heads, _ = problem.query.shape
+    if problem.kv_cache.shape[-2] != 64:
+        raise RuntimeError("FlashMLA needs page size 64")
+    cache = problem.kv_cache.unsqueeze(-2)  # [P, page, 1, 576]
+    if problem.query.dtype == torch.float8_e4m3fn:
+        tile_md, splits = fm.get_mla_metadata_dense_fp8(problem.seq_lens, q_len * heads, 1)
+        one = torch.ones(1, dtype=torch.float32, device=cache.device)
+        return lambda: fm.flash_mla_with_kvcache_fp8(
+            problem.query, cache, problem.block_tables, problem.seq_lens, 512, tile_md, splits,
+            softmax_scale=sm_scale, causal=True, descale_q=one, descale_k=one)
+    sched, _ = fm.get_mla_metadata(problem.seq_lens, q_len * heads, 1, is_fp8_kvcache=False)
+    return lambda: fm.flash_mla_with_kvcache(
+        problem.query, cache, problem.block_tables, problem.seq_lens, 512, tile_scheduler_metadata=sched,
+        softmax_scale=sm_scale, causal=True, is_fp8_kvcache=False)
+
+
+def triton_mla(problem: PagedProblem, sm_scale: float) -> Callable[[], object]:
+    from vllm.v1.attention.ops.triton_decode_attention import decode_attention_fwd
+
+    batch, q_len, heads, _ = problem.query.shape
+    if q_len != 1:
+        raise RuntimeError("TRITON_MLA decodes one query token per request")
+    device = problem.query.device
+    q = problem.query[:, 0].to(torch.bfloat16)  # vLLM feeds bf16 queries to Triton MLA
+    cache = problem.kv_cache.unsqueeze(2)
+    splits = min(1 << max(0, (problem.max_seq_len // 512).bit_length() - 1),
+                 2 * torch.cuda.get_device_properties(device).multi_processor_count)
+    splits = max(1, splits)
+    out = torch.empty(batch, heads, 512, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(batch, heads, dtype=torch.bfloat16, device=device)
+    logits = torch.empty(batch, heads, splits, 513, dtype=torch.float32, device=device)
+    one = torch.ones((), dtype=torch.float32, device=device)
+    return lambda: decode_attention_fwd(
+        q, cache, cache[..., :512], out, lse, problem.block_tables, problem.seq_lens, logits, splits,
+        sm_scale, cache.shape[1], k_scale=one, v_scale=one, is_mla=True)
+
+
+PEERS = {"flashmla": flashmla, "triton_mla": triton_mla}
+SM_SCALE = 1 / math.sqrt(192)

@@ -1,0 +1,143 @@
+"""The bundled kernels against the float64 reference on dequantised inputs (GPU only)."""
+
+import math
+
+import pytest
+import torch
+
+import mla_backend.decode as decode_module
+from mla_backend import MLABackendConfig, mla_decode_reference, xqa_batch_decode_with_kv_cache_mla
+from mla_backend.inputs import make_paged_problem
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+TOLERANCE = {torch.float8_e4m3fn: 2e-2, torch.bfloat16: 5e-3}
+SM_SCALE = 1 / math.sqrt(192)
+WORKSPACE_BYTES = 256 << 20
+
+
+@pytest.fixture(scope="module")
+def workspace():
+    return torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+
+
+def run_and_check(problem, workspace, dtype, bmm1=SM_SCALE, bmm2=1.3, tensor_scales=False, out_3d=False):
+    device_scale = lambda v: torch.tensor([v], dtype=torch.float32, device="cuda")  # noqa: E731
+    s1, s2 = (device_scale(bmm1), device_scale(bmm2)) if tensor_scales else (bmm1, bmm2)
+    batch, q_len, heads, _ = problem.query.shape
+    shape = (batch, heads, 512) if out_3d else (batch, q_len, heads, 512)
+    out = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")  # poison
+    got, lse = xqa_batch_decode_with_kv_cache_mla(
+        problem.query, problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens,
+        problem.max_seq_len, out=out, bmm1_scale=s1, bmm2_scale=s2, return_lse=True)
+    assert got is out
+    got = got.view(batch, q_len, heads, 512)
+    want, want_lse = mla_decode_reference(problem.query, problem.kv_cache, problem.block_tables,
+                                          problem.seq_lens, bmm1, bmm2)
+    assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) or NaN output"
+    diff = (got.double() - want).norm(dim=-1)
+    scale = want.norm(dim=-1)
+    empty = scale == 0
+    assert torch.all(got[empty] == 0), "rows that see no key must be zero"
+    rel = diff[~empty] / scale[~empty]
+    assert rel.numel() == 0 or rel.max() <= TOLERANCE[dtype], f"max row rel err {rel.max():.3e}"
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isneginf(lse), ~finite), "LSE must be -inf exactly where a row sees nothing"
+    assert (lse[finite].double() - want_lse[finite]).abs().max() <= 1e-2 if finite.any() else True
+    return got, lse
+
+
+DTYPES = [torch.bfloat16, torch.float8_e4m3fn]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
+@pytest.mark.parametrize("page_size", [16, 32, 64, 128])
+@pytest.mark.parametrize("q_len", [1, 2, 4])
+def test_ragged_batch_pages_and_q_len(workspace, dtype, page_size, q_len):
+    lengths = [max(q_len, n) for n in (17, 1000, 64)]
+    problem = make_paged_problem(lengths, q_len, heads=16, page_size=page_size, dtype=dtype, device="cuda",
+                                 seed=page_size * 10 + q_len)
+    run_and_check(problem, workspace, dtype, tensor_scales=q_len == 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
+@pytest.mark.parametrize("heads", [8, 16, 32, 64, 128])
+def test_head_counts(workspace, dtype, heads):
+    problem = make_paged_problem([1, 4097, 17], 1, heads, page_size=64, dtype=dtype, device="cuda", seed=heads)
+    run_and_check(problem, workspace, dtype, tensor_scales=heads % 32 == 0, out_3d=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
+@pytest.mark.parametrize("heads, q_len", [(16, 1), (128, 1), (64, 2), (128, 4)])
+def test_long_single_request_splits_kv(workspace, dtype, heads, q_len):
+    problem = make_paged_problem([32768], q_len, heads, page_size=64, dtype=dtype, device="cuda", seed=7)
+    run_and_check(problem, workspace, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
+@pytest.mark.parametrize("heads", [16, 128])
+def test_batch_64_ragged(workspace, dtype, heads):
+    gen = torch.Generator().manual_seed(heads)
+    lengths = torch.randint(1, 4098, (64,), generator=gen).tolist()
+    lengths[:3] = [1, 4097, 0]
+    problem = make_paged_problem(lengths, 2, heads, page_size=32, dtype=dtype, device="cuda", seed=heads + 1)
+    run_and_check(problem, workspace, dtype, tensor_scales=True)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 3, 7, 64])
+def test_explicit_split_counts_agree(workspace, monkeypatch, splits):
+    monkeypatch.setattr(decode_module, "default_config", lambda: MLABackendConfig(num_kv_splits=splits))
+    problem = make_paged_problem([1000, 33, 0, 5000], 4, 32, page_size=16, dtype=torch.float8_e4m3fn,
+                                 device="cuda", seed=splits)
+    run_and_check(problem, workspace, torch.float8_e4m3fn, bmm1=0.11, bmm2=0.7)
+
+
+def test_workspace_too_small_for_requested_splits(monkeypatch):
+    monkeypatch.setattr(decode_module, "default_config", lambda: MLABackendConfig(num_kv_splits=8))
+    problem = make_paged_problem([300], 1, 16, page_size=16, device="cuda")
+    with pytest.raises(ValueError, match="workspace_buffer holds 1024 bytes"):
+        xqa_batch_decode_with_kv_cache_mla(
+            problem.query, problem.kv_cache, torch.empty(1024, dtype=torch.uint8, device="cuda"), 128, 512, 64,
+            problem.block_tables, problem.seq_lens, problem.max_seq_len)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
+def test_cuda_graph_replay_is_bit_identical_to_eager(workspace, dtype):
+    problem = make_paged_problem([3000, 17, 900], 2, 64, page_size=64, dtype=dtype, device="cuda", seed=11)
+    scale = torch.tensor([SM_SCALE], dtype=torch.float32, device="cuda")
+
+    def step():
+        return xqa_batch_decode_with_kv_cache_mla(
+            problem.query, problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens,
+            problem.max_seq_len, bmm1_scale=scale, bmm2_scale=1.0, return_lse=True)
+
+    eager_out, eager_lse = step()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm-up outside capture (loads the library)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graph_out, graph_lse = step()
+    graph_out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graph_out, eager_out) and torch.equal(graph_lse, eager_lse)
+    # the device scale is read at replay time
+    scale.mul_(0.5)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert not torch.equal(graph_lse, eager_lse)
+
+
+def test_pdl_on_and_off_agree(workspace):
+    problem = make_paged_problem([2000, 100], 1, 128, page_size=64, dtype=torch.float8_e4m3fn, device="cuda", seed=3)
+    args = (problem.query, problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens,
+            problem.max_seq_len)
+    with_pdl = xqa_batch_decode_with_kv_cache_mla(*args, bmm1_scale=SM_SCALE, enable_pdl=True)
+    without = xqa_batch_decode_with_kv_cache_mla(*args, bmm1_scale=SM_SCALE, enable_pdl=False)
+    assert torch.equal(with_pdl, without)
