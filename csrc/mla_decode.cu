@@ -49,6 +49,25 @@ void dispatch(bool fp8, int64_t row_groups, int64_t rf, const DecodeParams& para
   TORCH_CHECK(false, "mla_backend: no kernel built for fp8=", fp8, " row_groups=", row_groups, " rf=", rf);
 }
 
+template <bool FP8, int ROW_GROUPS, int RF>
+int64_t resident_ctas() {
+  using C = TileConfig<FP8, ROW_GROUPS, RF>;
+  auto kernel = mla_decode_kernel<FP8, ROW_GROUPS, RF>;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+  int blocks = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, C::kThreads, C::kSmemBytes));
+  return blocks;
+}
+
+// CTAs of one tile shape that fit on one SM at once (the split-KV heuristic plans whole waves).
+int64_t ctas_per_sm(bool fp8, int64_t row_groups, int64_t rf) {
+  if (fp8 && row_groups == 1 && rf == 1) return resident_ctas<true, 1, 1>();
+  if (fp8 && row_groups == 2 && rf == 1) return resident_ctas<true, 2, 1>();
+  if (!fp8 && row_groups == 1 && rf == 1) return resident_ctas<false, 1, 1>();
+  if (!fp8 && row_groups == 2 && rf == 1) return resident_ctas<false, 2, 1>();
+  TORCH_CHECK(false, "mla_backend: no kernel built for fp8=", fp8, " row_groups=", row_groups, " rf=", rf);
+}
+
 const float* optional_scale(const std::optional<at::Tensor>& t) {
   if (!t.has_value()) return nullptr;
   TORCH_CHECK(t->scalar_type() == at::kFloat && t->numel() == 1, "scale tensors must be one float32");
@@ -70,7 +89,7 @@ void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& block_t
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.stride(1) == 1, "block_tables: int32 rows");
   TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous(), "seq_lens: int32");
   TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.is_contiguous() && out.numel() == q.numel() / kHeadDim * kDimV, "out: bf16 [B, q_len, H, 512]");
-  TORCH_CHECK(num_splits >= 1, "num_splits >= 1");
+  TORCH_CHECK(num_splits >= 1 && num_splits <= kMaxSplits, "num_splits must be 1..", kMaxSplits);
   const int64_t batch = q.size(0), rows = q.size(1) * q.size(2);
 
   DecodeParams p = {};
@@ -110,7 +129,7 @@ void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& block_t
   if (batch == 0) return;
   dispatch(fp8, row_groups, rf, p, static_cast<int>(batch), stream, pdl);
   if (num_splits > 1) {
-    launch(mla_merge_splits_kernel, dim3(rows, batch), 128, 0, stream, pdl, p);
+    launch(mla_merge_splits_kernel, dim3(rows, batch), kMergeThreads, 0, stream, pdl, p);
   }
 }
 
@@ -122,6 +141,7 @@ TORCH_LIBRARY(mla_backend, m) {
       "decode(Tensor q, Tensor kv, Tensor block_tables, Tensor seq_lens, Tensor(a!) out, Tensor(b!)? lse, "
       "Tensor(c!) workspace, int num_splits, int row_groups, int rf, float bmm1, Tensor? bmm1_tensor, "
       "float bmm2, Tensor? bmm2_tensor, bool pdl) -> ()");
+  m.def("ctas_per_sm(bool fp8, int row_groups, int rf) -> int", &mla::ctas_per_sm);
 }
 
 TORCH_LIBRARY_IMPL(mla_backend, CUDA, m) { m.impl("decode", &mla::decode); }

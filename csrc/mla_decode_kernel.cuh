@@ -464,28 +464,61 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     }
 }
 
-// Combine split partials by their LSE: one block of 128 threads per (request, row), 4 dims each.
-__global__ void __launch_bounds__(128) mla_merge_splits_kernel(const __grid_constant__ DecodeParams p) {
+// Combine split partials by their LSE. One block per (request, row): the LSE pass and the
+// weighted sum are spread over all threads (kMergeGroups groups of 128 threads, 4 dims each, take
+// every kMergeGroups-th split), so the latency grows with splits / kMergeGroups, not splits.
+constexpr int kMergeGroups = 4;
+constexpr int kMergeThreads = 128 * kMergeGroups;
+constexpr int kMaxSplits = 256;
+
+__global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const __grid_constant__ DecodeParams p) {
+  __shared__ float weights[kMaxSplits];
+  __shared__ float reduce[kMergeThreads / 32];
+  __shared__ float4 partial[kMergeGroups - 1][128];
   pdl_wait();
   const int row = blockIdx.x, b = blockIdx.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long first = (long long)b * p.num_splits * p.rows + row;
-  float best = -INFINITY;
-  for (int s = 0; s < p.num_splits; ++s) best = fmaxf(best, p.part_lse[first + (long long)s * p.rows]);
+
+  float lse = -INFINITY;
+  if (threadIdx.x < p.num_splits) lse = p.part_lse[first + (long long)threadIdx.x * p.rows];
+  float best = lse;
+  for (int o = 16; o > 0; o >>= 1) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, o));
+  if (lane == 0) reduce[warp] = best;
+  __syncthreads();
+  best = -INFINITY;
+  for (int w = 0; w < kMergeThreads / 32; ++w) best = fmaxf(best, reduce[w]);
   const float base = best == -INFINITY ? 0.f : best;
+  const float w_own = threadIdx.x < p.num_splits ? fast_exp2(lse - base) : 0.f;
+  if (threadIdx.x < p.num_splits) weights[threadIdx.x] = w_own;
+  float sum = w_own;
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  __syncthreads();  // weights[] complete; reduce[] reads of the max are done
+  if (lane == 0) reduce[warp] = sum;
+  __syncthreads();
   float weight_sum = 0.f;
+  for (int w = 0; w < kMergeThreads / 32; ++w) weight_sum += reduce[w];
+
+  const int group = threadIdx.x / 128, dim = (threadIdx.x % 128) * 4;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  const int dim = threadIdx.x * 4;
-  for (int s = 0; s < p.num_splits; ++s) {
-    const long long part_row = first + (long long)s * p.rows;
-    const float w = fast_exp2(p.part_lse[part_row] - base);
-    if (w == 0.f) continue;  // empty split: its partial is zero and must not be read as NaN
-    const float4 v = *reinterpret_cast<const float4*>(p.part_o + part_row * kDimV + dim);
-    weight_sum += w;
+#pragma unroll 4
+  for (int s = group; s < p.num_splits; s += kMergeGroups) {
+    const float w = weights[s];
+    if (w == 0.f) continue;  // empty split (or underflow): never read its partial
+    const float4 v = *reinterpret_cast<const float4*>(p.part_o + (first + (long long)s * p.rows) * kDimV + dim);
     acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
+  }
+  if (group > 0) partial[group - 1][threadIdx.x % 128] = acc;
+  __syncthreads();
+  if (group != 0) return;
+#pragma unroll
+  for (int g = 0; g < kMergeGroups - 1; ++g) {
+    const float4 v = partial[g][threadIdx.x];
+    acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
   }
   const float scale = weight_sum > 0.f ? read_scale(p.bmm2_ptr, p.bmm2) / weight_sum : 0.f;
   const long long out_row = (long long)b * p.rows + row;
-  uint2 packed = make_uint2(pack2<false>(acc.x * scale, acc.y * scale), pack2<false>(acc.z * scale, acc.w * scale));
+  const uint2 packed = make_uint2(pack2<false>(acc.x * scale, acc.y * scale), pack2<false>(acc.z * scale, acc.w * scale));
   *reinterpret_cast<uint2*>(p.out + out_row * kDimV + dim) = packed;
   if (threadIdx.x == 0 && p.lse != nullptr)
     p.lse[out_row] = weight_sum > 0.f ? (best + __log2f(weight_sum)) * kLn2 : -INFINITY;

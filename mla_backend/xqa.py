@@ -12,7 +12,9 @@ from .config import MAX_KV_SPLITS, MLABackendConfig
 from .shapes import KV_LORA_RANK
 
 TOKENS_PER_TILE = 32
-MIN_TILES_PER_SPLIT = 8  # a split shorter than 256 tokens costs more in merging than it saves
+MIN_TILES_PER_SPLIT = 4  # shorter splits cost more in merging than they save
+FIXED_TILES_PER_CTA = 2.0  # pipeline fill + epilogue, in units of one tile's work
+MERGE_TILES_PER_SPLIT = 0.05  # the merge kernel's cost of one more split, in the same units
 
 
 def tile_shape(rows: int, fp8: bool) -> tuple[int, int]:
@@ -33,22 +35,32 @@ def workspace_bytes(batch: int, rows: int, num_splits: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def resident_slots(device_index: int, fp8: bool, row_groups: int, rf: int) -> int:
+    """CTAs of this tile shape the whole GPU runs at once."""
+    with torch.cuda.device(device_index):
+        per_sm = torch.ops.mla_backend.ctas_per_sm(fp8, row_groups, rf)
+    return max(1, per_sm) * torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def choose_num_splits(batch: int, rows: int, fp8: bool, max_seq_len: int, sms: int, workspace_capacity: int) -> int:
-    """Split each request's KV until the grid covers the GPU about twice, keeping splits >= 256
-    tokens and the partials within the workspace. Depends only on host values: graph-safe."""
+def choose_num_splits(batch: int, rows: int, fp8: bool, max_seq_len: int, slots: int, workspace_capacity: int) -> int:
+    """Split each request's KV so the grid fills whole waves of ``slots`` resident CTAs.
+
+    Time ~ waves x (tiles per CTA + a fixed cost of about two tiles for pipeline fill and
+    epilogue) + the merge, which grows with s; the smallest s within 2% of the best wins.
+    Splits keep >= 128 tokens and fit the workspace.
+    Depends only on host values, so a captured CUDA graph stays valid for any seq_lens."""
     ctas = batch * math.ceil(rows / tile_rows(rows, fp8))
-    if ctas >= sms or batch == 0:
+    if batch == 0:
         return 1
     useful = max(1, math.ceil(max_seq_len / (TOKENS_PER_TILE * MIN_TILES_PER_SPLIT)))
-    splits = min(math.ceil(2 * sms / ctas), useful, MAX_KV_SPLITS)
     per_split = workspace_bytes(batch, rows, 2) // 2
-    if splits > 1 and per_split * splits > workspace_capacity:
-        splits = max(1, workspace_capacity // per_split)
-    return splits
+    fits = max(1, workspace_capacity // per_split) if per_split else 1
+    limit = max(1, min(useful, fits, MAX_KV_SPLITS))
+    tiles = max(1, math.ceil(max_seq_len / TOKENS_PER_TILE))
+    cost = {s: math.ceil(ctas * s / slots) * (tiles / s + FIXED_TILES_PER_CTA) + (s > 1) * MERGE_TILES_PER_SPLIT * s
+            for s in range(1, limit + 1)}
+    best = min(cost.values())
+    return min(s for s, c in cost.items() if c <= best * 1.02)
 
 
 def _scale_args(scale: float | torch.Tensor) -> tuple[float, torch.Tensor | None]:
@@ -72,8 +84,9 @@ def run_xqa_decode(problem: DecodeProblem, workspace: torch.Tensor | None, confi
             raise ValueError(f"workspace_buffer holds {capacity} bytes but num_kv_splits={splits} needs {need} "
                              f"(batch {problem.batch} x {rows} rows x {splits} splits x 513 floats)")
     else:
-        splits = choose_num_splits(problem.batch, rows, fp8, problem.max_seq_len,
-                                   sm_count(device.index or 0), capacity)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        slots = resident_slots(index, fp8, *tile_shape(rows, fp8))
+        splits = choose_num_splits(problem.batch, rows, fp8, problem.max_seq_len, slots, capacity)
     if enable_pdl is None:
         enable_pdl = config.enable_pdl
     if enable_pdl is None:

@@ -1,0 +1,28 @@
+"""The split-KV heuristic (pure host arithmetic)."""
+
+from mla_backend.xqa import choose_num_splits, workspace_bytes
+
+BIG = 1 << 40
+
+
+def test_full_waves_need_no_split():
+    assert choose_num_splits(batch=264, rows=16, fp8=True, max_seq_len=16384, slots=264, workspace_capacity=BIG) == 1
+
+
+def test_one_request_spreads_over_the_gpu():
+    assert choose_num_splits(1, 16, True, 32768, slots=264, workspace_capacity=BIG) in range(96, 160)
+
+
+def test_partial_wave_is_filled_not_overflowed():
+    # 128 CTAs on 264 slots: 2 splits fill one wave; 3 would spill into a second.
+    assert choose_num_splits(128, 16, True, 16384, slots=264, workspace_capacity=BIG) == 2
+
+
+def test_short_sequences_are_not_split_below_128_tokens():
+    assert choose_num_splits(1, 16, True, 300, slots=264, workspace_capacity=BIG) == 3
+
+
+def test_workspace_bounds_the_split():
+    need_for_4 = workspace_bytes(1, 128, 4)
+    assert choose_num_splits(1, 128, True, 32768, slots=132, workspace_capacity=need_for_4) == 4
+    assert choose_num_splits(1, 128, True, 32768, slots=132, workspace_capacity=0) == 1
