@@ -26,3 +26,18 @@ def test_workspace_bounds_the_split():
     need_for_4 = workspace_bytes(1, 128, 4)
     assert choose_num_splits(1, 128, True, 32768, slots=132, workspace_capacity=need_for_4) == 4
     assert choose_num_splits(1, 128, True, 32768, slots=132, workspace_capacity=0) == 1
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from mla_backend.config import MAX_KV_SPLITS  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(batch=st.integers(1, 512), rows=st.integers(1, 1024), fp8=st.booleans(),
+       max_seq_len=st.integers(0, 200_000), slots=st.integers(1, 600), capacity=st.integers(0, 1 << 32))
+def test_split_choice_is_always_feasible(batch, rows, fp8, max_seq_len, slots, capacity):
+    s = choose_num_splits(batch, rows, fp8, max_seq_len, slots, capacity)
+    assert 1 <= s <= MAX_KV_SPLITS
+    assert s == 1 or workspace_bytes(batch, rows, s) <= capacity
+    assert s == 1 or max_seq_len > (s - 1) * 128  # no split shorter than 4 tiles of 32 tokens
