@@ -15,15 +15,16 @@ from mla_backend.jit import build_dir, library_name
 ARCHES = ("sm_90a", "sm_120a")
 
 
-def cuobjdump() -> str:
-    import nvidia  # the nvidia-cuda-cuobjdump wheel (test extra)
+def cuda_tool(name: str) -> str:
+    """cuobjdump/nvdisasm from PATH, CUDA_HOME or the nvidia-cuda-* wheels of the test extra."""
+    import nvidia
 
-    candidates = [shutil.which("cuobjdump"), os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump")]
-    candidates += [str(Path(p) / "cu13" / "bin" / "cuobjdump") for p in nvidia.__path__]
+    candidates = [shutil.which(name), os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", name)]
+    candidates += [str(Path(p) / "cu13" / "bin" / name) for p in nvidia.__path__]
     for path in candidates:
         if path and os.path.isfile(path):
             return path
-    raise FileNotFoundError("cuobjdump not found: pip install nvidia-cuda-cuobjdump")
+    raise FileNotFoundError(f"{name} not found: pip install nvidia-cuda-{name}")
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,11 @@ def built(tmp_path_factory):
 
 
 def sass(library: Path) -> str:
-    return subprocess.run([cuobjdump(), "--dump-sass", str(library)], capture_output=True, text=True, check=True).stdout
+    env = dict(os.environ, NVDISASM_PATH=os.path.dirname(cuda_tool("nvdisasm")))  # cuobjdump calls it
+    result = subprocess.run([cuda_tool("cuobjdump"), "--dump-sass", str(library)], capture_output=True, text=True,
+                            env=env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
 
 
 def test_both_arches_build_without_spills(built):
