@@ -32,7 +32,7 @@ def default_config() -> MLABackendConfig:
     return MLABackendConfig.from_sources()
 
 
-def _run_reference(problem: DecodeProblem, return_lse: bool):
+def _run_reference(problem: DecodeProblem):
     out, lse = mla_decode_reference(
         problem.query, problem.cache, problem.block_tables, problem.seq_lens,
         problem.bmm1_scale, problem.bmm2_scale,
@@ -55,7 +55,7 @@ def _decode(problem: DecodeProblem, workspace_buffer, config: MLABackendConfig, 
             enable_pdl: Optional[bool], return_lse: bool):
     if problem.query.device.type == "cpu":
         check_page_ids(problem)
-        _, lse = _run_reference(problem, return_lse)
+        _, lse = _run_reference(problem)
         return _finish(problem, lse, return_lse)
     if config.validate_page_ids:
         check_page_ids(problem)
@@ -66,7 +66,7 @@ def _decode(problem: DecodeProblem, workspace_buffer, config: MLABackendConfig, 
         return _finish(problem, lse, return_lse)
     if kernel == "trtllm-gen":
         return _run_flashinfer_trtllm_gen(problem, workspace_buffer, enable_pdl, return_lse)
-    _, lse = _run_reference(problem, return_lse)
+    _, lse = _run_reference(problem)
     return _finish(problem, lse, return_lse)
 
 

@@ -59,7 +59,11 @@ def nvcc_flags(arch: str, strict: bool = False) -> list[str]:
 
 
 def build_dir(arch: str, cache_dir: str | None = None) -> Path:
-    root = Path(cache_dir or os.environ.get("MLA_BACKEND_CACHE_DIR") or Path.home() / ".cache" / "mla_backend")
+    """``cache_dir`` defaults to the configured one (MLA_BACKEND_CACHE_DIR), else ~/.cache/mla_backend."""
+    from .config import MLABackendConfig
+
+    cache_dir = cache_dir or MLABackendConfig.from_sources().cache_dir
+    root = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "mla_backend"
     cuda = (torch.version.cuda or "none").replace(".", "")
     return root / f"torch{torch.__version__.split('+')[0]}-cu{cuda}" / arch
 
@@ -113,12 +117,10 @@ def build_and_load(arch: str, cache_dir: str | None = None, strict: bool = False
 
 
 @functools.lru_cache(maxsize=None)
-def ensure_loaded(device_index: int) -> None:
+def ensure_loaded(device_index: int, cache_dir: str | None = None) -> None:
     """Load the kernels for the GPU ``device_index`` (building them on first use)."""
-    from .decode import default_config
-
     capability = torch.cuda.get_device_capability(device_index)
-    build_and_load(arch_for_capability(capability), default_config().cache_dir)
+    build_and_load(arch_for_capability(capability), cache_dir)
 
 
 def build_cli(arch_list: str | None, strict: bool = False) -> int:

@@ -73,9 +73,11 @@ def run_xqa_decode(problem: DecodeProblem, workspace: torch.Tensor | None, confi
     from .jit import ensure_loaded
 
     device = problem.query.device
-    ensure_loaded(device.index if device.index is not None else torch.cuda.current_device())
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    ensure_loaded(index, config.cache_dir)
     fp8 = problem.query.dtype == torch.float8_e4m3fn
     rows = problem.q_len * problem.heads
+    row_groups, rf = tile_shape(rows, fp8)
     capacity = 0 if workspace is None else workspace.numel() * workspace.element_size()
     if config.num_kv_splits is not None:
         splits = config.num_kv_splits
@@ -84,8 +86,7 @@ def run_xqa_decode(problem: DecodeProblem, workspace: torch.Tensor | None, confi
             raise ValueError(f"workspace_buffer holds {capacity} bytes but num_kv_splits={splits} needs {need} "
                              f"(batch {problem.batch} x {rows} rows x {splits} splits x 513 floats)")
     else:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        slots = resident_slots(index, fp8, *tile_shape(rows, fp8))
+        slots = resident_slots(index, fp8, row_groups, rf)
         splits = choose_num_splits(problem.batch, rows, fp8, problem.max_seq_len, slots, capacity)
     if enable_pdl is None:
         enable_pdl = config.enable_pdl
@@ -95,7 +96,6 @@ def run_xqa_decode(problem: DecodeProblem, workspace: torch.Tensor | None, confi
         if return_lse else None
     if workspace is None:
         workspace = torch.empty(0, dtype=torch.uint8, device=device)
-    row_groups, rf = tile_shape(rows, fp8)
     bmm1, bmm1_t = _scale_args(problem.bmm1_scale)
     bmm2, bmm2_t = _scale_args(problem.bmm2_scale)
     torch.ops.mla_backend.decode(
