@@ -39,34 +39,42 @@ void launch_decode(const DecodeParams& params, int batch, cudaStream_t stream, b
   launch(mla_decode_kernel<FP8, ROW_GROUPS, RF>, grid, C::kThreads, C::kSmemBytes, stream, pdl, params);
 }
 
-// The tile shapes built into the library: (row groups, 16-row fragments per warp) for each dtype.
-void dispatch(bool fp8, int64_t row_groups, int64_t rf, const DecodeParams& params, int batch,
-              cudaStream_t stream, bool pdl) {
-  if (fp8 && row_groups == 1 && rf == 1) return launch_decode<true, 1, 1>(params, batch, stream, pdl);
-  if (fp8 && row_groups == 2 && rf == 1) return launch_decode<true, 2, 1>(params, batch, stream, pdl);
-  if (!fp8 && row_groups == 1 && rf == 1) return launch_decode<false, 1, 1>(params, batch, stream, pdl);
-  if (!fp8 && row_groups == 2 && rf == 1) return launch_decode<false, 2, 1>(params, batch, stream, pdl);
+// The tile shapes built into the library, (row groups, 16-row fragments per warp) for each dtype:
+// calls fn.template operator()<FP8, ROW_GROUPS, RF>() for the one matching the run-time values.
+template <class Fn>
+auto with_tile_shape(bool fp8, int64_t row_groups, int64_t rf, const Fn& fn) {
+  if (fp8 && row_groups == 1 && rf == 1) return fn.template operator()<true, 1, 1>();
+  if (fp8 && row_groups == 2 && rf == 1) return fn.template operator()<true, 2, 1>();
+  if (!fp8 && row_groups == 1 && rf == 1) return fn.template operator()<false, 1, 1>();
+  if (!fp8 && row_groups == 2 && rf == 1) return fn.template operator()<false, 2, 1>();
   TORCH_CHECK(false, "mla_backend: no kernel built for fp8=", fp8, " row_groups=", row_groups, " rf=", rf);
-}
-
-template <bool FP8, int ROW_GROUPS, int RF>
-int64_t resident_ctas() {
-  using C = TileConfig<FP8, ROW_GROUPS, RF>;
-  auto kernel = mla_decode_kernel<FP8, ROW_GROUPS, RF>;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
-  int blocks = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, C::kThreads, C::kSmemBytes));
-  return blocks;
 }
 
 // CTAs of one tile shape that fit on one SM at once (the split-KV heuristic plans whole waves).
+struct ResidentCtas {
+  template <bool FP8, int ROW_GROUPS, int RF>
+  int64_t operator()() const {
+    using C = TileConfig<FP8, ROW_GROUPS, RF>;
+    auto kernel = mla_decode_kernel<FP8, ROW_GROUPS, RF>;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+    int blocks = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, C::kThreads, C::kSmemBytes));
+    return blocks;
+  }
+};
+
 int64_t ctas_per_sm(bool fp8, int64_t row_groups, int64_t rf) {
-  if (fp8 && row_groups == 1 && rf == 1) return resident_ctas<true, 1, 1>();
-  if (fp8 && row_groups == 2 && rf == 1) return resident_ctas<true, 2, 1>();
-  if (!fp8 && row_groups == 1 && rf == 1) return resident_ctas<false, 1, 1>();
-  if (!fp8 && row_groups == 2 && rf == 1) return resident_ctas<false, 2, 1>();
-  TORCH_CHECK(false, "mla_backend: no kernel built for fp8=", fp8, " row_groups=", row_groups, " rf=", rf);
+  return with_tile_shape(fp8, row_groups, rf, ResidentCtas{});
 }
+
+struct LaunchDecode {
+  const DecodeParams& params;
+  int batch;
+  cudaStream_t stream;
+  bool pdl;
+  template <bool FP8, int ROW_GROUPS, int RF>
+  void operator()() const { launch_decode<FP8, ROW_GROUPS, RF>(params, batch, stream, pdl); }
+};
 
 const float* optional_scale(const std::optional<at::Tensor>& t) {
   if (!t.has_value()) return nullptr;
@@ -127,7 +135,7 @@ void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& block_t
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
   if (batch == 0) return;
-  dispatch(fp8, row_groups, rf, p, static_cast<int>(batch), stream, pdl);
+  with_tile_shape(fp8, row_groups, rf, LaunchDecode{p, static_cast<int>(batch), stream, pdl});
   if (num_splits > 1) {
     launch(mla_merge_splits_kernel, dim3(rows, batch), kMergeThreads, 0, stream, pdl, p);
   }
