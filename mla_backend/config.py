@@ -1,8 +1,7 @@
 """Settings of mla_backend and the choice of the kernel that serves decode.
 
-Sources, later ones win: defaults < environment (``MLA_BACKEND``, ``MLA_BACKEND_NUM_KV_SPLITS``,
-``MLA_BACKEND_ENABLE_PDL``) < explicit values (Python kwargs or vLLM's
-``--additional-config '{"mla_backend": {...}}'``).
+Sources, later ones win: defaults < environment (``MLA_BACKEND``, ``MLA_BACKEND_<FIELD>``)
+< explicit values (Python kwargs or vLLM's ``--additional-config '{"mla_backend": {...}}'``).
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ ENV_FIELDS = {
     "MLA_BACKEND_ENABLE_PDL": "enable_pdl",
     "MLA_BACKEND_VALIDATE_PAGE_IDS": "validate_page_ids",
     "MLA_BACKEND_CACHE_DIR": "cache_dir",
+    "MLA_BACKEND_DEVICE_CAPABILITY": "device_capability",
 }
 
 # Compute capabilities our bundled mma.sync kernels are built and tuned for.
@@ -58,6 +58,18 @@ class MLABackendConfig(BaseModel):
     cache_dir: str | None = Field(
         None, description="Where the JIT build keeps compiled kernels; None means ~/.cache/mla_backend."
     )
+    device_capability: str | None = Field(
+        None, pattern=r"^\d+\.\d+$",
+        description="Choose the kernel as if the GPU had this compute capability, e.g. '8.0' to exercise "
+        "the portable fallback on a GPU the bundled kernels serve. None uses the real one.",
+    )
+
+    def capability(self, detected: tuple[int, int]) -> tuple[int, int]:
+        """The compute capability kernel choice uses: the override, else the detected one."""
+        if self.device_capability is None:
+            return (int(detected[0]), int(detected[1]))
+        major, minor = self.device_capability.split(".")
+        return (int(major), int(minor))
 
     @classmethod
     def from_sources(

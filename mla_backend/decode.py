@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from typing import List, Optional, Union
 
 import torch
@@ -24,6 +25,7 @@ from .reference import mla_decode_reference
 log = logging.getLogger("mla_backend")
 
 Scale = Union[float, torch.Tensor]
+LN2 = math.log(2.0)
 
 
 @functools.lru_cache(maxsize=1)
@@ -71,18 +73,19 @@ def _decode(problem: DecodeProblem, workspace_buffer, config: MLABackendConfig, 
 
 
 def _run_flashinfer_trtllm_gen(problem: DecodeProblem, workspace_buffer, enable_pdl, return_lse):
-    if return_lse:
-        raise ValueError("return_lse=True is not available from FlashInfer's trtllm-gen MLA kernels; "
-                         "use backend='xqa' where LSE is needed")
     import flashinfer.mla
 
     result = flashinfer.mla.trtllm_batch_decode_with_kv_cache_mla(
         problem.query, problem.cache, workspace_buffer, 128, 512, 64, problem.block_tables,
-        problem.seq_lens, problem.max_seq_len, bmm1_scale=problem.bmm1_scale,
-        bmm2_scale=problem.bmm2_scale, enable_pdl=enable_pdl, backend="trtllm-gen",
+        problem.seq_lens, problem.max_seq_len, out=problem.out, bmm1_scale=problem.bmm1_scale,
+        bmm2_scale=problem.bmm2_scale, enable_pdl=enable_pdl, backend="trtllm-gen", return_lse=return_lse,
     )
-    problem.out.copy_(result.view_as(problem.out))
-    return _finish(problem, None, False)
+    if not return_lse:
+        return _finish(problem, None, False)
+    _, lse_log2 = result
+    # trtllm-gen reports the LSE in base 2; this op's contract is the natural log.
+    lse = lse_log2.float().view(problem.batch, problem.q_len, problem.heads) * LN2
+    return _finish(problem, lse, True)
 
 
 def trtllm_batch_decode_with_kv_cache_mla(
@@ -104,11 +107,13 @@ def trtllm_batch_decode_with_kv_cache_mla(
     enable_pdl: Optional[bool] = None,
     backend: BackendName = "auto",
     return_lse: bool = False,
+    config: Optional[MLABackendConfig] = None,
 ):
     """FlashInfer's ``trtllm_batch_decode_with_kv_cache_mla``, dispatched by the config resolver.
 
-    ``backend`` overrides the configured one ("auto" keeps the configured choice). Returns ``out``,
-    or ``(out, lse)`` with ``return_lse=True``.
+    ``backend`` overrides the configured one ("auto" keeps the configured choice); ``config``
+    replaces the settings read from the environment. Returns ``out``, or ``(out, lse)`` with
+    ``return_lse=True``.
     """
     if sparse_mla_top_k != 0:
         raise ValueError(f"sparse MLA (sparse_mla_top_k={sparse_mla_top_k}) is not supported; pass 0")
@@ -118,12 +123,12 @@ def trtllm_batch_decode_with_kv_cache_mla(
         query, kv_cache, workspace_buffer, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim,
         block_tables, seq_lens, max_seq_len, out, bmm1_scale, bmm2_scale, sinks,
     )
-    config = default_config()
+    config = config or default_config()
     if backend != "auto":
         config = config.model_copy(update={"backend": MLABackendConfig(backend=backend).backend})
     kernel = "reference"
     if query.device.type == "cuda":
-        resolution = resolve_backend(config, torch.cuda.get_device_capability(query.device))
+        resolution = resolve_backend(config, config.capability(torch.cuda.get_device_capability(query.device)))
         kernel = resolution.kernel
         if kernel == "fallback":
             _warn_fallback(resolution.reason)
@@ -158,7 +163,7 @@ def xqa_batch_decode_with_kv_cache_mla(
     config = default_config()
     if query.device.type == "cuda":
         resolve_backend(config.model_copy(update={"backend": "xqa"}),
-                        torch.cuda.get_device_capability(query.device))
+                        config.capability(torch.cuda.get_device_capability(query.device)))
     return _decode(problem, workspace_buffer, config, "xqa", enable_pdl, return_lse)
 
 

@@ -42,7 +42,7 @@ def report() -> list[str]:
         return lines + ["GPUs           none visible: the op runs the float64 reference on CPU tensors"]
     for index in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(index)
-        capability = (props.major, props.minor)
+        capability = config.capability((props.major, props.minor))
         try:
             resolution = resolve_backend(config, capability)
             serves = f"{resolution.kernel}: {resolution.reason}"

@@ -1,0 +1,253 @@
+"""vLLM 0.26 MLA attention backend on mla_backend's decode kernels (prefill stays vLLM's).
+
+Enabled with ``--attention-backend CUSTOM`` (registered by :func:`mla_backend.vllm.register`),
+configured with ``--additional-config '{"mla_backend": {...}}'`` or ``MLA_BACKEND_*`` variables.
+Decode is routed by the resolved kernel: ``xqa`` (bundled kernels), ``trtllm-gen`` (FlashInfer on
+SM100/103) or ``fallback`` (vLLM's portable Triton MLA decode).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import ClassVar
+
+import torch
+from pydantic import ValidationError
+from vllm.config import VllmConfig, get_current_vllm_config, get_current_vllm_config_or_none
+from vllm.config.cache import CacheDType
+from vllm.logger import init_logger
+from vllm.model_executor.layers.attention.mla_attention import (
+    MLACommonBackend,
+    MLACommonImpl,
+    MLACommonMetadata,
+    MLACommonMetadataBuilder,
+    QueryLenSupport,
+    get_mla_dims,
+)
+from vllm.platforms import current_platform
+from vllm.platforms.interface import DeviceCapability
+from vllm.utils.torch_utils import is_quantized_kv_cache
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionLayer, AttentionType, MultipleOf
+from vllm.v1.worker.workspace import current_workspace_manager, is_workspace_manager_initialized
+
+from .. import shapes
+from ..config import MLABackendConfig, Resolution, format_validation_error, resolve_backend
+from ..decode import trtllm_batch_decode_with_kv_cache_mla
+from . import fallback
+
+logger = init_logger(__name__)
+
+# Split-KV scratch of the bundled kernels, taken from vLLM's shared workspace. The split choice
+# never asks for more than this (it caps the split count by the workspace it is given).
+DECODE_WORKSPACE_BYTES = 128 << 20
+MIN_CAPABILITY = DeviceCapability(8, 0)  # the portable fallback's floor (bf16)
+
+# Kernels chosen in this process, for the demo and the logs ("which kernel served decode").
+ROUTES_CHOSEN: set[str] = set()
+
+
+def plugin_config(vllm_config: VllmConfig | None) -> MLABackendConfig:
+    """Settings from ``additional_config["mla_backend"]`` over the environment, validated."""
+    additional = vllm_config.additional_config if vllm_config is not None else None
+    try:
+        return MLABackendConfig.from_additional_config(additional)
+    except ValidationError as err:  # one readable line per bad setting, for vLLM's start-up error
+        raise ValueError(format_validation_error(err)) from None
+
+
+def resolve_route(config: MLABackendConfig, detected: tuple[int, int]) -> Resolution:
+    """The kernel that serves decode here; raises BackendUnavailableError for an impossible explicit choice."""
+    return resolve_backend(config, config.capability(detected))
+
+
+def detected_capability() -> tuple[int, int]:
+    capability = current_platform.get_device_capability()
+    if capability is None:
+        raise RuntimeError("mla_backend's vLLM backend needs a CUDA GPU (no device capability found)")
+    return (capability.major, capability.minor)
+
+
+@functools.lru_cache(maxsize=None)
+def announce(route: Resolution) -> None:
+    """One log line per process saying which kernel serves MLA decode and why."""
+    ROUTES_CHOSEN.add(route.kernel)
+    if route.kernel == "fallback":
+        logger.warning("mla_backend: MLA decode runs vLLM's Triton MLA kernel: %s", route.reason)
+    else:
+        logger.info("mla_backend: MLA decode runs %s: %s", route.kernel, route.reason)
+
+
+def max_decode_tokens(vllm_config: VllmConfig) -> int:
+    """Most query tokens one decode step can carry: requests x (1 + speculative tokens)."""
+    spec = vllm_config.speculative_config
+    per_request = 1 + (spec.num_speculative_tokens if spec is not None else 0)
+    return vllm_config.scheduler_config.max_num_seqs * per_request
+
+
+class MLABackend(MLACommonBackend):
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.bfloat16]
+    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = ["auto", "bfloat16", "fp8", "fp8_e4m3"]
+
+    @staticmethod
+    def get_name() -> str:
+        return "CUSTOM"
+
+    @staticmethod
+    def get_impl_cls() -> type["MLABackendImpl"]:
+        return MLABackendImpl
+
+    @staticmethod
+    def get_builder_cls() -> type["MLABackendMetadataBuilder"]:
+        return MLABackendMetadataBuilder
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return [shapes.HEAD_DIM]
+
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+        return list(shapes.PAGE_SIZES)
+
+    @staticmethod
+    def get_kv_cache_stride_order(include_num_layers_dimension: bool = False) -> tuple[int, ...]:
+        return (1, 0, 2, 3) if include_num_layers_dimension else (0, 1, 2)
+
+    @classmethod
+    def supports_compute_capability(cls, capability: DeviceCapability) -> bool:
+        # The bundled kernels serve 8.9/9.0/10.x/12.x; `auto` sends the rest to the portable fallback.
+        return capability >= MIN_CAPABILITY
+
+    @classmethod
+    def supports_combination(
+        cls,
+        head_size: int,
+        dtype: torch.dtype,
+        kv_cache_dtype: CacheDType | None,
+        block_size: int | None,
+        use_mla: bool,
+        has_sink: bool,
+        use_sparse: bool,
+        use_mm_prefix: bool,
+        device_capability: DeviceCapability,
+    ) -> str | None:
+        vllm_config = get_current_vllm_config_or_none()
+        try:
+            config = plugin_config(vllm_config)
+            resolve_route(config, (device_capability.major, device_capability.minor))
+        except ValueError as err:  # a bad setting, or an explicit backend this GPU cannot run
+            return f"mla_backend: {err}"
+        if vllm_config is None or vllm_config.model_config is None:
+            return None
+        return model_problem(vllm_config)
+
+
+def model_problem(vllm_config: VllmConfig) -> str | None:
+    """Why the model's MLA shapes cannot run on these kernels, or None."""
+    model_config = vllm_config.model_config
+    try:
+        dims = get_mla_dims(model_config)
+    except AttributeError:
+        return "mla_backend serves MLA models (kv_lora_rank, qk_rope_head_dim in the config)"
+    if (dims.kv_lora_rank, dims.qk_rope_head_dim) != (shapes.KV_LORA_RANK, shapes.ROPE_DIM):
+        return (f"mla_backend needs kv_lora_rank {shapes.KV_LORA_RANK} and qk_rope_head_dim {shapes.ROPE_DIM}, "
+                f"the model has {dims.kv_lora_rank} and {dims.qk_rope_head_dim}")
+    if dims.qk_nope_head_dim not in shapes.QK_NOPE_HEAD_DIMS:
+        return f"mla_backend needs qk_nope_head_dim in {shapes.QK_NOPE_HEAD_DIMS}, the model has {dims.qk_nope_head_dim}"
+    parallel = vllm_config.parallel_config
+    heads = model_config.get_num_attention_heads(parallel) * parallel.decode_context_parallel_size
+    if not 1 <= heads <= shapes.MAX_HEADS:
+        return f"mla_backend decodes 1..{shapes.MAX_HEADS} query heads per GPU, this setup gives {heads}"
+    return None
+
+
+class MLABackendMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
+    # Decode metadata is vLLM's own block_table / seq_lens (persistent buffers) plus max_seq_len;
+    # the split count is a host-side function of batch, heads and max_seq_len, so graphs replay.
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
+    query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.UNIFORM
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        route = resolve_route(plugin_config(vllm_config), detected_capability())
+        if not is_workspace_manager_initialized():
+            return
+        # Reserve the scratch before vLLM locks its workspace (growing it later raises).
+        if route.kernel == "fallback":
+            fallback.reserve_workspace(
+                max_decode_tokens(vllm_config), self.num_heads * self.dcp_world_size,
+                self.model_config.max_model_len, current_platform.num_compute_units(),
+                self.mla_dims.kv_lora_rank,
+            )
+        else:
+            current_workspace_manager().get_simultaneous(((DECODE_WORKSPACE_BYTES,), torch.uint8))
+
+
+@functools.lru_cache(maxsize=None)
+def _private_workspace(device: torch.device) -> torch.Tensor:
+    return torch.empty(DECODE_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+
+
+def decode_workspace(device: torch.device) -> torch.Tensor:
+    """vLLM's shared workspace when the model runner set one up, else a private buffer (unit tests)."""
+    if is_workspace_manager_initialized():
+        (workspace,) = current_workspace_manager().get_simultaneous(((DECODE_WORKSPACE_BYTES,), torch.uint8))
+        return workspace
+    return _private_workspace(device)
+
+
+class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
+    can_return_lse_for_decode: bool = True  # natural-log LSE on every route
+
+    def __init__(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
+                 kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, **mla_args) -> None:
+        super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
+                         kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, **mla_args)
+        if alibi_slopes is not None or sliding_window is not None or logits_soft_cap:
+            raise NotImplementedError("mla_backend does not support alibi slopes, sliding window or logit soft-capping")
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError("mla_backend serves decoder self-attention only")
+        self.config = plugin_config(get_current_vllm_config())
+        self.route = resolve_route(self.config, detected_capability())
+        announce(self.route)
+        # Our kernels and trtllm-gen take the fp8 query vLLM quantises; Triton dequantises KV to bf16.
+        self.supports_quant_query_input = self.route.kernel != "fallback"
+        self._sm_count = current_platform.num_compute_units() if self.route.kernel == "fallback" else 0
+
+    def _scales(self, layer: AttentionLayer) -> tuple[float, float]:
+        """(bmm1, bmm2): logits = q.k * scale * q_scale * k_scale, out = p.v * k_scale (v is k's latent part)."""
+        if not is_quantized_kv_cache(self.kv_cache_dtype):
+            return self.scale, 1.0
+        return self.scale * layer._q_scale_float * layer._k_scale_float, layer._k_scale_float
+
+    def forward_mqa(
+        self,
+        q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        kv_c_and_k_pe_cache: torch.Tensor,
+        attn_metadata: MLACommonMetadata,
+        layer: AttentionLayer,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        decode = attn_metadata.decode
+        assert decode is not None
+        if isinstance(q, tuple):  # bf16 (ql_nope, q_pe): the kernels read one [.., 576] row per head
+            q = torch.cat(q, dim=-1)
+        tokens, heads, _ = q.shape
+        requests = attn_metadata.num_decodes
+        if tokens % requests:
+            raise ValueError(f"mla_backend needs a uniform query length per request; got {tokens} tokens "
+                             f"for {requests} requests")
+        q_len = tokens // requests
+        if self.route.kernel == "fallback":
+            return fallback.triton_mla_decode(
+                q, kv_c_and_k_pe_cache, decode.block_table, decode.seq_lens, attn_metadata.max_seq_len,
+                q_len, self.scale, layer._k_scale, self._sm_count, self.kv_lora_rank,
+            )
+        bmm1, bmm2 = self._scales(layer)
+        return_lse = self.need_to_return_lse_for_decode
+        result = trtllm_batch_decode_with_kv_cache_mla(
+            q.view(requests, q_len, heads, q.shape[-1]), kv_c_and_k_pe_cache, decode_workspace(q.device),
+            self.qk_nope_head_dim, self.kv_lora_rank, self.qk_rope_head_dim, decode.block_table,
+            decode.seq_lens, attn_metadata.max_seq_len, bmm1_scale=bmm1, bmm2_scale=bmm2,
+            backend=self.route.kernel, return_lse=return_lse, config=self.config,
+        )
+        out, lse = result if return_lse else (result, None)
+        return out.view(tokens, heads, -1), (lse.view(tokens, heads) if lse is not None else None)

@@ -1,0 +1,253 @@
+"""The vLLM 0.26 plugin against the real vLLM, on CPU: discovery, registration, vLLM's own backend
+selection and validation, config sources, routing, and forward_mqa through the op (whose CPU path
+is the float64 reference)."""
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+from pydantic import ValidationError
+from vllm.config import DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
+from vllm.platforms.interface import DeviceCapability
+from vllm.plugins import load_plugins_by_group
+from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+from vllm.v1.attention.selector import AttentionSelectorConfig
+
+import mla_backend.vllm as plugin
+from mla_backend.config import BackendUnavailableError
+from mla_backend.inputs import make_paged_problem
+from mla_backend.reference import mla_decode_reference
+from mla_backend.vllm import backend
+from mla_backend.vllm.fallback import per_token_requests
+
+BACKEND_PATH = "mla_backend.vllm.backend.MLABackend"
+
+
+@pytest.fixture
+def clean_registry():
+    """Each test starts with nothing registered as CUSTOM and leaves it that way."""
+    AttentionBackendEnum.CUSTOM.clear_override()
+    yield
+    AttentionBackendEnum.CUSTOM.clear_override()
+
+
+def vllm_config(additional=None, model_config=None) -> VllmConfig:
+    extra = {} if model_config is None else {"model_config": model_config}
+    return VllmConfig(device_config=DeviceConfig(device="cuda"), additional_config=additional or {}, **extra)
+
+
+@pytest.fixture(scope="module")
+def deepseek_model_config(tmp_path_factory):
+    """A real vLLM ModelConfig of a small DeepSeek-V3 checkpoint config (16 heads, no MoE layer)."""
+    from transformers import DeepseekV3Config
+
+    path = tmp_path_factory.mktemp("dsv3")
+    DeepseekV3Config(
+        vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=16,
+        num_key_value_heads=16, q_lora_rank=None, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+        v_head_dim=128, first_k_dense_replace=2, n_routed_experts=8, num_experts_per_tok=2,
+        max_position_embeddings=4096,
+    ).save_pretrained(path)
+    return ModelConfig(model=str(path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16")
+
+
+# --- discovery and registration -------------------------------------------------------------
+
+def test_vllm_discovers_the_entry_point():
+    plugins = load_plugins_by_group("vllm.general_plugins")
+    assert plugins.get("mla_backend") is plugin.register
+
+
+def test_register_is_idempotent_and_custom_resolves_to_our_backend(clean_registry):
+    plugin.register()
+    plugin.register()
+    assert AttentionBackendEnum.CUSTOM.get_path() == BACKEND_PATH
+    cls = AttentionBackendEnum.CUSTOM.get_class()
+    assert cls is backend.MLABackend
+    # vLLM maps a backend class back to its enum member by name.
+    assert AttentionBackendEnum[cls.get_name()] is AttentionBackendEnum.CUSTOM
+    assert cls.get_impl_cls() is backend.MLABackendImpl and cls.get_builder_cls() is backend.MLABackendMetadataBuilder
+
+
+def test_register_leaves_another_custom_backend_alone(clean_registry, caplog):
+    register_backend(AttentionBackendEnum.CUSTOM, "someone.else.Backend")
+    with caplog.at_level(logging.WARNING, logger="mla_backend"):
+        plugin.register()
+    assert AttentionBackendEnum.CUSTOM.get_path() == "someone.else.Backend"
+    assert "someone.else.Backend" in caplog.text
+
+
+# --- vLLM's own backend selection and validation ---------------------------------------------
+
+def invalid_reasons(capability, additional=None, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=64,
+                    use_mla=True, use_sparse=False) -> list[str]:
+    """vLLM's check of an explicitly selected backend (what CudaPlatform.get_attn_backend_cls runs for
+    --attention-backend CUSTOM: it stops start-up with these reasons when the list is not empty)."""
+    selector = AttentionSelectorConfig(head_size=576, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+                                       block_size=block_size, use_mla=use_mla, use_sparse=use_sparse)
+    with set_current_vllm_config(vllm_config(additional)):
+        cls = AttentionBackendEnum.CUSTOM.get_class()
+        return cls.validate_configuration(device_capability=capability, **selector._asdict())
+
+
+@pytest.mark.parametrize("capability", [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)])
+def test_selection_accepts_supported_combinations(capability, clean_registry):
+    plugin.register()
+    for kv_cache_dtype in ("auto", "bfloat16", "fp8", "fp8_e4m3"):
+        for block_size in (16, 32, 64, 128):
+            assert invalid_reasons(DeviceCapability(*capability), kv_cache_dtype=kv_cache_dtype,
+                                   block_size=block_size) == []
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"capability": DeviceCapability(7, 5)}, "compute capability not supported"),
+    ({"dtype": torch.float16}, "dtype not supported"),
+    ({"kv_cache_dtype": "fp8_e5m2"}, "kv_cache_dtype not supported"),
+    ({"block_size": 8}, "block_size not supported"),
+    ({"block_size": 24}, "block_size not supported"),  # vLLM splits larger multiples of 16 into kernel blocks
+    ({"use_mla": False}, "non-MLA not supported"),
+    ({"use_sparse": True}, "sparse not supported"),
+    ({"additional": {"mla_backend": {"backend": "xqa"}}, "capability": DeviceCapability(8, 0)},
+     "backend='xqa' needs compute capability"),
+    ({"additional": {"mla_backend": {"backend": "trtllm-gen"}}}, "backend='trtllm-gen' needs compute capability"),
+    ({"additional": {"mla_backend": {"backend": "flashmla"}}}, "mla_backend.backend"),
+    ({"additional": {"mla_backend": {"num_kv_splits": 0}}}, "num_kv_splits"),
+])
+def test_selection_rejects_with_the_reason(change, reason, clean_registry):
+    plugin.register()
+    capability = change.pop("capability", DeviceCapability(9, 0))
+    reasons = invalid_reasons(capability, **change)
+    assert len(reasons) == 1 and reason in reasons[0]
+
+
+def test_model_shapes_are_checked(deepseek_model_config, monkeypatch):
+    config = vllm_config(model_config=deepseek_model_config)
+    assert backend.model_problem(config) is None
+    hf = deepseek_model_config.hf_text_config
+    with monkeypatch.context() as m:
+        m.setattr(deepseek_model_config.model_arch_config, "total_num_attention_heads", 256)
+        assert "1..128 query heads" in backend.model_problem(config)
+    for attribute, value, words in [("kv_lora_rank", 256, "kv_lora_rank 512"),
+                                    ("qk_rope_head_dim", 32, "qk_rope_head_dim 64"),
+                                    ("qk_nope_head_dim", 64, "qk_nope_head_dim in")]:
+        with monkeypatch.context() as m:
+            m.setattr(hf, attribute, value)
+            assert words in backend.model_problem(config)
+
+
+# --- config sources ---------------------------------------------------------------------------
+
+def test_config_from_additional_config_overrides_environment(monkeypatch):
+    monkeypatch.setenv("MLA_BACKEND", "trtllm-gen")
+    monkeypatch.setenv("MLA_BACKEND_NUM_KV_SPLITS", "4")
+    config = backend.plugin_config(vllm_config({"mla_backend": {"backend": "xqa", "enable_pdl": False}}))
+    assert (config.backend, config.num_kv_splits, config.enable_pdl) == ("xqa", 4, False)
+    monkeypatch.setenv("MLA_BACKEND_DEVICE_CAPABILITY", "8.0")
+    assert backend.plugin_config(vllm_config()).device_capability == "8.0"
+
+
+@pytest.mark.parametrize("bad", [{"mla_backend": {"backnd": "xqa"}}, {"mla_backend": {"device_capability": "9"}},
+                                 {"mla_backend": "xqa"}])
+def test_bad_additional_config_is_rejected(bad):
+    with pytest.raises((ValidationError, ValueError)):
+        backend.plugin_config(vllm_config(bad))
+
+
+def test_unknown_environment_variable_is_rejected(monkeypatch):
+    monkeypatch.setenv("MLA_BACKEND_SPLITS", "4")
+    with pytest.raises(ValueError, match="MLA_BACKEND_SPLITS"):
+        backend.plugin_config(vllm_config())
+
+
+# --- routing ----------------------------------------------------------------------------------
+
+def make_impl(kv_cache_dtype="auto", additional=None, heads=16):
+    with set_current_vllm_config(vllm_config(additional)):
+        return backend.MLABackendImpl(
+            heads, 576, 0.1, 1, None, None, kv_cache_dtype, None, "decoder", None, q_lora_rank=None,
+            kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, qk_head_dim=192, v_head_dim=128,
+            kv_b_proj=None,
+        )
+
+
+@pytest.mark.parametrize("detected, additional, has_flashinfer, kernel", [
+    ((9, 0), None, False, "xqa"),
+    ((12, 0), None, False, "xqa"),
+    ((10, 0), None, True, "trtllm-gen"),
+    ((10, 0), None, False, "xqa"),
+    ((8, 0), None, False, "fallback"),
+    ((9, 0), {"mla_backend": {"device_capability": "8.0"}}, False, "fallback"),
+])
+def test_impl_routes_by_the_resolved_kernel(detected, additional, has_flashinfer, kernel, monkeypatch):
+    monkeypatch.setattr(backend, "detected_capability", lambda: detected)
+    monkeypatch.setattr("mla_backend.config.flashinfer_available", lambda: has_flashinfer)
+    monkeypatch.setattr(backend.current_platform, "num_compute_units", lambda device_id=0: 132, raising=False)
+    impl = make_impl("fp8", additional)
+    assert impl.route.kernel == kernel
+    assert kernel in backend.ROUTES_CHOSEN
+    # fp8 queries for our kernels and trtllm-gen; Triton wants bf16 queries and dequantises KV itself.
+    assert impl.supports_quant_query_input == (kernel != "fallback")
+
+
+def test_impossible_explicit_backend_stops_start_up(monkeypatch):
+    monkeypatch.setattr(backend, "detected_capability", lambda: (8, 0))
+    with pytest.raises(BackendUnavailableError, match="backend='xqa' needs compute capability 8.9"):
+        make_impl(additional={"mla_backend": {"backend": "xqa"}})
+
+
+def test_fallback_logs_why_once(monkeypatch, caplog):
+    backend.announce.cache_clear()
+    monkeypatch.setattr(backend, "detected_capability", lambda: (7, 5))
+    monkeypatch.setattr(backend.current_platform, "num_compute_units", lambda device_id=0: 132, raising=False)
+    with caplog.at_level(logging.WARNING):
+        make_impl()
+        make_impl()
+    lines = [r for r in caplog.records if "Triton MLA kernel" in r.getMessage()]
+    assert len(lines) == 1 and "SM 7.5" in lines[0].getMessage()
+
+
+# --- forward_mqa through the op -----------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_forward_mqa_matches_the_reference(dtype, q_len, monkeypatch):
+    monkeypatch.setattr(backend, "detected_capability", lambda: (9, 0))
+    fp8 = dtype == torch.float8_e4m3fn
+    impl = make_impl("fp8" if fp8 else "auto")
+    impl.need_to_return_lse_for_decode = True  # as with decode context parallelism
+    heads = 16
+    problem = make_paged_problem([37, 130, 5], q_len, heads, 16, dtype=dtype, seed=q_len)
+    tokens = 3 * q_len
+    q = problem.query.reshape(tokens, heads, 576)
+    if not fp8:  # vLLM hands bf16 queries over as (ql_nope, q_pe)
+        q = (q[..., :512], q[..., 512:])
+    layer = SimpleNamespace(_q_scale_float=0.5, _k_scale_float=0.25)
+    metadata = SimpleNamespace(num_decodes=3, max_seq_len=problem.max_seq_len,
+                               decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens))
+    out, lse = impl.forward_mqa(q, problem.kv_cache, metadata, layer)
+    bmm1, bmm2 = (0.1 * 0.5 * 0.25, 0.25) if fp8 else (0.1, 1.0)
+    want, want_lse = mla_decode_reference(problem.query, problem.kv_cache, problem.block_tables,
+                                          problem.seq_lens, bmm1, bmm2)
+    assert out.shape == (tokens, heads, 512) and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), want.reshape(tokens, heads, 512), rtol=2e-2, atol=2e-2 * bmm2)
+    torch.testing.assert_close(lse.double(), want_lse.reshape(tokens, heads), rtol=1e-5, atol=1e-5)
+
+
+def test_forward_mqa_rejects_ragged_query_lengths(monkeypatch):
+    monkeypatch.setattr(backend, "detected_capability", lambda: (9, 0))
+    impl = make_impl()
+    problem = make_paged_problem([20, 20], 1, 16, 16)
+    metadata = SimpleNamespace(num_decodes=2, max_seq_len=20,
+                               decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens))
+    q = torch.randn(3, 16, 576, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="uniform query length"):
+        impl.forward_mqa(q, problem.kv_cache, metadata, SimpleNamespace())
+
+
+def test_fallback_gives_each_query_token_its_own_causal_length():
+    table = torch.tensor([[3, 1, 7], [2, 0, 5]], dtype=torch.int32)
+    seq_lens = torch.tensor([10, 2], dtype=torch.int32)
+    rows, lens = per_token_requests(table, seq_lens, 3)
+    assert lens.tolist() == [8, 9, 10, 0, 1, 2]
+    assert rows.tolist() == [[3, 1, 7]] * 3 + [[2, 0, 5]] * 3
