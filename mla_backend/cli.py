@@ -1,4 +1,4 @@
-"""Command line: `python -m mla_backend {doctor,build,bench}`."""
+"""Command line: `python -m mla_backend {doctor,demo,build,bench}`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mla_backend", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="versions, GPUs and which kernel serves decode, and why")
+    demo = sub.add_parser("demo", help="decode a small seeded DeepSeek-V3 through vLLM with the plugin")
+    demo.add_argument("--heads", type=int, default=16)
+    demo.add_argument("--batch", type=int, default=32)
+    demo.add_argument("--context", type=int, default=2048)
+    demo.add_argument("--new-tokens", type=int, default=128)
     build = sub.add_parser("build", help="build the CUDA kernels ahead of time (no GPU needed)")
     build.add_argument("--arch", default=None,
                        help="comma-separated targets, e.g. sm_90a,sm_120a (default: the visible GPU's)")
@@ -24,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         from .doctor import main as doctor
 
         return doctor()
+    if args.command == "demo":
+        from .demo import main as demo
+
+        return demo(args.batch, args.context, args.new_tokens, args.heads)
     if args.command == "build":
         from .jit import build_cli
 

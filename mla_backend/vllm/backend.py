@@ -70,7 +70,6 @@ def detected_capability() -> tuple[int, int]:
 @functools.lru_cache(maxsize=None)
 def announce(route: Resolution) -> None:
     """One log line per process saying which kernel serves MLA decode and why."""
-    ROUTES_CHOSEN.add(route.kernel)
     if route.kernel == "fallback":
         logger.warning("mla_backend: MLA decode runs vLLM's Triton MLA kernel: %s", route.reason)
     else:
@@ -209,6 +208,7 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
         self.config = plugin_config(get_current_vllm_config())
         self.route = resolve_route(self.config, detected_capability())
         announce(self.route)
+        ROUTES_CHOSEN.add(self.route.kernel)
         # Our kernels and trtllm-gen take the fp8 query vLLM quantises; Triton dequantises KV to bf16.
         self.supports_quant_query_input = self.route.kernel != "fallback"
         self._sm_count = current_platform.num_compute_units() if self.route.kernel == "fallback" else 0

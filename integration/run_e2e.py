@@ -1,0 +1,226 @@
+"""End-to-end check of the vLLM plugin on a GPU: a small seeded DeepSeek-V3 through vLLM 0.26 with
+--attention-backend CUSTOM against vLLM's own MLA backends.
+
+    python integration/run_e2e.py --heads 16 --parts correctness,spec,fallback,throughput --out results/
+
+Pass rules (issue #4): greedy tokens agree with the reference up to the first step where the
+reference's top-2 logprob gap is below 0.1 nats; forward_mqa on the real cache matches the float64
+reference within the kernel tolerances; the speculative runs really decode 4 query tokens per request;
+the fallback runs are served by vLLM's Triton MLA kernel. Exit status 1 if anything fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine import EngineSpec, decode_tokens_per_s, run_engine  # noqa: E402
+
+from mla_backend.tiny_model import save_tiny_deepseek_v3  # noqa: E402
+
+TIE_NATS = 0.1
+RANDOM_PROMPT_LENGTHS = [1, 5, 33, 100, 257, 511, 780, 1000]
+REPEATED_PROMPT_LENGTHS = [64, 200, 400, 900]  # a repeated 12-token motif: n-gram drafts find matches
+# Per KV dtype: the references the tie rule is applied against, then a second vLLM backend that
+# calibrates the rule (does vLLM agree with itself under it on this model?).
+REFERENCES = {"fp8": ["FLASHMLA"], "auto": ["FLASH_ATTN_MLA", "TRITON_MLA"]}
+PEERS = {"fp8": ("TRITON_MLA", "FLASHMLA"), "auto": ("TRITON_MLA", "FLASH_ATTN_MLA")}
+# Per KV dtype: a vLLM backend with speculative decoding, to calibrate the rule for speculation.
+SPEC_PEERS = {"fp8": "FLASHMLA", "auto": "FLASH_ATTN_MLA"}
+
+
+def make_prompts(seed: int = 0, vocab: int = 2048) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in RANDOM_PROMPT_LENGTHS]
+    for n in REPEATED_PROMPT_LENGTHS:
+        motif = torch.randint(0, vocab, (12,), generator=generator).tolist()
+        prompts.append((motif * (n // 12 + 1))[:n])
+    return prompts
+
+
+def agreement(ours: list[list[int]], ref: list[list[int]], ref_gaps: list[list[float]]) -> dict:
+    """Per prompt: the first step where tokens differ and the first near-tie step of the reference."""
+    divergent, failures = [], []
+    for i, (a, b) in enumerate(zip(ours, ref)):
+        differ = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if differ is None:
+            continue
+        first_tie = next((k for k, gap in enumerate(ref_gaps[i]) if gap < TIE_NATS), len(b))
+        divergent.append((i, differ, first_tie))
+        if differ < first_tie:
+            failures.append((i, differ, first_tie))
+    return {"identical": len(ours) - len(divergent), "divergent": divergent, "failures": failures,
+            "ok": not failures}
+
+
+def correctness_specs() -> list[EngineSpec]:
+    return [EngineSpec("CUSTOM", kv, block, graphs) for kv in ("fp8", "auto") for block in (16, 64)
+            for graphs in (True, False)]
+
+
+def spec_decode_specs() -> list[EngineSpec]:
+    # Graph mode only: in vLLM 0.26 the GPU n-gram proposer drafted nothing under enforce_eager.
+    return [EngineSpec("CUSTOM", "fp8", 64, True, spec_tokens=3), EngineSpec("CUSTOM", "auto", 16, True, spec_tokens=3)]
+
+
+def fallback_specs() -> list[EngineSpec]:
+    override = {"device_capability": "8.0"}  # documented: choose kernels as if this were an SM 8.0 GPU
+    return [EngineSpec("CUSTOM", "fp8", 16, True, mla_backend=override),
+            EngineSpec("CUSTOM", "auto", 64, False, mla_backend=override)]
+
+
+def agreed_steps(ours: list[list[int]], ref: list[list[int]]) -> int:
+    return sum(next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), len(b)) for a, b in zip(ours, ref))
+
+
+def rule_calibration(refs: dict[str, dict], kv: str) -> dict:
+    """Does vLLM's own second backend pass the tie rule against the reference, on this model?
+
+    With an FP8 cache it need not: a tiny difference upstream flips the e4m3 rounding of new cache
+    entries, and those 6% steps grow. Where vLLM fails its own rule, ours must instead stay with the
+    reference at least as many greedy steps as vLLM's second backend does."""
+    peer, ref = (refs[name + kv] for name in PEERS[kv])
+    return {"peer": PEERS[kv][0], "ref": PEERS[kv][1],
+            "rule_holds": agreement(peer["tokens"], ref["tokens"], ref["gaps"])["ok"],
+            "peer_agreed_steps": agreed_steps(peer["tokens"], ref["tokens"])}
+
+
+def spec_calibration(refs: dict[str, dict], kv: str) -> dict:
+    """vLLM's own backend with vs without speculative decoding, under the tie rule."""
+    name = SPEC_PEERS[kv]
+    spec, plain = refs[f"{name}{kv}+spec"], refs[name + kv]
+    return {"peer": name, "rule_holds": agreement(spec["tokens"], plain["tokens"], plain["gaps"])["ok"],
+            "agreed_steps": agreed_steps(spec["tokens"], plain["tokens"])}
+
+
+def judge(result: dict, refs: dict[str, dict], expect_route: str, baseline: dict | None = None) -> tuple[bool, list[str]]:
+    """Tokens vs the references (tie rule, or the calibrated fallback rule); forward_mqa vs float64;
+    the expected route; and, with speculative decoding, calls with 1 + k query tokens.
+
+    A speculative run is judged by the tie rule against our own run without speculation (greedy
+    speculative decoding must not change the tokens); the references are then reported only."""
+    notes, ok = [], True
+    kv = result["spec"]["kv_cache_dtype"]
+    calibration = rule_calibration(refs, kv)
+    if baseline is not None:
+        verdict = agreement(result["tokens"], baseline["tokens"], baseline["gaps"])
+        verdict["agreed_steps"] = agreed_steps(result["tokens"], baseline["tokens"])
+        result["agreement_without_speculation"] = verdict
+        note = f"vs ours without speculation: {verdict['identical']}/{len(result['tokens'])} identical"
+        peer = spec_calibration(refs, kv)
+        if peer["rule_holds"]:
+            ok &= verdict["ok"]
+            note += "" if verdict["ok"] else f", tie rule broken {verdict['failures']}"
+        else:  # vLLM's own backend changes its tokens under speculation just as much
+            ok &= verdict["agreed_steps"] >= peer["agreed_steps"]
+            note += (f", {verdict['agreed_steps']} steps agreed vs {peer['agreed_steps']} for vLLM's {peer['peer']} "
+                     f"with/without speculation (which breaks the tie rule itself)")
+        notes.append(note)
+    for ref_name in REFERENCES[kv]:
+        ref = refs[ref_name + kv]
+        verdict = agreement(result["tokens"], ref["tokens"], ref["gaps"])
+        verdict["agreed_steps"] = agreed_steps(result["tokens"], ref["tokens"])
+        result.setdefault("agreement", {})[ref_name] = verdict
+        note = f"{ref_name}: {verdict['identical']}/{len(result['tokens'])} identical"
+        if baseline is not None:
+            note += f" (reported), {verdict['agreed_steps']} steps agreed"
+        elif calibration["rule_holds"] or ref_name != calibration["ref"]:
+            ok &= verdict["ok"]
+            note += "" if verdict["ok"] else f", tie rule broken {verdict['failures']}"
+        else:
+            ok &= verdict["agreed_steps"] >= calibration["peer_agreed_steps"]
+            note += (f", {verdict['agreed_steps']} steps agreed vs {calibration['peer_agreed_steps']} for vLLM's "
+                     f"{calibration['peer']} (which breaks the tie rule itself)")
+        notes.append(note)
+    if result["routes"] != [expect_route]:
+        ok = False
+        notes.append(f"route {result['routes']} != {expect_route}")
+    worst = max(result["max_rel_error"].values(), default=None)
+    if worst is None or result["check_problems"]:
+        ok = False
+        notes.append(f"forward_mqa not checked {result['check_problems']}")
+    else:
+        ok &= worst <= result["tolerance"]
+        notes.append(f"forward_mqa max rel err {worst:.1e} (tol {result['tolerance']:.0e}, "
+                     f"{sum(result['checked'].values())} calls)")
+    if result["spec"]["spec_tokens"]:
+        q_lens = {int(k): v for k, v in result["q_lens"].items()}
+        ok &= 1 + result["spec"]["spec_tokens"] in q_lens
+        notes.append(f"q_len calls {dict(sorted(q_lens.items()))}")
+    return ok, notes
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--parts", default="correctness,spec,fallback,throughput")
+    parser.add_argument("--out", default="e2e_results")
+    parser.add_argument("--model-dir", default="/tmp/mla_backend_models")
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model = str(save_tiny_deepseek_v3(Path(args.model_dir) / f"dsv3_h{args.heads}", heads=args.heads))
+    prompts = make_prompts()
+    rows, all_ok = [], True
+
+    throughput = []
+    if "throughput" in parts:
+        for name in ("CUSTOM", "FLASHMLA", "TRITON_MLA"):
+            throughput.append(decode_tokens_per_s(EngineSpec(name, "fp8", 64, True), model, 32, 2048, 128))
+        base = throughput[0]["tokens_per_s"]
+        for t in throughput:
+            rows.append((t["name"], "throughput", f"{t['tokens_per_s']:.0f} tok/s (ours/this = "
+                         f"{base / t['tokens_per_s']:.2f}x) batch 32, ctx 2048, 128 new"))
+
+    refs = {}
+    if parts & {"correctness", "spec", "fallback"}:
+        for kv in REFERENCES:
+            for name in sorted(set(REFERENCES[kv]) | set(PEERS[kv])):
+                ref = refs[name + kv] = run_engine(EngineSpec(name, kv, 64, True), model, prompts)
+                errors = ", ".join(f"q_len {k}: {v:.1e}" for k, v in ref["max_rel_error"].items())
+                rows.append((ref["name"], "reference", f"its forward_mqa vs float64: {errors or 'not checked'} "
+                             f"{ref['check_problems'] or ''}"))
+    ours = []
+    if "correctness" in parts:
+        ours += [(s, "xqa") for s in correctness_specs()]
+    if "fallback" in parts:
+        ours += [(s, "fallback") for s in fallback_specs()]
+    if "spec" in parts:
+        ours += [(s, "xqa") for s in spec_decode_specs()]
+    results = []
+    plain = {}  # our runs without speculation, by (kv dtype, block size, graphs)
+    for spec, route in ours:
+        if spec.spec_tokens and not any(key.endswith("+spec") for key in refs):
+            # compiled engines (torch.compile'd n-gram proposer) hold on to memory: run them last
+            for kv, name in SPEC_PEERS.items():
+                refs[f"{name}{kv}+spec"] = run_engine(EngineSpec(name, kv, 64, True, spec_tokens=3), model, prompts)
+        try:
+            result = run_engine(spec, model, prompts)
+            if not spec.spec_tokens and route == "xqa":
+                plain[(spec.kv_cache_dtype, spec.block_size, spec.graphs)] = result
+            baseline = plain.get((spec.kv_cache_dtype, spec.block_size, spec.graphs)) \
+                if spec.spec_tokens and route == "xqa" else None
+            ok, notes = judge(result, refs, route, baseline)
+        except Exception as err:  # one broken engine must not hide the others' results
+            result, ok, notes = {"name": spec.name, "error": repr(err)}, False, [repr(err)[:300]]
+        results.append(result)
+        all_ok &= ok
+        rows.append((spec.name, "PASS" if ok else "FAIL", "; ".join(notes)))
+        print(f"[e2e h{args.heads}] {spec.name}: {'PASS' if ok else 'FAIL'} {'; '.join(notes)}", flush=True)
+
+    (out / f"e2e_h{args.heads}.json").write_text(json.dumps(
+        {"heads": args.heads, "refs": refs, "ours": results, "throughput": throughput}, indent=1, default=str))
+    print(f"\n== e2e, {args.heads} heads ({torch.cuda.get_device_name()}) ==")
+    for name, status, notes in rows:
+        print(f"{status:10s} {name:40s} {notes}")
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

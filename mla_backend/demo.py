@@ -1,0 +1,87 @@
+"""`python -m mla_backend demo`: decode a small seeded DeepSeek-V3 through vLLM with the plugin.
+
+On a GPU: builds the checkpoint (transformers), starts vLLM with ``attention_backend="CUSTOM"``
+and an fp8 KV cache, and prints decode tokens/s and the kernel that served decode. Without a GPU:
+says so and runs the op on CPU tensors (the float64 reference path).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def decode_throughput(llm, prompts, new_tokens: int) -> float:
+    """Decode tokens/s: time(prompt + new_tokens) - time(prompt + 1), after one warm-up pair."""
+    from vllm import SamplingParams
+
+    times = {}
+    for n in (1, new_tokens, 1, new_tokens):
+        params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+        torch.cuda.synchronize()
+        begun = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        torch.cuda.synchronize()
+        times[n] = time.perf_counter() - begun
+    return len(prompts) * (new_tokens - 1) / (times[new_tokens] - times[1])
+
+
+def random_prompts(batch: int, length: int, vocab: int, seed: int = 1):
+    from vllm.inputs import TokensPrompt
+
+    generator = torch.Generator().manual_seed(seed)
+    return [TokensPrompt(prompt_token_ids=torch.randint(0, vocab, (length,), generator=generator).tolist())
+            for _ in range(batch)]
+
+
+def run_on_gpu(batch: int, context: int, new_tokens: int, heads: int) -> int:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: we can ask it
+    from vllm import LLM
+
+    from .tiny_model import TINY_DEFAULTS, save_tiny_deepseek_v3
+    from .vllm import backend
+
+    model = save_tiny_deepseek_v3(Path(tempfile.gettempdir()) / f"mla_backend_demo_h{heads}", heads=heads)
+    print(f"model: seeded DeepSeek-V3, {heads} heads, 2 dense layers, kv_lora_rank 512, rope 64 ({model})")
+    llm = LLM(model=str(model), skip_tokenizer_init=True, dtype="bfloat16", attention_backend="CUSTOM",
+              kv_cache_dtype="fp8", block_size=64, max_num_seqs=batch, max_model_len=context + new_tokens + 16,
+              gpu_memory_utilization=0.3, enable_prefix_caching=False,
+              # full CUDA graphs for decode without an inductor compile: starts in seconds
+              compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})
+    rate = decode_throughput(llm, random_prompts(batch, context, TINY_DEFAULTS["vocab_size"]), new_tokens)
+    print(f"decode: {rate:,.0f} tokens/s (batch {batch}, context {context}, {new_tokens} new tokens, fp8 KV, "
+          f"CUDA graphs) on {torch.cuda.get_device_name()}")
+    print(f"MLA decode served by: {', '.join(sorted(backend.ROUTES_CHOSEN)) or 'nothing (no decode ran)'}")
+    return 0
+
+
+def run_on_cpu() -> int:
+    from . import trtllm_batch_decode_with_kv_cache_mla
+    from .inputs import make_paged_problem
+    from .reference import mla_decode_reference
+
+    print("no CUDA GPU visible: running the op on CPU tensors (the float64 reference path) instead of vLLM")
+    p = make_paged_problem([70, 300], q_len=2, heads=16, page_size=64, seed=0)
+    out, lse = trtllm_batch_decode_with_kv_cache_mla(
+        p.query, p.kv_cache, None, 128, 512, 64, p.block_tables, p.seq_lens, p.max_seq_len,
+        bmm1_scale=576 ** -0.5, return_lse=True,
+    )
+    want, _ = mla_decode_reference(p.query, p.kv_cache, p.block_tables, p.seq_lens, 576 ** -0.5)
+    error = ((out.double() - want).norm() / want.norm()).item()
+    print(f"op: out {tuple(out.shape)} {out.dtype}, lse {tuple(lse.shape)}; relative error vs float64 {error:.1e}")
+    return 0
+
+
+def main(batch: int = 32, context: int = 2048, new_tokens: int = 128, heads: int = 16) -> int:
+    if not torch.cuda.is_available():
+        return run_on_cpu()
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        print("vLLM is not installed: pip install 'mla-backend[vllm]'")
+        return 1
+    return run_on_gpu(batch, context, new_tokens, heads)
