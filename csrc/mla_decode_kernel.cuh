@@ -287,16 +287,18 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     }
 
     // ---- sum the four dim-quarter partials through shared memory.
+    // Where this thread's score pair (fragment f, row half h, key group j) sits in a quarter's block.
+    auto score_slot = [&](int f, int h, int j) {
+      return (wr * C::kRowsPerWarp + 16 * f + 8 * h + g) * C::kSPitch + 8 * j + 2 * t;
+    };
     float* mine = scores + wd * C::kTileRows * C::kSPitch;
 #pragma unroll
     for (int f = 0; f < RF; ++f)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = wr * C::kRowsPerWarp + 16 * f + 8 * h + g;
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-          *reinterpret_cast<float2*>(mine + r * C::kSPitch + 8 * j + 2 * t) = make_float2(sc[f][j][2 * h], sc[f][j][2 * h + 1]);
-      }
+          *reinterpret_cast<float2*>(mine + score_slot(f, h, j)) = make_float2(sc[f][j][2 * h], sc[f][j][2 * h + 1]);
     __syncthreads();
 #pragma unroll
     for (int other = 1; other < 4; ++other) {
@@ -304,15 +306,13 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
 #pragma unroll
       for (int f = 0; f < RF; ++f)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = wr * C::kRowsPerWarp + 16 * f + 8 * h + g;
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            const float2 v = *reinterpret_cast<const float2*>(theirs + r * C::kSPitch + 8 * j + 2 * t);
+            const float2 v = *reinterpret_cast<const float2*>(theirs + score_slot(f, h, j));
             sc[f][j][2 * h] += v.x;
             sc[f][j][2 * h + 1] += v.y;
           }
-        }
     }
 
     // ---- online softmax (log2 domain), masked by each row's causal limit.
