@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from .doctor import importable
+
 
 def decode_throughput(llm, prompts, new_tokens: int) -> float:
     """Decode tokens/s: time(prompt + new_tokens) - time(prompt + 1), after one warm-up pair."""
@@ -79,9 +81,7 @@ def run_on_cpu() -> int:
 def main(batch: int = 32, context: int = 2048, new_tokens: int = 128, heads: int = 16) -> int:
     if not torch.cuda.is_available():
         return run_on_cpu()
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
+    if not importable("vllm"):
         print("vLLM is not installed: pip install 'mla-backend[vllm]'")
         return 1
     return run_on_gpu(batch, context, new_tokens, heads)
