@@ -45,6 +45,7 @@ template <class Fn>
 auto with_tile_shape(bool fp8, int64_t row_groups, int64_t rf, const Fn& fn) {
   if (fp8 && row_groups == 1 && rf == 1) return fn.template operator()<true, 1, 1>();
   if (fp8 && row_groups == 2 && rf == 1) return fn.template operator()<true, 2, 1>();
+  if (fp8 && row_groups == 1 && rf == 2) return fn.template operator()<true, 1, 2>();
   if (!fp8 && row_groups == 1 && rf == 1) return fn.template operator()<false, 1, 1>();
   if (!fp8 && row_groups == 2 && rf == 1) return fn.template operator()<false, 2, 1>();
   TORCH_CHECK(false, "mla_backend: no kernel built for fp8=", fp8, " row_groups=", row_groups, " rf=", rf);

@@ -10,6 +10,9 @@
 //         multiplied with f16 P: P in e4m3 would cost ~4% relative error.
 // KV tiles of 32 tokens stream through a cp.async ring; rows are padded by 16 bytes so that
 // ldmatrix is free of bank conflicts. Shared memory stays under SM120's 99 KB per block.
+// With RF > 1 fragments per warp the accumulators need the registers, so Q moves to shared memory
+// and is fetched by ldmatrix. Where e4m3 mma.sync is emulated (sm_90: F2FP + 2 HMMA, with Q
+// re-widened every tile), MLA_FP8_QK_VIA_F16 widens Q to f16 once, into shared memory.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -46,6 +49,14 @@ struct DecodeParams {
   int num_splits;
 };
 
+#ifdef MLA_FP8_QK_VIA_F16
+constexpr bool kFp8QkViaF16 = true;
+constexpr int kMaxSmemPerBlock = 227 * 1024;  // sm_90
+#else
+constexpr bool kFp8QkViaF16 = false;
+constexpr int kMaxSmemPerBlock = 99 * 1024;  // SM120 allows 99 KB of shared memory per block
+#endif
+
 template <bool FP8, int ROW_GROUPS, int RF>
 struct TileConfig {
   static constexpr int kElem = FP8 ? 1 : 2;
@@ -60,13 +71,22 @@ struct TileConfig {
   static constexpr int kStageBytes = kBlockN * kSmemRowBytes;
   static constexpr int kSPitch = kBlockN + 8;  // floats; conflict-free float2 stores
   static constexpr int kScoreBytes = 4 * kTileRows * kSPitch * 4;
-  static constexpr int kSmemBytes = kStages * kStageBytes + kScoreBytes;
+  static constexpr bool kQInSmem = RF > 1;
+  static constexpr bool kQkF16 = FP8 && kFp8QkViaF16 && kQInSmem;  // Q widened to f16 once
+  static constexpr int kQElem = kQkF16 ? 2 : kElem;
+  static constexpr int kSmemQRowBytes = kHeadDim * kQElem + 16;
+  static constexpr int kQBytes = kQInSmem ? kTileRows * kSmemQRowBytes : 0;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kScoreBytes + kQBytes;
+  // The loader gives each token of a tile kThreadsPerToken threads (one page lookup per thread).
+  static constexpr int kThreadsPerToken = kThreads / kBlockN;
+  static constexpr int kChunksPerThread = (kChunksPerRow + kThreadsPerToken - 1) / kThreadsPerToken;
   // QK^T works on 32-byte column chunks (one k32 fp8 step or one k16 bf16 step): each warp takes
   // a quarter of the latent dims, and the rope chunks go one per warp from warp 0.
   static constexpr int kNopeChunks = kDimV * kElem / 32 / 4;
   static constexpr int kRopeChunks = kRopeDim * kElem / 32;
   static constexpr int kQkChunks = kNopeChunks + 1;
-  static_assert(kSmemBytes <= 99 * 1024, "SM120 allows 99 KB of shared memory per block");
+  static_assert(kSmemBytes <= kMaxSmemPerBlock, "tile does not fit the shared memory of a block");
+  static_assert(kThreads % kBlockN == 0, "the loader maps whole tokens to threads");
   static_assert(kRopeChunks <= 4, "rope chunks are spread one per warp");
 };
 
@@ -82,6 +102,10 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int s
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t value) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(value));
+}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -147,28 +171,59 @@ __device__ __forceinline__ float read_scale(const float* ptr, float value) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// One KV tile (32 tokens x 576) into shared memory; tokens at or past seq_len are zero-filled and
-// their page ids never read.
+// KV tiles: thread i loads token i / kThreadsPerToken of a tile, so it looks up one page per tile.
+// The page id is fetched a tile ahead (page_of), keeping the block-table read off the critical path.
 template <class C>
-__device__ __forceinline__ void load_kv_tile(uint32_t stage, const DecodeParams& p, const int* bt_row,
-                                             int tile, int seq_len) {
-  constexpr int kTotal = kBlockN * C::kChunksPerRow;
-  const int page_mask = (1 << p.page_shift) - 1;
+__device__ __forceinline__ int page_of(const DecodeParams& p, const int* bt_row, int tile, int seq_len) {
+  const int pos = tile * kBlockN + threadIdx.x / C::kThreadsPerToken;
+  return pos < seq_len ? __ldg(bt_row + (pos >> p.page_shift)) : -1;
+}
+
+// One KV tile (32 tokens x 576) into shared memory; tokens at or past seq_len (page -1) are
+// zero-filled.
+template <class C>
+__device__ __forceinline__ void load_kv_tile(uint32_t stage, const DecodeParams& p, int tile, int page) {
+  const int tok = threadIdx.x / C::kThreadsPerToken, first = threadIdx.x % C::kThreadsPerToken;
+  const int pos = tile * kBlockN + tok;
+  const uint8_t* src = p.kv;
+  int bytes = 0;
+  if (page >= 0) {
+    src += page * p.page_stride + (pos & ((1 << p.page_shift) - 1)) * C::kRowBytes;
+    bytes = 16;
+  }
+  const uint32_t dst = stage + tok * C::kSmemRowBytes;
 #pragma unroll
-  for (int i = 0; i < (kTotal + C::kThreads - 1) / C::kThreads; ++i) {
-    const int c = threadIdx.x + i * C::kThreads;
-    if (kTotal % C::kThreads == 0 || c < kTotal) {
-      const int tok = c / C::kChunksPerRow;
-      const int col = c - tok * C::kChunksPerRow;
-      const int pos = tile * kBlockN + tok;
-      const uint8_t* src = p.kv;
-      int bytes = 0;
-      if (pos < seq_len) {
-        const int page = __ldg(bt_row + (pos >> p.page_shift));
-        src = p.kv + page * p.page_stride + (pos & page_mask) * C::kRowBytes + col * 16;
-        bytes = 16;
-      }
-      cp_async_16(stage + tok * C::kSmemRowBytes + col * 16, src, bytes);
+  for (int i = 0; i < C::kChunksPerThread; ++i) {
+    const int col = i * C::kThreadsPerToken + first;
+    if (C::kChunksPerRow % C::kThreadsPerToken == 0 || col < C::kChunksPerRow) {
+      cp_async_16(dst + col * 16, src + col * 16, bytes);
+    }
+  }
+}
+
+// Q of the CTA's rows into shared memory (rows past the problem are zero). As stored, Q is
+// e4m3/bf16. Widened to f16, the 32 k of each e4m3 chunk are permuted so that ldmatrix hands every
+// thread the k that F2FP unpacks from its K registers: bytes 4t..4t+3 of a 16-byte half become f16
+// positions (2t, 2t+1, 8+2t, 9+2t).
+template <class C>
+__device__ __forceinline__ void load_q(uint32_t q_smem, const DecodeParams& p, const uint8_t* q_req, int row0) {
+  if constexpr (C::kQkF16) {
+    constexpr int kWords = kHeadDim / 4;
+    for (int i = threadIdx.x; i < C::kTileRows * kWords; i += C::kThreads) {
+      const int row = i / kWords, k = 4 * (i - row * kWords);
+      const uint32_t packed = row0 + row < p.rows
+          ? __ldg(reinterpret_cast<const uint32_t*>(q_req + (long long)(row0 + row) * kHeadDim + k)) : 0u;
+      const int t = (k >> 2) & 3;
+      const uint32_t half_base = q_smem + row * C::kSmemQRowBytes + ((k & ~15) << 1);
+      st_shared_u32(half_base + 4 * t, e4m3x2_to_f16x2(packed));
+      st_shared_u32(half_base + 16 + 4 * t, e4m3x2_to_f16x2(packed >> 16));
+    }
+  } else {
+    for (int i = threadIdx.x; i < C::kTileRows * C::kChunksPerRow; i += C::kThreads) {
+      const int row = i / C::kChunksPerRow, col = i - row * C::kChunksPerRow;
+      const bool valid = row0 + row < p.rows;
+      cp_async_16(q_smem + row * C::kSmemQRowBytes + col * 16,
+                  valid ? q_req + (long long)(row0 + row) * C::kRowBytes + col * 16 : p.q, valid ? 16 : 0);
     }
   }
 }
@@ -198,33 +253,38 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
 
   // Rows of this thread: fragment f, half h -> row = warp_row0 + 16 f + 8 h + g.
   const int warp_row0 = blockIdx.x * C::kTileRows + wr * C::kRowsPerWarp;
-  int limit[RF][2];  // visible KV positions of the row (causal over the q_len new tokens)
-#pragma unroll
-  for (int f = 0; f < RF; ++f)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = warp_row0 + 16 * f + 8 * h + g;
-      limit[f][h] = row < p.rows ? seq_len - p.q_len + row / p.heads + 1 : 0;
-    }
+  // Causal over the q_len new tokens: row r sees positions < seq_len - q_len + r / heads + 1, so
+  // only tiles reaching past seq_len - q_len need a mask (rows past the problem have Q = 0).
+  const int first_masked = seq_len - p.q_len + 1;
 
-  // Query fragments stay in registers for the whole KV range.
+  // Q: fragments in registers for the whole KV range (RF == 1), or in shared memory (RF > 1).
   auto chunk_byte = [&](int s) {
     return s < C::kNopeChunks ? (wd * C::kNopeChunks + s) * 32 : kDimV * C::kElem + wd * 32;
   };
   const bool has_rope = wd < C::kRopeChunks;
-  uint32_t qf[RF][C::kQkChunks][4];
   const uint8_t* q_req = p.q + (long long)b * p.rows * C::kRowBytes;
+  const uint32_t q_smem = kv_smem + C::kStages * C::kStageBytes + C::kScoreBytes;
+  uint32_t qf[C::kQInSmem ? 1 : RF][C::kQkChunks][4];
+  if constexpr (C::kQInSmem) {
+    load_q<C>(q_smem, p, q_req, blockIdx.x * C::kTileRows);  // cp.async: joins the first tile's group
+  } else {
 #pragma unroll
-  for (int f = 0; f < RF; ++f)
+    for (int f = 0; f < RF; ++f)
 #pragma unroll
-    for (int s = 0; s < C::kQkChunks; ++s)
+      for (int s = 0; s < C::kQkChunks; ++s)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int row = warp_row0 + 16 * f + 8 * (i & 1) + g;
-        const int byte = chunk_byte(s) + 16 * (i >> 1) + 4 * t;
-        const bool valid = row < p.rows && (s < C::kNopeChunks || has_rope);
-        qf[f][s][i] = valid ? __ldg(reinterpret_cast<const uint32_t*>(q_req + (long long)row * C::kRowBytes + byte)) : 0u;
-      }
+        for (int i = 0; i < 4; ++i) {
+          const int row = warp_row0 + 16 * f + 8 * (i & 1) + g;
+          const int byte = chunk_byte(s) + 16 * (i >> 1) + 4 * t;
+          const bool valid = row < p.rows && (s < C::kNopeChunks || has_rope);
+          qf[f][s][i] = valid ? __ldg(reinterpret_cast<const uint32_t*>(q_req + (long long)row * C::kRowBytes + byte)) : 0u;
+        }
+  }
+  // A fragments of chunk s, fragment f from shared memory: k16 halves h (two when widened to f16).
+  auto ldmatrix_q = [&](uint32_t (&a)[4], int f, int s, int h) {
+    const int row = wr * C::kRowsPerWarp + 16 * f + (lane & 15);
+    ldmatrix_x4(a, q_smem + row * C::kSmemQRowBytes + chunk_byte(s) * (C::kQElem / C::kElem) + 32 * h + 16 * (lane >> 4));
+  };
 
   const float scale_log2 = read_scale(p.bmm1_ptr, p.bmm1) * kLog2e;
   float acc[RF][16][4];
@@ -241,9 +301,10 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
 
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
-    if (tile_begin + s < tile_end) load_kv_tile<C>(kv_smem + s * C::kStageBytes, p, bt_row, tile_begin + s, seq_len);
+    if (tile_begin + s < tile_end) load_kv_tile<C>(kv_smem + s * C::kStageBytes, p, tile_begin + s, page_of<C>(p, bt_row, tile_begin + s, seq_len));
     cp_async_commit();
   }
+  int next_page = page_of<C>(p, bt_row, tile_begin + C::kStages - 1, seq_len);
 
   for (int tile = tile_begin; tile < tile_end; ++tile) {
     const int k = tile - tile_begin;
@@ -251,8 +312,9 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     __syncthreads();  // tile k landed for all; every warp is done with the stage refilled next
     {
       const int next = tile + C::kStages - 1;
-      if (next < tile_end) load_kv_tile<C>(kv_smem + ((k + C::kStages - 1) % C::kStages) * C::kStageBytes, p, bt_row, next, seq_len);
+      if (next < tile_end) load_kv_tile<C>(kv_smem + ((k + C::kStages - 1) % C::kStages) * C::kStageBytes, p, next, next_page);
       cp_async_commit();
+      next_page = page_of<C>(p, bt_row, next + 1, seq_len);  // consumed next iteration
     }
     const uint32_t stage = kv_smem + (k % C::kStages) * C::kStageBytes;
 
@@ -267,20 +329,47 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
 #pragma unroll
     for (int s = 0; s < C::kQkChunks; ++s) {
       if (s == C::kNopeChunks && !has_rope) break;
+      constexpr int kHalves = C::kQkF16 ? 2 : 1;
+      uint32_t qa[RF][kHalves][4];
+#pragma unroll
+      for (int f = 0; f < RF; ++f)
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) {
+          if constexpr (C::kQInSmem) ldmatrix_q(qa[f][h], f, s, h);
+          else
+#pragma unroll
+            for (int i = 0; i < 4; ++i) qa[f][h][i] = qf[f][s][i];
+        }
 #pragma unroll
       for (int jp = 0; jp < 2; ++jp) {  // n-tile pairs (16 tokens)
         const int mi = lane >> 3;
         const int tok = 16 * jp + 8 * (mi >> 1) + (lane & 7);
         uint32_t kb[4];
         ldmatrix_x4(kb, stage + tok * C::kSmemRowBytes + chunk_byte(s) + 16 * (mi & 1));
+        if constexpr (C::kQkF16) {
+          // Register r holds k 4t..4t+3 of 16 bytes: its two f16 pairs are B of the two k16 halves.
+          uint32_t kh[8];
 #pragma unroll
-        for (int f = 0; f < RF; ++f) {
-          if constexpr (FP8) {
-            mma_e4m3(sc[f][2 * jp], qf[f][s], kb[0], kb[1]);
-            mma_e4m3(sc[f][2 * jp + 1], qf[f][s], kb[2], kb[3]);
-          } else {
-            mma_bf16(sc[f][2 * jp], qf[f][s], kb[0], kb[1]);
-            mma_bf16(sc[f][2 * jp + 1], qf[f][s], kb[2], kb[3]);
+          for (int r = 0; r < 4; ++r) {
+            kh[2 * r] = e4m3x2_to_f16x2(kb[r]);
+            kh[2 * r + 1] = e4m3x2_to_f16x2(kb[r] >> 16);
+          }
+#pragma unroll
+          for (int f = 0; f < RF; ++f)
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) mma_f16(sc[f][2 * jp + n], qa[f][h], kh[4 * n + 2 * h], kh[4 * n + 2 * h + 1]);
+        } else {
+#pragma unroll
+          for (int f = 0; f < RF; ++f) {
+            if constexpr (FP8) {
+              mma_e4m3(sc[f][2 * jp], qa[f][0], kb[0], kb[1]);
+              mma_e4m3(sc[f][2 * jp + 1], qa[f][0], kb[2], kb[3]);
+            } else {
+              mma_bf16(sc[f][2 * jp], qa[f][0], kb[0], kb[1]);
+              mma_bf16(sc[f][2 * jp + 1], qa[f][0], kb[2], kb[3]);
+            }
           }
         }
       }
@@ -316,11 +405,15 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     }
 
     // ---- online softmax (log2 domain), masked by each row's causal limit.
+    const bool masked_tile = (tile + 1) * kBlockN > first_masked;
     uint32_t pf[RF][2][4];  // P as A fragments: [f][k16 step][reg]
+    float correction[RF][2];
+    bool max_moved = false;
 #pragma unroll
     for (int f = 0; f < RF; ++f)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
+        const int limit = masked_tile ? first_masked + (warp_row0 + 16 * f + 8 * h + g) / p.heads : seq_len;
         float mx = -INFINITY;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
@@ -328,14 +421,15 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
           for (int e = 0; e < 2; ++e) {
             const int pos = tile * kBlockN + 8 * j + 2 * t + e;
             float& x = sc[f][j][2 * h + e];
-            x = pos < limit[f][h] ? x * scale_log2 : -INFINITY;
+            x = pos < limit ? x * scale_log2 : -INFINITY;
             mx = fmaxf(mx, x);
           }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float new_max = fmaxf(row_max[f][h], mx);
         const float base = new_max == -INFINITY ? 0.f : new_max;  // a row with nothing visible yet
-        const float correction = fast_exp2(row_max[f][h] - base);
+        correction[f][h] = fast_exp2(row_max[f][h] - base);
+        max_moved |= new_max != row_max[f][h];
         row_max[f][h] = new_max;
         float sum = 0.f;
 #pragma unroll
@@ -346,13 +440,17 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
             x = fast_exp2(x - base);
             sum += x;
           }
-        row_sum[f][h] = row_sum[f][h] * correction + sum;
-#pragma unroll
-        for (int n = 0; n < 16; ++n) {
-          acc[f][n][2 * h] *= correction;
-          acc[f][n][2 * h + 1] *= correction;
-        }
+        row_sum[f][h] = row_sum[f][h] * correction[f][h] + sum;
       }
+    // Rescale the accumulators only when a row maximum of the warp moved (else the factor is 1).
+    if (__any_sync(0xffffffffu, max_moved)) {
+#pragma unroll
+      for (int f = 0; f < RF; ++f)
+#pragma unroll
+        for (int n = 0; n < 16; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[f][n][i] *= correction[f][i >> 1];
+    }
 #pragma unroll
     for (int f = 0; f < RF; ++f)
 #pragma unroll
