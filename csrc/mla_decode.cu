@@ -138,7 +138,7 @@ void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& block_t
   if (batch == 0) return;
   with_tile_shape(fp8, row_groups, rf, LaunchDecode{p, static_cast<int>(batch), stream, pdl});
   if (num_splits > 1) {
-    launch(mla_merge_splits_kernel, dim3(rows, batch), kMergeThreads, 0, stream, pdl, p);
+    launch(mla_merge_splits_kernel, dim3(rows, batch, kMergeSlices), kMergeThreads, 0, stream, pdl, p);
   }
 }
 

@@ -103,8 +103,8 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t value) {
-  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(value));
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d));
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
@@ -208,15 +208,27 @@ __device__ __forceinline__ void load_kv_tile(uint32_t stage, const DecodeParams&
 template <class C>
 __device__ __forceinline__ void load_q(uint32_t q_smem, const DecodeParams& p, const uint8_t* q_req, int row0) {
   if constexpr (C::kQkF16) {
-    constexpr int kWords = kHeadDim / 4;
-    for (int i = threadIdx.x; i < C::kTileRows * kWords; i += C::kThreads) {
-      const int row = i / kWords, k = 4 * (i - row * kWords);
-      const uint32_t packed = row0 + row < p.rows
-          ? __ldg(reinterpret_cast<const uint32_t*>(q_req + (long long)(row0 + row) * kHeadDim + k)) : 0u;
-      const int t = (k >> 2) & 3;
-      const uint32_t half_base = q_smem + row * C::kSmemQRowBytes + ((k & ~15) << 1);
-      st_shared_u32(half_base + 4 * t, e4m3x2_to_f16x2(packed));
-      st_shared_u32(half_base + 16 + 4 * t, e4m3x2_to_f16x2(packed >> 16));
+    // All loads first (16 bytes each, in flight together), then widen: a 16-byte chunk is one k16
+    // half, its four words' low pairs fill the first 16 bytes of the f16 half, high pairs the rest.
+    constexpr int kChunks = C::kTileRows * C::kChunksPerRow;
+    constexpr int kPerThread = (kChunks + C::kThreads - 1) / C::kThreads;
+    uint4 raw[kPerThread];
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int c = threadIdx.x + i * C::kThreads, row = c / C::kChunksPerRow;
+      raw[i] = c < kChunks && row0 + row < p.rows
+          ? __ldg(reinterpret_cast<const uint4*>(q_req + (long long)(row0 + row) * kHeadDim) + c % C::kChunksPerRow)
+          : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int c = threadIdx.x + i * C::kThreads, row = c / C::kChunksPerRow;
+      if (c >= kChunks) break;
+      const uint32_t dst = q_smem + row * C::kSmemQRowBytes + (c % C::kChunksPerRow) * 32;
+      const uint32_t w[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
+      st_shared_v4(dst, e4m3x2_to_f16x2(w[0]), e4m3x2_to_f16x2(w[1]), e4m3x2_to_f16x2(w[2]), e4m3x2_to_f16x2(w[3]));
+      st_shared_v4(dst + 16, e4m3x2_to_f16x2(w[0] >> 16), e4m3x2_to_f16x2(w[1] >> 16), e4m3x2_to_f16x2(w[2] >> 16),
+                   e4m3x2_to_f16x2(w[3] >> 16));
     }
   } else {
     for (int i = threadIdx.x; i < C::kTileRows * C::kChunksPerRow; i += C::kThreads) {
@@ -265,9 +277,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   const uint8_t* q_req = p.q + (long long)b * p.rows * C::kRowBytes;
   const uint32_t q_smem = kv_smem + C::kStages * C::kStageBytes + C::kScoreBytes;
   uint32_t qf[C::kQInSmem ? 1 : RF][C::kQkChunks][4];
-  if constexpr (C::kQInSmem) {
-    load_q<C>(q_smem, p, q_req, blockIdx.x * C::kTileRows);  // cp.async: joins the first tile's group
-  } else {
+  if constexpr (!C::kQInSmem) {
 #pragma unroll
     for (int f = 0; f < RF; ++f)
 #pragma unroll
@@ -302,6 +312,8 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
     if (tile_begin + s < tile_end) load_kv_tile<C>(kv_smem + s * C::kStageBytes, p, tile_begin + s, page_of<C>(p, bt_row, tile_begin + s, seq_len));
+    // Q joins the first tile's group (cp.async), or is widened to f16 while the tiles load.
+    if (C::kQInSmem && s == 0) load_q<C>(q_smem, p, q_req, blockIdx.x * C::kTileRows);
     cp_async_commit();
   }
   int next_page = page_of<C>(p, bt_row, tile_begin + C::kStages - 1, seq_len);
@@ -552,17 +564,21 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     }
 }
 
-// Combine split partials by their LSE. One block per (request, row): the LSE pass and the
-// weighted sum are spread over all threads (kMergeGroups groups of 128 threads, 4 dims each, take
-// every kMergeGroups-th split), so the latency grows with splits / kMergeGroups, not splits.
-constexpr int kMergeGroups = 4;
-constexpr int kMergeThreads = 128 * kMergeGroups;
+// Combine split partials by their LSE. One block per (request, row, slice of 128 dims), so even
+// one request's merge spreads over the GPU. Each warp takes every kMergeGroups-th split of the
+// slice (a float4 per lane), so the loads of all splits are in flight at once; the LSE pass over
+// the splits is shared by all threads of the block.
+constexpr int kMergeGroups = 8;
+constexpr int kMergeThreads = 32 * kMergeGroups;
+constexpr int kMergeSliceDims = 128;
+constexpr int kMergeSlices = kDimV / kMergeSliceDims;
 constexpr int kMaxSplits = 256;
+static_assert(kMaxSplits <= kMergeThreads, "one thread per split in the LSE pass");
 
 __global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const __grid_constant__ DecodeParams p) {
   __shared__ float weights[kMaxSplits];
   __shared__ float reduce[kMergeThreads / 32];
-  __shared__ float4 partial[kMergeGroups - 1][128];
+  __shared__ float4 partial[kMergeGroups - 1][32];
   pdl_wait();
   const int row = blockIdx.x, b = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -587,28 +603,27 @@ __global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const _
   float weight_sum = 0.f;
   for (int w = 0; w < kMergeThreads / 32; ++w) weight_sum += reduce[w];
 
-  const int group = threadIdx.x / 128, dim = (threadIdx.x % 128) * 4;
+  const int dim = blockIdx.z * kMergeSliceDims + lane * 4;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
-  for (int s = group; s < p.num_splits; s += kMergeGroups) {
+  for (int s = warp; s < p.num_splits; s += kMergeGroups) {  // empty splits wrote zeros
     const float w = weights[s];
-    if (w == 0.f) continue;  // empty split (or underflow): never read its partial
     const float4 v = *reinterpret_cast<const float4*>(p.part_o + (first + (long long)s * p.rows) * kDimV + dim);
     acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
   }
-  if (group > 0) partial[group - 1][threadIdx.x % 128] = acc;
+  if (warp > 0) partial[warp - 1][lane] = acc;
   __syncthreads();
-  if (group != 0) return;
+  if (warp != 0) return;
 #pragma unroll
   for (int g = 0; g < kMergeGroups - 1; ++g) {
-    const float4 v = partial[g][threadIdx.x];
+    const float4 v = partial[g][lane];
     acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
   }
   const float scale = weight_sum > 0.f ? read_scale(p.bmm2_ptr, p.bmm2) / weight_sum : 0.f;
   const long long out_row = (long long)b * p.rows + row;
   const uint2 packed = make_uint2(pack2<false>(acc.x * scale, acc.y * scale), pack2<false>(acc.z * scale, acc.w * scale));
   *reinterpret_cast<uint2*>(p.out + out_row * kDimV + dim) = packed;
-  if (threadIdx.x == 0 && p.lse != nullptr)
+  if (blockIdx.z == 0 && lane == 0 && p.lse != nullptr)
     p.lse[out_row] = weight_sum > 0.f ? (best + __log2f(weight_sum)) * kLn2 : -INFINITY;
 }
 

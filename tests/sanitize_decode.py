@@ -15,6 +15,7 @@ for splits, dtype, heads, q_len, lengths in [
     (3, torch.bfloat16, 32, 2, [300, 45]),
     (1, torch.float8_e4m3fn, 8, 2, [129, 2]),
     (4, torch.float8_e4m3fn, 128, 1, [700, 0, 33]),
+    (2, torch.float8_e4m3fn, 16, 4, [90, 5]),  # 64 rows: two-fragment tiles with the causal mask
 ]:
     decode_module.default_config = lambda s=splits: MLABackendConfig(num_kv_splits=s)
     p = make_paged_problem(lengths, q_len, heads, 16, dtype, "cuda", seed=splits)
