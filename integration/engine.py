@@ -162,6 +162,16 @@ def run_engine(spec: EngineSpec, model: str, prompts: list[list[int]], max_token
     return result
 
 
+def run_engine_isolated(spec: EngineSpec, model: str, prompts: list[list[int]]) -> dict:
+    """run_engine in a fresh process: a compiled engine (torch.compile'd n-gram proposer) keeps
+    memory that makes the next engine's memory profiler in the same process fail."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(run_engine, spec, model, prompts).result()
+
+
 def top2_gap(step_logprobs: dict) -> float:
     values = sorted((lp.logprob for lp in step_logprobs.values()), reverse=True)
     return values[0] - values[1] if len(values) > 1 else float("inf")

@@ -8,6 +8,7 @@ says so and runs the op on CPU tensors (the float64 reference path).
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -17,19 +18,25 @@ import torch
 from .doctor import importable
 
 
-def decode_throughput(llm, prompts, new_tokens: int) -> float:
-    """Decode tokens/s: time(prompt + new_tokens) - time(prompt + 1), after one warm-up pair."""
+def decode_throughput(llm, prompts, new_tokens: int, repeats: int = 3) -> float:
+    """Decode tokens/s: time(prompt + new_tokens) - time(prompt + 1), after one warm-up pair; the
+    median over ``repeats`` pairs (a single pair varies by tens of percent on a small model)."""
     from vllm import SamplingParams
 
-    times = {}
-    for n in (1, new_tokens, 1, new_tokens):
+    def seconds(n: int) -> float:
         params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
         torch.cuda.synchronize()
         begun = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
         torch.cuda.synchronize()
-        times[n] = time.perf_counter() - begun
-    return len(prompts) * (new_tokens - 1) / (times[new_tokens] - times[1])
+        return time.perf_counter() - begun
+
+    seconds(1), seconds(new_tokens)  # warm-up
+    rates = []
+    for _ in range(repeats):
+        short = seconds(1)
+        rates.append(len(prompts) * (new_tokens - 1) / (seconds(new_tokens) - short))
+    return statistics.median(rates)
 
 
 def random_prompts(batch: int, length: int, vocab: int, seed: int = 1):
