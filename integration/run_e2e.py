@@ -136,11 +136,11 @@ def judge(result: dict, refs: dict[str, dict], expect_route: str, plain: dict | 
     return ok, notes
 
 
-def reference_runs(model: str, prompts: list[list[int]], rows: list, spec_tokens: int = 0) -> dict[str, dict]:
+def reference_runs(model: str, prompts: list[list[int]], rows: list, kvs: set[str], spec_tokens: int = 0) -> dict[str, dict]:
     """vLLM's own backends (the references and the calibration peers) for both KV dtypes, keyed by
     backend name + KV dtype. Speculative (compiled) engines each run in their own process."""
     refs = {}
-    for kv in REFERENCES:
+    for kv in REFERENCES.keys() & kvs:
         for name in sorted(set(REFERENCES[kv]) | set(PEERS[kv])):
             spec = EngineSpec(name, kv, 64, True, spec_tokens=spec_tokens)
             ref = refs[name + kv] = (run_engine_isolated if spec_tokens else run_engine)(spec, model, prompts)
@@ -154,10 +154,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--parts", default="correctness,spec,fallback,throughput")
+    parser.add_argument("--kv", default="fp8,auto", help="KV cache dtypes to run (a subset of fp8,auto)")
     parser.add_argument("--out", default="e2e_results")
     parser.add_argument("--model-dir", default="/tmp/mla_backend_models")
     args = parser.parse_args()
-    parts = set(args.parts.split(","))
+    parts, kvs = set(args.parts.split(",")), set(args.kv.split(","))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model = str(save_tiny_deepseek_v3(Path(args.model_dir) / f"dsv3_h{args.heads}", heads=args.heads))
@@ -175,9 +176,9 @@ def main() -> int:
 
     refs, spec_refs = {}, {}
     if parts & {"correctness", "fallback"}:
-        refs = reference_runs(model, prompts, rows)
+        refs = reference_runs(model, prompts, rows, kvs)
     if "spec" in parts:
-        spec_refs = reference_runs(model, prompts, rows, spec_tokens=SPEC_TOKENS)
+        spec_refs = reference_runs(model, prompts, rows, kvs, spec_tokens=SPEC_TOKENS)
     ours = []
     if "correctness" in parts:
         ours += [(s, "xqa") for s in correctness_specs()]
@@ -185,6 +186,7 @@ def main() -> int:
         ours += [(s, "fallback") for s in fallback_specs()]
     if "spec" in parts:
         ours += [(s, "xqa") for s in spec_decode_specs()]
+    ours = [(s, route) for s, route in ours if s.kv_cache_dtype in kvs]
     results = []
     plain = {}  # our runs without speculation, by (kv dtype, block size, graphs)
     for spec, route in ours:
@@ -205,7 +207,7 @@ def main() -> int:
         rows.append((spec.name, "PASS" if ok else "FAIL", "; ".join(notes)))
         print(f"[e2e h{args.heads}] {spec.name}: {'PASS' if ok else 'FAIL'} {'; '.join(notes)}", flush=True)
 
-    (out / f"e2e_h{args.heads}.json").write_text(json.dumps(
+    (out / f"e2e_h{args.heads}_{'_'.join(sorted(parts))}_{'_'.join(sorted(kvs))}.json").write_text(json.dumps(
         {"heads": args.heads, "refs": refs, "spec_refs": spec_refs, "ours": results, "throughput": throughput},
         indent=1, default=str))
     print(f"\n== e2e, {args.heads} heads ({torch.cuda.get_device_name()}) ==")
