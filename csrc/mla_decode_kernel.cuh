@@ -9,7 +9,8 @@
 //         is widened exactly to f16 (ldmatrix.trans on byte pairs + prmt + cvt.f16x2.e4m3x2) and
 //         multiplied with f16 P: P in e4m3 would cost ~4% relative error.
 // KV tiles of 32 tokens stream through a cp.async ring; rows are padded by 16 bytes so that
-// ldmatrix is free of bank conflicts. Shared memory stays under SM120's 99 KB per block.
+// ldmatrix is free of bank conflicts. Shared memory stays under SM120's 99 KB per block (the
+// sm_90-only f16-Q variant below takes 112 KB, two CTAs per H100 SM).
 // With RF > 1 fragments per warp the accumulators need the registers, so Q moves to shared memory
 // and is fetched by ldmatrix. Where e4m3 mma.sync is emulated (sm_90: F2FP + 2 HMMA, with Q
 // re-widened every tile), MLA_FP8_QK_VIA_F16 widens Q to f16 once, into shared memory.
