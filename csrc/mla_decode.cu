@@ -44,7 +44,6 @@ void launch_decode(const DecodeParams& params, int batch, cudaStream_t stream, b
 template <class Fn>
 auto with_tile_shape(bool fp8, int64_t row_groups, int64_t rf, const Fn& fn) {
   if (fp8 && row_groups == 1 && rf == 1) return fn.template operator()<true, 1, 1>();
-  if (fp8 && row_groups == 2 && rf == 1) return fn.template operator()<true, 2, 1>();
   if (fp8 && row_groups == 1 && rf == 2) return fn.template operator()<true, 1, 2>();
   if (!fp8 && row_groups == 1 && rf == 1) return fn.template operator()<false, 1, 1>();
   if (!fp8 && row_groups == 2 && rf == 1) return fn.template operator()<false, 2, 1>();
