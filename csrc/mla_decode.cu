@@ -128,8 +128,9 @@ void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& block_t
     const int64_t need = partials * (kDimV + 1) * static_cast<int64_t>(sizeof(float));
     TORCH_CHECK(workspace.is_cuda() && workspace.is_contiguous() && workspace.nbytes() >= need,
                 "workspace too small for ", num_splits, " KV splits: need ", need, " bytes");
-    p.part_o = static_cast<float*>(workspace.data_ptr());
-    p.part_lse = p.part_o + partials * kDimV;
+    // Sized for fp32 partials; FP8 problems store f16 partials and use the first half of them.
+    p.part_o = workspace.data_ptr();
+    p.part_lse = static_cast<float*>(workspace.data_ptr()) + partials * kDimV;
   }
 
   const c10::cuda::CUDAGuard guard(q.device());
@@ -137,7 +138,8 @@ void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& block_t
   if (batch == 0) return;
   with_tile_shape(fp8, row_groups, rf, LaunchDecode{p, static_cast<int>(batch), stream, pdl});
   if (num_splits > 1) {
-    launch(mla_merge_splits_kernel, dim3(rows, batch, kMergeSlices), kMergeThreads, 0, stream, pdl, p);
+    launch(fp8 ? mla_merge_splits_kernel<true> : mla_merge_splits_kernel<false>, dim3(rows, batch, kMergeSlices),
+           kMergeThreads, 0, stream, pdl, p);
   }
 }
 

@@ -3,9 +3,12 @@
 // Rows of the MMA are (query token, head) pairs of one request, so 1-128 heads and q_len 1-8 share
 // one path. A CTA owns TILE_ROWS rows and a range of KV tiles (split-KV). Its warps form
 // ROW_GROUPS x 4: each warp owns RF 16-row fragments and one quarter of the 512 output dims.
-//   QK^T: each warp multiplies its rows by a quarter of the 576 dims; the 4 partial scores are
-//         summed through shared memory. FP8 uses m16n8k32 e4m3 (QMMA), BF16 m16n8k16.
-//   P.V:  P stays in registers (FA2 layout). BF16 V feeds m16n8k16 bf16 via ldmatrix.trans. FP8 V
+//   QK^T: each warp multiplies its rows by a quarter of the 576 dims. FP8 uses m16n8k32 e4m3
+//         (QMMA), BF16 m16n8k16.
+//   Softmax: the 4 partial scores meet in shared memory; each warp sums them for a quarter of its
+//         row group's rows and runs the online softmax there, so it runs once per row, not 4x.
+//         P (16-bit) and the per-row rescale factors go back through shared memory.
+//   P.V:  P is fetched as A fragments by ldmatrix. BF16 V feeds m16n8k16 bf16 via ldmatrix.trans. FP8 V
 //         is widened exactly to f16 (ldmatrix.trans on byte pairs + prmt + cvt.f16x2.e4m3x2) and
 //         multiplied with f16 P: P in e4m3 would cost ~4% relative error.
 // KV tiles of 32 tokens stream through a cp.async ring; rows are padded by 16 bytes so that
@@ -29,6 +32,7 @@ constexpr int kRopeDim = 64;
 constexpr int kBlockN = 32;  // KV tokens per tile
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kMaxGrowthLog2 = 8.f;  // online softmax: growth of a row maximum absorbed without rescaling
 
 struct DecodeParams {
   const uint8_t* q;          // [B, q_len, H, 576]
@@ -37,7 +41,8 @@ struct DecodeParams {
   const int* seq_lens;       // [B]
   __nv_bfloat16* out;        // [B, q_len, H, 512]
   float* lse;                // [B, q_len, H] natural log, or nullptr
-  float* part_o;             // [B, splits, rows, 512] split partials (normalised), when splits > 1
+  void* part_o;              // [B, splits, rows, 512] split partials (normalised), when splits > 1:
+                             // f16 for FP8 KV (|O| <= 448, the e4m3 maximum), else fp32
   float* part_lse;           // [B, splits, rows] log2 domain
   const float* bmm1_ptr;     // device scale or nullptr
   const float* bmm2_ptr;
@@ -70,14 +75,20 @@ struct TileConfig {
   static constexpr int kSmemRowBytes = kRowBytes + 16;  // 16-byte pad: ldmatrix rows hit distinct banks
   static constexpr int kChunksPerRow = kRowBytes / 16;
   static constexpr int kStageBytes = kBlockN * kSmemRowBytes;
-  static constexpr int kSPitch = kBlockN + 8;  // floats; conflict-free float2 stores
-  static constexpr int kScoreBytes = 4 * kTileRows * kSPitch * 4;
+  // Partial scores of the four dim quarters, kBlockN floats per row, XOR-swizzled (score_index).
+  static constexpr int kScoreBytes = 4 * kTileRows * kBlockN * 4;
+  // Softmax runs once per row: each warp of a row group owns a quarter of the group's rows.
+  static constexpr int kSoftRows = kRowsPerWarp / 4;
+  // P (f16 for FP8, bf16 for BF16) for the P.V A fragments; 16-byte row pad for ldmatrix.
+  static constexpr int kPRowBytes = kBlockN * 2 + 16;
+  static constexpr int kPBytes = kTileRows * kPRowBytes;
+  static constexpr int kCorrBytes = kTileRows * 4;  // per-row rescale factor of the tile
   static constexpr bool kQInSmem = RF > 1;
   static constexpr bool kQkF16 = FP8 && kFp8QkViaF16 && kQInSmem;  // Q widened to f16 once
   static constexpr int kQElem = kQkF16 ? 2 : kElem;
   static constexpr int kSmemQRowBytes = kHeadDim * kQElem + 16;
   static constexpr int kQBytes = kQInSmem ? kTileRows * kSmemQRowBytes : 0;
-  static constexpr int kSmemBytes = kStages * kStageBytes + kScoreBytes + kQBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kScoreBytes + kQBytes + kPBytes + kCorrBytes;
   // The loader gives each token of a tile kThreadsPerToken threads (one page lookup per thread).
   static constexpr int kThreadsPerToken = kThreads / kBlockN;
   static constexpr int kChunksPerThread = (kChunksPerRow + kThreadsPerToken - 1) / kThreadsPerToken;
@@ -89,6 +100,7 @@ struct TileConfig {
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "tile does not fit the shared memory of a block");
   static_assert(kThreads % kBlockN == 0, "the loader maps whole tokens to threads");
   static_assert(kRopeChunks <= 4, "rope chunks are spread one per warp");
+  static_assert(kSoftRows % 4 == 0 && kBlockN == 32, "softmax: 8 lanes per row, 4 tokens per lane");
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -106,6 +118,10 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 
 __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d));
+}
+
+__device__ __forceinline__ void st_shared_v2(uint32_t addr, uint32_t a, uint32_t b) {
+  asm volatile("st.shared.v2.u32 [%0], {%1,%2};\n" ::"r"(addr), "r"(a), "r"(b));
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
@@ -130,11 +146,11 @@ MLA_DEFINE_MMA(mma_bf16, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
 MLA_DEFINE_MMA(mma_f16, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")
 #undef MLA_DEFINE_MMA
 
-// Two e4m3 values (low byte first) -> f16x2, exact.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t packed16) {
-  uint32_t out;
-  asm("{\n.reg .b16 lo;\ncvt.u16.u32 lo, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(out) : "r"(packed16));
-  return out;
+// Four e4m3 values (low byte first) -> two f16x2 (bytes 0-1, bytes 2-3), exact. Taking the halves
+// apart in PTX lets F2FP read the upper half directly (R.H1) instead of after a shift.
+__device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t packed, uint32_t& lo, uint32_t& hi) {
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi) : "r"(packed));
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -227,9 +243,11 @@ __device__ __forceinline__ void load_q(uint32_t q_smem, const DecodeParams& p, c
       if (c >= kChunks) break;
       const uint32_t dst = q_smem + row * C::kSmemQRowBytes + (c % C::kChunksPerRow) * 32;
       const uint32_t w[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
-      st_shared_v4(dst, e4m3x2_to_f16x2(w[0]), e4m3x2_to_f16x2(w[1]), e4m3x2_to_f16x2(w[2]), e4m3x2_to_f16x2(w[3]));
-      st_shared_v4(dst + 16, e4m3x2_to_f16x2(w[0] >> 16), e4m3x2_to_f16x2(w[1] >> 16), e4m3x2_to_f16x2(w[2] >> 16),
-                   e4m3x2_to_f16x2(w[3] >> 16));
+      uint32_t lo[4], hi[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) e4m3x4_to_f16x4(w[k], lo[k], hi[k]);
+      st_shared_v4(dst, lo[0], lo[1], lo[2], lo[3]);
+      st_shared_v4(dst + 16, hi[0], hi[1], hi[2], hi[3]);
     }
   } else {
     for (int i = threadIdx.x; i < C::kTileRows * C::kChunksPerRow; i += C::kThreads) {
@@ -248,6 +266,9 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t kv_smem = smem_u32(smem);
   float* scores = reinterpret_cast<float*>(smem + C::kStages * C::kStageBytes);
+  // Swizzle: a row's 8-float groups are XOR-ed with row & 3, so that float2 stores from the MMA
+  // layout (rows g, columns 8j + 2t) and float4 loads along a row are both free of bank conflicts.
+  auto score_index = [](int row, int col) { return row * kBlockN + (col ^ ((row & 3) << 3)); };
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wd = warp & 3, wr = warp >> 2;  // dim quarter, row group
@@ -277,6 +298,8 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   const bool has_rope = wd < C::kRopeChunks;
   const uint8_t* q_req = p.q + (long long)b * p.rows * C::kRowBytes;
   const uint32_t q_smem = kv_smem + C::kStages * C::kStageBytes + C::kScoreBytes;
+  const uint32_t p_smem = q_smem + C::kQBytes;
+  float* corr_smem = reinterpret_cast<float*>(smem + C::kStages * C::kStageBytes + C::kScoreBytes + C::kQBytes + C::kPBytes);
   uint32_t qf[C::kQInSmem ? 1 : RF][C::kQkChunks][4];
   if constexpr (!C::kQInSmem) {
 #pragma unroll
@@ -299,15 +322,21 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
 
   const float scale_log2 = read_scale(p.bmm1_ptr, p.bmm1) * kLog2e;
   float acc[RF][16][4];
-  float row_max[RF][2], row_sum[RF][2];
 #pragma unroll
-  for (int f = 0; f < RF; ++f) {
+  for (int f = 0; f < RF; ++f)
 #pragma unroll
     for (int n = 0; n < 16; ++n)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[f][n][i] = 0.f;
-    row_max[f][0] = row_max[f][1] = -INFINITY;
-    row_sum[f][0] = row_sum[f][1] = 0.f;
+  // Softmax state of the rows this lane reduces: row soft_row0 + 4 i + lane / 8 (tile-local), whose
+  // 8 lanes hold 4 tokens each of a tile.
+  constexpr int kSoftPerLane = C::kSoftRows / 4;
+  const int soft_row0 = wr * C::kRowsPerWarp + wd * C::kSoftRows;
+  float row_max[kSoftPerLane], row_sum[kSoftPerLane];
+#pragma unroll
+  for (int i = 0; i < kSoftPerLane; ++i) {
+    row_max[i] = -INFINITY;
+    row_sum[i] = 0.f;
   }
 
 #pragma unroll
@@ -318,18 +347,23 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     cp_async_commit();
   }
   int next_page = page_of<C>(p, bt_row, tile_begin + C::kStages - 1, seq_len);
+  // Ring positions (byte offsets) of the tile read now and of the tile loaded now, rotated by
+  // compare-and-wrap rather than a modulo.
+  uint32_t read_off = 0, fill_off = (C::kStages - 1) * C::kStageBytes;
+  auto advance = [](uint32_t off) { return off + C::kStageBytes == C::kStages * C::kStageBytes ? 0u : off + C::kStageBytes; };
 
   for (int tile = tile_begin; tile < tile_end; ++tile) {
-    const int k = tile - tile_begin;
     cp_async_wait<C::kStages - 2>();
-    __syncthreads();  // tile k landed for all; every warp is done with the stage refilled next
+    __syncthreads();  // this tile landed for all; every warp is done with the stage refilled next
     {
       const int next = tile + C::kStages - 1;
-      if (next < tile_end) load_kv_tile<C>(kv_smem + ((k + C::kStages - 1) % C::kStages) * C::kStageBytes, p, next, next_page);
+      if (next < tile_end) load_kv_tile<C>(kv_smem + fill_off, p, next, next_page);
       cp_async_commit();
       next_page = page_of<C>(p, bt_row, next + 1, seq_len);  // consumed next iteration
+      fill_off = advance(fill_off);
     }
-    const uint32_t stage = kv_smem + (k % C::kStages) * C::kStageBytes;
+    const uint32_t stage = kv_smem + read_off;
+    read_off = advance(read_off);
 
     // ---- partial scores over this warp's dims: K fragments via ldmatrix (8 tokens x 16 bytes).
     float sc[RF][4][4];
@@ -363,10 +397,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
           // Register r holds k 4t..4t+3 of 16 bytes: its two f16 pairs are B of the two k16 halves.
           uint32_t kh[8];
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            kh[2 * r] = e4m3x2_to_f16x2(kb[r]);
-            kh[2 * r + 1] = e4m3x2_to_f16x2(kb[r] >> 16);
-          }
+          for (int r = 0; r < 4; ++r) e4m3x4_to_f16x4(kb[r], kh[2 * r], kh[2 * r + 1]);
 #pragma unroll
           for (int f = 0; f < RF; ++f)
 #pragma unroll
@@ -388,91 +419,90 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
       }
     }
 
-    // ---- sum the four dim-quarter partials through shared memory.
-    // Where this thread's score pair (fragment f, row half h, key group j) sits in a quarter's block.
-    auto score_slot = [&](int f, int h, int j) {
-      return (wr * C::kRowsPerWarp + 16 * f + 8 * h + g) * C::kSPitch + 8 * j + 2 * t;
-    };
-    float* mine = scores + wd * C::kTileRows * C::kSPitch;
-#pragma unroll
-    for (int f = 0; f < RF; ++f)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          *reinterpret_cast<float2*>(mine + score_slot(f, h, j)) = make_float2(sc[f][j][2 * h], sc[f][j][2 * h + 1]);
-    __syncthreads();
-#pragma unroll
-    for (int other = 1; other < 4; ++other) {
-      const float* theirs = scores + ((wd + other) & 3) * C::kTileRows * C::kSPitch;
+    // ---- the four dim-quarter partials go to shared memory; each warp then sums them for its own
+    // share of the row group's rows and runs the online softmax there, once per row.
+    {
+      float* mine = scores + wd * C::kTileRows * kBlockN;
 #pragma unroll
       for (int f = 0; f < RF; ++f)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float2 v = *reinterpret_cast<const float2*>(theirs + score_slot(f, h, j));
-            sc[f][j][2 * h] += v.x;
-            sc[f][j][2 * h + 1] += v.y;
-          }
+          for (int j = 0; j < 4; ++j)
+            *reinterpret_cast<float2*>(mine + score_index(wr * C::kRowsPerWarp + 16 * f + 8 * h + g, 8 * j + 2 * t)) =
+                make_float2(sc[f][j][2 * h], sc[f][j][2 * h + 1]);
     }
-
-    // ---- online softmax (log2 domain), masked by each row's causal limit.
+    __syncthreads();
     const bool masked_tile = (tile + 1) * kBlockN > first_masked;
-    uint32_t pf[RF][2][4];  // P as A fragments: [f][k16 step][reg]
-    float correction[RF][2];
-    bool max_moved = false;
 #pragma unroll
-    for (int f = 0; f < RF; ++f)
+    for (int i = 0; i < kSoftPerLane; ++i) {
+      const int row = soft_row0 + 4 * i + (lane >> 3), tok0 = 4 * (lane & 7);
+      float x[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int limit = masked_tile ? first_masked + (warp_row0 + 16 * f + 8 * h + g) / p.heads : seq_len;
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int pos = tile * kBlockN + 8 * j + 2 * t + e;
-            float& x = sc[f][j][2 * h + e];
-            x = pos < limit ? x * scale_log2 : -INFINITY;
-            mx = fmaxf(mx, x);
-          }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float new_max = fmaxf(row_max[f][h], mx);
-        const float base = new_max == -INFINITY ? 0.f : new_max;  // a row with nothing visible yet
-        correction[f][h] = fast_exp2(row_max[f][h] - base);
-        max_moved |= new_max != row_max[f][h];
-        row_max[f][h] = new_max;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float& x = sc[f][j][2 * h + e];
-            x = fast_exp2(x - base);
-            sum += x;
-          }
-        row_sum[f][h] = row_sum[f][h] * correction[f][h] + sum;
+      for (int q = 0; q < 4; ++q) {
+        const float4 v = *reinterpret_cast<const float4*>(scores + q * C::kTileRows * kBlockN + score_index(row, tok0));
+        x[0] += v.x; x[1] += v.y; x[2] += v.z; x[3] += v.w;
       }
-    // Rescale the accumulators only when a row maximum of the warp moved (else the factor is 1).
-    if (__any_sync(0xffffffffu, max_moved)) {
+      // Causal limit of the row (log2 domain from here on).
+      const int limit = masked_tile ? first_masked + (blockIdx.x * C::kTileRows + row) / p.heads : seq_len;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        x[e] = tile * kBlockN + tok0 + e < limit ? x[e] * scale_log2 : -INFINITY;
+        mx = fmaxf(mx, x[e]);
+      }
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      // The reference maximum stays stale until the row maximum outgrows it by 2^kMaxGrowthLog2:
+      // P <= 2^8 is still exact enough in f16/bf16, the sum and the accumulators share the stale
+      // reference (it cancels in O and the LSE), and the accumulators are rescaled only then. Until
+      // a row sees a finite score its accumulators are zero and need no rescale either.
+      const float old = row_max[i];
+      const float new_max = fmaxf(old, mx);
+      const bool rescale = old != -INFINITY && new_max > old + kMaxGrowthLog2;
+      const float ref = old == -INFINITY || rescale ? new_max : old;
+      const float base = ref == -INFINITY ? 0.f : ref;  // a row with nothing visible yet
+      const float correction = rescale ? fast_exp2(old - ref) : 1.f;
+      row_max[i] = ref;
+      float sum = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        x[e] = fast_exp2(x[e] - base);
+        sum += x[e];
+      }
+      row_sum[i] = row_sum[i] * correction + sum;
+      st_shared_v2(p_smem + row * C::kPRowBytes + tok0 * 2, pack2<FP8>(x[0], x[1]), pack2<FP8>(x[2], x[3]));
+      if ((lane & 7) == 0) corr_smem[row] = correction;  // exactly 1 unless rescaled
+    }
+    __syncthreads();
+
+    // ---- rescale this warp's accumulators where a row's reference maximum was raised; P as A fragments.
+    {
+      float corr[RF][2];
+      bool rescale = false;
 #pragma unroll
       for (int f = 0; f < RF; ++f)
 #pragma unroll
-        for (int n = 0; n < 16; ++n)
+        for (int h = 0; h < 2; ++h) {
+          corr[f][h] = corr_smem[wr * C::kRowsPerWarp + 16 * f + 8 * h + g];
+          rescale |= corr[f][h] != 1.f;
+        }
+      if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) acc[f][n][i] *= correction[f][i >> 1];
+        for (int f = 0; f < RF; ++f)
+#pragma unroll
+          for (int n = 0; n < 16; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[f][n][i] *= corr[f][i >> 1];
+      }
     }
+    uint32_t pf[RF][2][4];  // [f][k16 step][reg]
 #pragma unroll
     for (int f = 0; f < RF; ++f)
 #pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {
-        pf[f][kk][0] = pack2<FP8>(sc[f][2 * kk][0], sc[f][2 * kk][1]);
-        pf[f][kk][1] = pack2<FP8>(sc[f][2 * kk][2], sc[f][2 * kk][3]);
-        pf[f][kk][2] = pack2<FP8>(sc[f][2 * kk + 1][0], sc[f][2 * kk + 1][1]);
-        pf[f][kk][3] = pack2<FP8>(sc[f][2 * kk + 1][2], sc[f][2 * kk + 1][3]);
-      }
+      for (int kk = 0; kk < 2; ++kk)
+        ldmatrix_x4(pf[f][kk], p_smem + (wr * C::kRowsPerWarp + 16 * f + (lane & 15)) * C::kPRowBytes + kk * 32 +
+                                   16 * (lane >> 4));
 
     // ---- O += P.V over this warp's 128 output dims.
 #pragma unroll
@@ -488,12 +518,14 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
           ldmatrix_x4_trans(vr, stage + tok * C::kSmemRowBytes + wd * 128 + q * 32 + 16 * (mi >> 1));
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
-            const uint32_t lo = __byte_perm(vr[2 * half], 0, 0x3120);      // tokens 2t..: [even | odd]
-            const uint32_t hi = __byte_perm(vr[2 * half + 1], 0, 0x3120);  // tokens 8+2t..
+            // tokens 2t.. and 8+2t..: [even dims | odd dims] -> f16 B fragments of both dim groups
+            uint32_t even[2], odd[2];
+            e4m3x4_to_f16x4(__byte_perm(vr[2 * half], 0, 0x3120), even[0], odd[0]);
+            e4m3x4_to_f16x4(__byte_perm(vr[2 * half + 1], 0, 0x3120), even[1], odd[1]);
 #pragma unroll
             for (int f = 0; f < RF; ++f) {
-              mma_f16(acc[f][q * 4 + half * 2], pf[f][kk], e4m3x2_to_f16x2(lo), e4m3x2_to_f16x2(hi));
-              mma_f16(acc[f][q * 4 + half * 2 + 1], pf[f][kk], e4m3x2_to_f16x2(lo >> 16), e4m3x2_to_f16x2(hi >> 16));
+              mma_f16(acc[f][q * 4 + half * 2], pf[f][kk], even[0], even[1]);
+              mma_f16(acc[f][q * 4 + half * 2 + 1], pf[f][kk], odd[0], odd[1]);
             }
           }
         }
@@ -513,20 +545,29 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   }
   cp_async_wait<0>();
 
-  // ---- epilogue: normalise, then bf16 output + LSE, or fp32 partials for the merge kernel.
+  // ---- epilogue: the row owners publish 1 / sum and the LSE (in the score buffer: the last tile's
+  // sums are done), then each warp normalises its dims: bf16 output + LSE, or fp32 partials.
+  float2* row_stats = reinterpret_cast<float2*>(scores);
+#pragma unroll
+  for (int i = 0; i < kSoftPerLane; ++i) {
+    float total = row_sum[i];
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+    if ((lane & 7) == 0)
+      row_stats[soft_row0 + 4 * i + (lane >> 3)] =
+          total > 0.f ? make_float2(1.f / total, row_max[i] + __log2f(total)) : make_float2(0.f, -INFINITY);
+  }
+  __syncthreads();
   const float bmm2 = read_scale(p.bmm2_ptr, p.bmm2);
   const bool single = p.num_splits == 1;
 #pragma unroll
   for (int f = 0; f < RF; ++f)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float total = row_sum[f][h];
-      total += __shfl_xor_sync(0xffffffffu, total, 1);
-      total += __shfl_xor_sync(0xffffffffu, total, 2);
       const int row = warp_row0 + 16 * f + 8 * h + g;
       if (row >= p.rows) continue;
-      const float inv = total > 0.f ? 1.f / total : 0.f;
-      const float lse2 = total > 0.f ? row_max[f][h] + __log2f(total) : -INFINITY;
+      const float2 stats = row_stats[wr * C::kRowsPerWarp + 16 * f + 8 * h + g];
+      const float inv = stats.x, lse2 = stats.y;
       const float out_scale = single ? inv * bmm2 : inv;
       const long long out_row = single ? (long long)b * p.rows + row
                                        : ((long long)b * p.num_splits + split) * p.rows + row;
@@ -552,10 +593,12 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
           for (int i = 0; i < kVec / 2; ++i) packed[i] = pack2<false>(v[2 * i] * out_scale, v[2 * i + 1] * out_scale);
           if constexpr (kVec == 4) *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
           else *reinterpret_cast<uint32_t*>(dst) = packed[0];
+        } else if constexpr (FP8) {  // half the merge traffic of fp32
+          __half* dst = static_cast<__half*>(p.part_o) + out_row * kDimV + dim;
+          *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<true>(v[0] * inv, v[1] * inv), pack2<true>(v[2] * inv, v[3] * inv));
         } else {
-          float* dst = p.part_o + out_row * kDimV + dim;
-          if constexpr (kVec == 4) *reinterpret_cast<float4*>(dst) = make_float4(v[0] * inv, v[1] * inv, v[2] * inv, v[3] * inv);
-          else *reinterpret_cast<float2*>(dst) = make_float2(v[0] * inv, v[1] * inv);
+          float* dst = static_cast<float*>(p.part_o) + out_row * kDimV + dim;
+          *reinterpret_cast<float2*>(dst) = make_float2(v[0] * inv, v[1] * inv);
         }
       }
       if (wd == 0 && t == 0) {
@@ -567,15 +610,17 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
 
 // Combine split partials by their LSE. One block per (request, row, slice of 128 dims), so even
 // one request's merge spreads over the GPU. Each warp takes every kMergeGroups-th split of the
-// slice (a float4 per lane), so the loads of all splits are in flight at once; the LSE pass over
+// slice (4 dims per lane), so the loads of all splits are in flight at once; the LSE pass over
 // the splits is shared by all threads of the block.
 constexpr int kMergeGroups = 8;
 constexpr int kMergeThreads = 32 * kMergeGroups;
 constexpr int kMergeSliceDims = 128;
 constexpr int kMergeSlices = kDimV / kMergeSliceDims;
+constexpr int kMergeBatch = 8;  // splits per warp loaded ahead of the LSE pass
 constexpr int kMaxSplits = 256;
 static_assert(kMaxSplits <= kMergeThreads, "one thread per split in the LSE pass");
 
+template <bool HALF_PARTIALS>
 __global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const __grid_constant__ DecodeParams p) {
   __shared__ float weights[kMaxSplits];
   __shared__ float reduce[kMergeThreads / 32];
@@ -584,6 +629,26 @@ __global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const _
   const int row = blockIdx.x, b = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long first = (long long)b * p.num_splits * p.rows + row;
+  const int dim = blockIdx.z * kMergeSliceDims + lane * 4;
+  auto load_partial = [&](int s) {  // 4 dims of split s
+    const long long at = (first + (long long)s * p.rows) * kDimV + dim;
+    if constexpr (HALF_PARTIALS) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __half*>(p.part_o) + at);
+      const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+      const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+      return make_float4(lo.x, lo.y, hi.x, hi.y);
+    } else {
+      return *reinterpret_cast<const float4*>(static_cast<const float*>(p.part_o) + at);
+    }
+  };
+  // The first kMergeBatch splits of this warp are loaded before the LSE pass, so that their L2
+  // round trip overlaps the LSE one (empty splits wrote zeros).
+  float4 early[kMergeBatch];
+#pragma unroll
+  for (int i = 0; i < kMergeBatch; ++i) {
+    const int s = warp + i * kMergeGroups;
+    early[i] = s < p.num_splits ? load_partial(s) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
 
   float lse = -INFINITY;
   if (threadIdx.x < p.num_splits) lse = p.part_lse[first + (long long)threadIdx.x * p.rows];
@@ -604,14 +669,15 @@ __global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const _
   float weight_sum = 0.f;
   for (int w = 0; w < kMergeThreads / 32; ++w) weight_sum += reduce[w];
 
-  const int dim = blockIdx.z * kMergeSliceDims + lane * 4;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-  for (int s = warp; s < p.num_splits; s += kMergeGroups) {  // empty splits wrote zeros
-    const float w = weights[s];
-    const float4 v = *reinterpret_cast<const float4*>(p.part_o + (first + (long long)s * p.rows) * kDimV + dim);
-    acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
+  auto add = [&](float w, const float4& v) { acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w; };
+#pragma unroll
+  for (int i = 0; i < kMergeBatch; ++i) {
+    const int s = warp + i * kMergeGroups;
+    if (s < p.num_splits) add(weights[s], early[i]);
   }
+#pragma unroll 4
+  for (int s = warp + kMergeBatch * kMergeGroups; s < p.num_splits; s += kMergeGroups) add(weights[s], load_partial(s));
   if (warp > 0) partial[warp - 1][lane] = acc;
   __syncthreads();
   if (warp != 0) return;

@@ -87,6 +87,32 @@ def test_batch_64_ragged(workspace, dtype, heads):
     run_and_check(problem, workspace, dtype, tensor_scales=True)
 
 
+def add_score_ramp(problem, rising: bool, climb: float = 1.5) -> None:
+    """Shift every query up by 1 and every key by ``climb`` x its relative position along a shared
+    direction, so that scores climb (or fall) by ~90 log2 units along each request's keys."""
+    query = problem.query.float() + 1.0
+    problem.query.copy_(query.to(problem.query.dtype))
+    page_size = problem.kv_cache.shape[1]
+    for b, n in enumerate(problem.seq_lens.tolist()):
+        pos = torch.arange(n, device=problem.kv_cache.device)
+        ramp = climb * (pos / max(n - 1, 1) if rising else 1 - pos / max(n - 1, 1))
+        pages = problem.block_tables[b, pos // page_size].long()
+        raw = problem.kv_cache.view(torch.uint8)  # indexing works on bytes for every dtype
+        rows = raw[pages, pos % page_size].view(problem.kv_cache.dtype).float() + ramp[:, None]
+        raw[pages, pos % page_size] = rows.to(problem.kv_cache.dtype).view(torch.uint8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
+@pytest.mark.parametrize("rising", [True, False], ids=["rising", "falling"])
+@pytest.mark.parametrize("heads", [16, 64])
+def test_scores_rising_along_the_keys(workspace, dtype, rising, heads):
+    # Rising scores make the online softmax raise its reference maximum (and rescale) many times
+    # within one split; falling scores never do. Both must match the reference.
+    problem = make_paged_problem([4000, 1500, 3], 2, heads, page_size=32, dtype=dtype, device="cuda", seed=heads)
+    add_score_ramp(problem, rising)
+    run_and_check(problem, workspace, dtype, bmm2=0.9)
+
+
 @pytest.mark.parametrize("splits", [1, 2, 3, 7, 64])
 def test_explicit_split_counts_agree(workspace, monkeypatch, splits):
     monkeypatch.setattr(decode_module, "default_config", lambda: MLABackendConfig(num_kv_splits=splits))
