@@ -97,6 +97,8 @@ struct TileConfig {
   static constexpr int kNopeChunks = kDimV * kElem / 32 / 4;
   static constexpr int kRopeChunks = kRopeDim * kElem / 32;
   static constexpr int kQkChunks = kNopeChunks + 1;
+  // Widened to f16, QK^T runs in k16 steps of 16 K bytes: 36 per row, spread evenly over the warps.
+  static constexpr int kF16StepsPerWarp = kRowBytes / 16 / 4;
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "tile does not fit the shared memory of a block");
   static_assert(kThreads % kBlockN == 0, "the loader maps whole tokens to threads");
   static_assert(kRopeChunks <= 4, "rope chunks are spread one per warp");
@@ -314,10 +316,10 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
           qf[f][s][i] = valid ? __ldg(reinterpret_cast<const uint32_t*>(q_req + (long long)row * C::kRowBytes + byte)) : 0u;
         }
   }
-  // A fragments of chunk s, fragment f from shared memory: k16 halves h (two when widened to f16).
-  auto ldmatrix_q = [&](uint32_t (&a)[4], int f, int s, int h) {
+  // A fragments of chunk s, fragment f, from shared memory (e4m3/bf16 Q as stored).
+  auto ldmatrix_q = [&](uint32_t (&a)[4], int f, int s) {
     const int row = wr * C::kRowsPerWarp + 16 * f + (lane & 15);
-    ldmatrix_x4(a, q_smem + row * C::kSmemQRowBytes + chunk_byte(s) * (C::kQElem / C::kElem) + 32 * h + 16 * (lane >> 4));
+    ldmatrix_x4(a, q_smem + row * C::kSmemQRowBytes + chunk_byte(s) + 16 * (lane >> 4));
   };
 
   const float scale_log2 = read_scale(p.bmm1_ptr, p.bmm1) * kLog2e;
@@ -351,16 +353,28 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   // compare-and-wrap rather than a modulo.
   uint32_t read_off = 0, fill_off = (C::kStages - 1) * C::kStageBytes;
   auto advance = [](uint32_t off) { return off + C::kStageBytes == C::kStages * C::kStageBytes ? 0u : off + C::kStageBytes; };
+  auto load_ahead = [&](int tile) {  // tile + kStages - 1 into the stage freed last
+    const int next = tile + C::kStages - 1;
+    if (next < tile_end) load_kv_tile<C>(kv_smem + fill_off, p, next, next_page);
+    cp_async_commit();
+    next_page = page_of<C>(p, bt_row, next + 1, seq_len);  // consumed next iteration
+    fill_off = advance(fill_off);
+  };
+  // With three stages, two barriers per tile: the refill goes out after the score barrier (its
+  // stage was last read by the previous tile's P.V) and the next tile is waited for at the barrier
+  // before P.V, a whole tile of compute after it was issued. With two stages the refilled stage
+  // is the one this tile's P.V reads, so each tile starts with a barrier of its own.
+  constexpr bool kWaitAhead = C::kStages >= 3;
+  if constexpr (kWaitAhead) {
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();
+  }
 
   for (int tile = tile_begin; tile < tile_end; ++tile) {
-    cp_async_wait<C::kStages - 2>();
-    __syncthreads();  // this tile landed for all; every warp is done with the stage refilled next
-    {
-      const int next = tile + C::kStages - 1;
-      if (next < tile_end) load_kv_tile<C>(kv_smem + fill_off, p, next, next_page);
-      cp_async_commit();
-      next_page = page_of<C>(p, bt_row, next + 1, seq_len);  // consumed next iteration
-      fill_off = advance(fill_off);
+    if constexpr (!kWaitAhead) {
+      cp_async_wait<C::kStages - 2>();
+      __syncthreads();  // this tile landed for all; every warp is done with the stage refilled next
+      load_ahead(tile);
     }
     const uint32_t stage = kv_smem + read_off;
     read_off = advance(read_off);
@@ -373,46 +387,54 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
       for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) sc[f][j][i] = 0.f;
+    if constexpr (C::kQkF16) {
+      // k16 steps of 16 bytes: 36 per row (latent and rope alike), 9 per warp. One ldmatrix.x4
+      // takes a step of all 32 tokens (matrix j = tokens 8j..8j+7); register j holds bytes
+      // 4t..4t+3, whose two f16 pairs are B of the widened (permuted) Q.
 #pragma unroll
-    for (int s = 0; s < C::kQkChunks; ++s) {
-      if (s == C::kNopeChunks && !has_rope) break;
-      constexpr int kHalves = C::kQkF16 ? 2 : 1;
-      uint32_t qa[RF][kHalves][4];
+      for (int i = 0; i < C::kF16StepsPerWarp; ++i) {
+        const int step = wd * C::kF16StepsPerWarp + i;
+        uint32_t kb[4];
+        ldmatrix_x4(kb, stage + lane * C::kSmemRowBytes + 16 * step);
+        uint32_t qa[RF][4];
 #pragma unroll
-      for (int f = 0; f < RF; ++f)
+        for (int f = 0; f < RF; ++f)
+          ldmatrix_x4(qa[f], q_smem + (wr * C::kRowsPerWarp + 16 * f + (lane & 15)) * C::kSmemQRowBytes + 32 * step +
+                                 16 * (lane >> 4));
 #pragma unroll
-        for (int h = 0; h < kHalves; ++h) {
-          if constexpr (C::kQInSmem) ldmatrix_q(qa[f][h], f, s, h);
+        for (int j = 0; j < 4; ++j) {
+          uint32_t lo, hi;
+          e4m3x4_to_f16x4(kb[j], lo, hi);
+#pragma unroll
+          for (int f = 0; f < RF; ++f) mma_f16(sc[f][j], qa[f], lo, hi);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < C::kQkChunks; ++s) {
+        if (s == C::kNopeChunks && !has_rope) break;
+        uint32_t qa[RF][4];
+#pragma unroll
+        for (int f = 0; f < RF; ++f) {
+          if constexpr (C::kQInSmem) ldmatrix_q(qa[f], f, s);
           else
 #pragma unroll
-            for (int i = 0; i < 4; ++i) qa[f][h][i] = qf[f][s][i];
+            for (int i = 0; i < 4; ++i) qa[f][i] = qf[f][s][i];
         }
 #pragma unroll
-      for (int jp = 0; jp < 2; ++jp) {  // n-tile pairs (16 tokens)
-        const int mi = lane >> 3;
-        const int tok = 16 * jp + 8 * (mi >> 1) + (lane & 7);
-        uint32_t kb[4];
-        ldmatrix_x4(kb, stage + tok * C::kSmemRowBytes + chunk_byte(s) + 16 * (mi & 1));
-        if constexpr (C::kQkF16) {
-          // Register r holds k 4t..4t+3 of 16 bytes: its two f16 pairs are B of the two k16 halves.
-          uint32_t kh[8];
-#pragma unroll
-          for (int r = 0; r < 4; ++r) e4m3x4_to_f16x4(kb[r], kh[2 * r], kh[2 * r + 1]);
-#pragma unroll
-          for (int f = 0; f < RF; ++f)
-#pragma unroll
-            for (int n = 0; n < 2; ++n)
-#pragma unroll
-              for (int h = 0; h < 2; ++h) mma_f16(sc[f][2 * jp + n], qa[f][h], kh[4 * n + 2 * h], kh[4 * n + 2 * h + 1]);
-        } else {
+        for (int jp = 0; jp < 2; ++jp) {  // n-tile pairs (16 tokens)
+          const int mi = lane >> 3;
+          const int tok = 16 * jp + 8 * (mi >> 1) + (lane & 7);
+          uint32_t kb[4];
+          ldmatrix_x4(kb, stage + tok * C::kSmemRowBytes + chunk_byte(s) + 16 * (mi & 1));
 #pragma unroll
           for (int f = 0; f < RF; ++f) {
             if constexpr (FP8) {
-              mma_e4m3(sc[f][2 * jp], qa[f][0], kb[0], kb[1]);
-              mma_e4m3(sc[f][2 * jp + 1], qa[f][0], kb[2], kb[3]);
+              mma_e4m3(sc[f][2 * jp], qa[f], kb[0], kb[1]);
+              mma_e4m3(sc[f][2 * jp + 1], qa[f], kb[2], kb[3]);
             } else {
-              mma_bf16(sc[f][2 * jp], qa[f][0], kb[0], kb[1]);
-              mma_bf16(sc[f][2 * jp + 1], qa[f][0], kb[2], kb[3]);
+              mma_bf16(sc[f][2 * jp], qa[f], kb[0], kb[1]);
+              mma_bf16(sc[f][2 * jp + 1], qa[f], kb[2], kb[3]);
             }
           }
         }
@@ -432,7 +454,8 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
             *reinterpret_cast<float2*>(mine + score_index(wr * C::kRowsPerWarp + 16 * f + 8 * h + g, 8 * j + 2 * t)) =
                 make_float2(sc[f][j][2 * h], sc[f][j][2 * h + 1]);
     }
-    __syncthreads();
+    __syncthreads();  // partial scores complete; every warp is past the previous tile's P.V
+    if constexpr (kWaitAhead) load_ahead(tile);
     const bool masked_tile = (tile + 1) * kBlockN > first_masked;
 #pragma unroll
     for (int i = 0; i < kSoftPerLane; ++i) {
@@ -474,7 +497,8 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
       st_shared_v2(p_smem + row * C::kPRowBytes + tok0 * 2, pack2<FP8>(x[0], x[1]), pack2<FP8>(x[2], x[3]));
       if ((lane & 7) == 0) corr_smem[row] = correction;  // exactly 1 unless rescaled
     }
-    __syncthreads();
+    if constexpr (kWaitAhead) cp_async_wait<C::kStages - 2>();  // the next tile, for the next QK^T
+    __syncthreads();  // P and the rescale factors complete
 
     // ---- rescale this warp's accumulators where a row's reference maximum was raised; P as A fragments.
     {

@@ -4,7 +4,9 @@
     python integration/run_e2e.py --heads 16 --parts correctness,spec,fallback,throughput --out results/
 
 Pass rules (issue #4): greedy tokens agree with the reference up to the first step where the
-reference's top-2 logprob gap is below 0.1 nats; forward_mqa on the real cache matches the float64
+reference's top-2 logprob gap is below 0.1 nats; with a bf16 cache, where vLLM has two references,
+a step where those two choose different tokens counts as a tie as well (vLLM's own backends are
+undecided there; fixed before the kernel-v5 run); forward_mqa on the real cache matches the float64
 reference within the kernel tolerances; the speculative runs really decode 4 query tokens per request;
 the fallback runs are served by vLLM's Triton MLA kernel. Exit status 1 if anything fails.
 Speculative runs are "the same run with n-gram speculation": ours and vLLM's references all decode
@@ -45,14 +47,23 @@ def make_prompts(seed: int = 0, vocab: int = 2048) -> list[list[int]]:
     return prompts
 
 
-def agreement(ours: list[list[int]], ref: list[list[int]], ref_gaps: list[list[float]]) -> dict:
-    """Per prompt: the first step where tokens differ and the first near-tie step of the reference."""
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def agreement(ours: list[list[int]], ref: list[list[int]], ref_gaps: list[list[float]],
+              second_ref: list[list[int]] | None = None) -> dict:
+    """Per prompt: the first step where tokens differ and the first tie of the reference: a top-2
+    gap below TIE_NATS, or (given a second vLLM reference) a step where the two references differ."""
     divergent, failures = [], []
     for i, (a, b) in enumerate(zip(ours, ref)):
-        differ = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        differ = first_difference(a, b)
         if differ is None:
             continue
         first_tie = next((k for k, gap in enumerate(ref_gaps[i]) if gap < TIE_NATS), len(b))
+        if second_ref is not None:
+            undecided = first_difference(b, second_ref[i])
+            first_tie = min(first_tie, len(b) if undecided is None else undecided)
         divergent.append((i, differ, first_tie))
         if differ < first_tie:
             failures.append((i, differ, first_tie))
@@ -78,11 +89,12 @@ def fallback_specs() -> list[EngineSpec]:
 
 
 def agreed_steps(ours: list[list[int]], ref: list[list[int]]) -> int:
-    return sum(next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), len(b)) for a, b in zip(ours, ref))
+    return sum(len(b) if (k := first_difference(a, b)) is None else k for a, b in zip(ours, ref))
 
 
 def rule_calibration(refs: dict[str, dict], kv: str) -> dict:
     """Does vLLM's own second backend pass the tie rule against the reference, on this model?
+    (Used where there is one reference, FP8; with two, their disagreements are ties already.)
 
     With an FP8 cache it need not: a tiny difference upstream flips the e4m3 rounding of new cache
     entries, and those 6% steps grow. Where vLLM fails its own rule, ours must instead stay with the
@@ -106,11 +118,12 @@ def judge(result: dict, refs: dict[str, dict], expect_route: str, plain: dict | 
                      f"identical, {agreed_steps(result['tokens'], plain['tokens'])} steps agreed")
     for ref_name in REFERENCES[kv]:
         ref = refs[ref_name + kv]
-        verdict = agreement(result["tokens"], ref["tokens"], ref["gaps"])
+        others = [refs[name + kv]["tokens"] for name in REFERENCES[kv] if name != ref_name]
+        verdict = agreement(result["tokens"], ref["tokens"], ref["gaps"], others[0] if others else None)
         verdict["agreed_steps"] = agreed_steps(result["tokens"], ref["tokens"])
         result.setdefault("agreement", {})[ref_name] = verdict
         note = f"{ref_name}: {verdict['identical']}/{len(result['tokens'])} identical"
-        if calibration["rule_holds"] or ref_name != calibration["ref"]:
+        if others or calibration["rule_holds"] or ref_name != calibration["ref"]:
             ok &= verdict["ok"]
             note += "" if verdict["ok"] else f", tie rule broken {verdict['failures']}"
         else:
