@@ -172,6 +172,15 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+template <bool F16>
+__device__ __forceinline__ float2 unpack2(uint32_t packed) {
+  if constexpr (F16) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&packed));
+  } else {
+    return make_float2(__uint_as_float(packed << 16), __uint_as_float(packed & 0xffff0000u));
+  }
+}
+
 // Programmatic dependent launch: wait for the previous kernel's writes before the first global
 // read, and let the next kernel start its prologue early.
 __device__ __forceinline__ void pdl_wait() {
@@ -487,14 +496,14 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
       const float base = ref == -INFINITY ? 0.f : ref;  // a row with nothing visible yet
       const float correction = rescale ? fast_exp2(old - ref) : 1.f;
       row_max[i] = ref;
-      float sum = 0.f;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        x[e] = fast_exp2(x[e] - base);
-        sum += x[e];
-      }
-      row_sum[i] = row_sum[i] * correction + sum;
-      st_shared_v2(p_smem + row * C::kPRowBytes + tok0 * 2, pack2<FP8>(x[0], x[1]), pack2<FP8>(x[2], x[3]));
+      for (int e = 0; e < 4; ++e) x[e] = fast_exp2(x[e] - base);
+      const uint32_t p01 = pack2<FP8>(x[0], x[1]), p23 = pack2<FP8>(x[2], x[3]);
+      // The sum is taken over P as rounded for P.V, so a dominant key's rounding cancels in O (with
+      // a stale maximum its P is no longer exactly 1).
+      const float2 r01 = unpack2<FP8>(p01), r23 = unpack2<FP8>(p23);
+      row_sum[i] = row_sum[i] * correction + ((r01.x + r01.y) + (r23.x + r23.y));
+      st_shared_v2(p_smem + row * C::kPRowBytes + tok0 * 2, p01, p23);
       if ((lane & 7) == 0) corr_smem[row] = correction;  // exactly 1 unless rescaled
     }
     if constexpr (kWaitAhead) cp_async_wait<C::kStages - 2>();  // the next tile, for the next QK^T
