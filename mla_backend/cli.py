@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--arch", default=None,
                        help="comma-separated targets, e.g. sm_90a,sm_120a (default: the visible GPU's)")
     build.add_argument("--strict", action="store_true", help="fail on any register spill (CI)")
+    build.add_argument("--fp8-qk", choices=("auto", "f16", "e4m3"), default="auto",
+                       help="FP8 QK^T variant (the fp8_qk setting); e4m3 on sm_90a builds the SM120 code path")
     bench = sub.add_parser("bench", help="time the decode kernel against the peers importable here")
     bench.add_argument("--quick", action="store_true", help="a few shapes only")
     bench.add_argument("--out", default="bench_decode", help="prefix of the JSON and PNG written")
@@ -36,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         from .jit import build_cli
 
-        return build_cli(args.arch, strict=args.strict)
+        return build_cli(args.arch, strict=args.strict, fp8_qk=args.fp8_qk)
     from .bench import main as bench_main
 
     return bench_main(quick=args.quick, out_prefix=args.out)

@@ -14,6 +14,7 @@ from typing import Any, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 BackendName = Literal["auto", "xqa", "trtllm-gen"]
+Fp8QkName = Literal["auto", "f16", "e4m3"]
 KernelName = Literal["xqa", "trtllm-gen", "fallback"]
 
 ENV_PREFIX = "MLA_BACKEND"
@@ -25,6 +26,7 @@ ENV_FIELDS = {
     "MLA_BACKEND_VALIDATE_PAGE_IDS": "validate_page_ids",
     "MLA_BACKEND_CACHE_DIR": "cache_dir",
     "MLA_BACKEND_DEVICE_CAPABILITY": "device_capability",
+    "MLA_BACKEND_FP8_QK": "fp8_qk",
 }
 
 # Compute capabilities our bundled mma.sync kernels are built and tuned for.
@@ -62,6 +64,12 @@ class MLABackendConfig(BaseModel):
         None, pattern=r"^\d+\.\d+$",
         description="Choose the kernel as if the GPU had this compute capability, e.g. '8.0' to exercise "
         "the portable fallback on a GPU the bundled kernels serve. None uses the real one.",
+    )
+
+    fp8_qk: Fp8QkName = Field(
+        "auto", description="How the FP8 kernels multiply Q by K: e4m3 mma.sync (native QMMA on SM 8.9/12.x, "
+        "emulated on SM90), or f16 (Q widened once; sm_90a only). auto: f16 on sm_90a, e4m3 elsewhere. "
+        "e4m3 on an H100/H200 runs the SM120 code path there, for testing.",
     )
 
     def capability(self, detected: tuple[int, int]) -> tuple[int, int]:

@@ -77,7 +77,7 @@ def run_xqa_decode(problem: DecodeProblem, workspace: torch.Tensor | None, confi
 
     device = problem.query.device
     index = device.index if device.index is not None else torch.cuda.current_device()
-    ensure_loaded(index, config.cache_dir)
+    ensure_loaded(index, config.cache_dir, config.fp8_qk)
     fp8 = problem.query.dtype == torch.float8_e4m3fn
     rows = problem.q_len * problem.heads
     row_groups, rf = tile_shape(rows, fp8)

@@ -85,3 +85,10 @@ def test_additional_config_section():
         MLABackendConfig.from_additional_config({"mla_backend": {"splits": 4}}, environ={})
     with pytest.raises(ValueError, match="JSON object"):
         MLABackendConfig.from_additional_config({"mla_backend": "xqa"}, environ={})
+
+
+def test_fp8_qk_variant_from_environment_and_its_values():
+    assert MLABackendConfig.from_sources(environ={}).fp8_qk == "auto"
+    assert MLABackendConfig.from_sources(environ={"MLA_BACKEND_FP8_QK": "e4m3"}).fp8_qk == "e4m3"
+    with pytest.raises(ValidationError, match="fp8_qk"):
+        MLABackendConfig.from_sources(environ={"MLA_BACKEND_FP8_QK": "fp16"})

@@ -1,6 +1,9 @@
 """The bundled kernels against the float64 reference on dequantised inputs (GPU only)."""
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -183,3 +186,15 @@ def test_pdl_on_and_off_agree(workspace):
     with_pdl = xqa_batch_decode_with_kv_cache_mla(*args, bmm1_scale=SM_SCALE, enable_pdl=True)
     without = xqa_batch_decode_with_kv_cache_mla(*args, bmm1_scale=SM_SCALE, enable_pdl=False)
     assert torch.equal(with_pdl, without)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="an SM90 check: elsewhere the e4m3 path is the default every other test runs")
+def test_sm120_q_layout_passes_the_same_tests_on_sm90():
+    # sm_90a widens Q to f16 by default; the SM120 FP8 path (e4m3 Q in shared memory, mma.sync e4m3,
+    # emulated here) is built with fp8_qk=e4m3 and runs this whole file in a fresh process (one
+    # kernel library per process).
+    env = dict(os.environ, MLA_BACKEND_FP8_QK="e4m3")
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-m", "gpu", "-p", "no:cacheprovider",
+                             __file__, "-k", "not sm120_q_layout"], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
