@@ -325,10 +325,11 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
           qf[f][s][i] = valid ? __ldg(reinterpret_cast<const uint32_t*>(q_req + (long long)row * C::kRowBytes + byte)) : 0u;
         }
   }
-  // A fragments of chunk s, fragment f, from shared memory (e4m3/bf16 Q as stored).
-  auto ldmatrix_q = [&](uint32_t (&a)[4], int f, int s) {
-    const int row = wr * C::kRowsPerWarp + 16 * f + (lane & 15);
-    ldmatrix_x4(a, q_smem + row * C::kSmemQRowBytes + chunk_byte(s) + 16 * (lane >> 4));
+  // Tile-local row of this thread's fragment f, half h (accumulator layout).
+  auto local_row = [=](int f, int h) { return wr * C::kRowsPerWarp + 16 * f + 8 * h + g; };
+  // A fragment f (16 rows x 16 bytes at byte offset `byte`) of a row-major matrix in shared memory.
+  auto ldmatrix_a = [&](uint32_t (&a)[4], uint32_t base, int pitch, int f, int byte) {
+    ldmatrix_x4(a, base + (wr * C::kRowsPerWarp + 16 * f + (lane & 15)) * pitch + byte + 16 * (lane >> 4));
   };
 
   const float scale_log2 = read_scale(p.bmm1_ptr, p.bmm1) * kLog2e;
@@ -407,9 +408,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
         ldmatrix_x4(kb, stage + lane * C::kSmemRowBytes + 16 * step);
         uint32_t qa[RF][4];
 #pragma unroll
-        for (int f = 0; f < RF; ++f)
-          ldmatrix_x4(qa[f], q_smem + (wr * C::kRowsPerWarp + 16 * f + (lane & 15)) * C::kSmemQRowBytes + 32 * step +
-                                 16 * (lane >> 4));
+        for (int f = 0; f < RF; ++f) ldmatrix_a(qa[f], q_smem, C::kSmemQRowBytes, f, 32 * step);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           uint32_t lo, hi;
@@ -425,7 +424,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
         uint32_t qa[RF][4];
 #pragma unroll
         for (int f = 0; f < RF; ++f) {
-          if constexpr (C::kQInSmem) ldmatrix_q(qa[f], f, s);
+          if constexpr (C::kQInSmem) ldmatrix_a(qa[f], q_smem, C::kSmemQRowBytes, f, chunk_byte(s));
           else
 #pragma unroll
             for (int i = 0; i < 4; ++i) qa[f][i] = qf[f][s][i];
@@ -460,7 +459,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
         for (int h = 0; h < 2; ++h)
 #pragma unroll
           for (int j = 0; j < 4; ++j)
-            *reinterpret_cast<float2*>(mine + score_index(wr * C::kRowsPerWarp + 16 * f + 8 * h + g, 8 * j + 2 * t)) =
+            *reinterpret_cast<float2*>(mine + score_index(local_row(f, h), 8 * j + 2 * t)) =
                 make_float2(sc[f][j][2 * h], sc[f][j][2 * h + 1]);
     }
     __syncthreads();  // partial scores complete; every warp is past the previous tile's P.V
@@ -517,7 +516,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
       for (int f = 0; f < RF; ++f)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          corr[f][h] = corr_smem[wr * C::kRowsPerWarp + 16 * f + 8 * h + g];
+          corr[f][h] = corr_smem[local_row(f, h)];
           rescale |= corr[f][h] != 1.f;
         }
       if (__any_sync(0xffffffffu, rescale)) {
@@ -533,9 +532,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
 #pragma unroll
     for (int f = 0; f < RF; ++f)
 #pragma unroll
-      for (int kk = 0; kk < 2; ++kk)
-        ldmatrix_x4(pf[f][kk], p_smem + (wr * C::kRowsPerWarp + 16 * f + (lane & 15)) * C::kPRowBytes + kk * 32 +
-                                   16 * (lane >> 4));
+      for (int kk = 0; kk < 2; ++kk) ldmatrix_a(pf[f][kk], p_smem, C::kPRowBytes, f, kk * 32);
 
     // ---- O += P.V over this warp's 128 output dims.
 #pragma unroll
@@ -579,7 +576,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   cp_async_wait<0>();
 
   // ---- epilogue: the row owners publish 1 / sum and the LSE (in the score buffer: the last tile's
-  // sums are done), then each warp normalises its dims: bf16 output + LSE, or fp32 partials.
+  // sums are done), then each warp normalises its dims: bf16 output + LSE, or the split partials.
   float2* row_stats = reinterpret_cast<float2*>(scores);
 #pragma unroll
   for (int i = 0; i < kSoftPerLane; ++i) {
@@ -599,7 +596,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     for (int h = 0; h < 2; ++h) {
       const int row = warp_row0 + 16 * f + 8 * h + g;
       if (row >= p.rows) continue;
-      const float2 stats = row_stats[wr * C::kRowsPerWarp + 16 * f + 8 * h + g];
+      const float2 stats = row_stats[local_row(f, h)];
       const float inv = stats.x, lse2 = stats.y;
       const float out_scale = single ? inv * bmm2 : inv;
       const long long out_row = single ? (long long)b * p.rows + row
@@ -667,8 +664,7 @@ __global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const _
     const long long at = (first + (long long)s * p.rows) * kDimV + dim;
     if constexpr (HALF_PARTIALS) {
       const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __half*>(p.part_o) + at);
-      const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
-      const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+      const float2 lo = unpack2<true>(raw.x), hi = unpack2<true>(raw.y);
       return make_float4(lo.x, lo.y, hi.x, hi.y);
     } else {
       return *reinterpret_cast<const float4*>(static_cast<const float*>(p.part_o) + at);
