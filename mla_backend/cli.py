@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import get_args
+
+from .config import Fp8QkName
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--arch", default=None,
                        help="comma-separated targets, e.g. sm_90a,sm_120a (default: the visible GPU's)")
     build.add_argument("--strict", action="store_true", help="fail on any register spill (CI)")
-    build.add_argument("--fp8-qk", choices=("auto", "f16", "e4m3"), default="auto",
+    build.add_argument("--fp8-qk", choices=get_args(Fp8QkName), default="auto",
                        help="FP8 QK^T variant (the fp8_qk setting); e4m3 on sm_90a builds the SM120 code path")
     bench = sub.add_parser("bench", help="time the decode kernel against the peers importable here")
     bench.add_argument("--quick", action="store_true", help="a few shapes only")

@@ -17,8 +17,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import get_args
 
 import torch
+
+from .config import Fp8QkName, MLABackendConfig
 
 log = logging.getLogger("mla_backend")
 
@@ -54,8 +57,8 @@ def fp8_qk_variant(arch: str, fp8_qk: str = "auto") -> str:
     if fp8_qk == "f16" and arch != "sm_90a":
         raise ValueError(f"fp8_qk='f16' is built for sm_90a only, not {arch}: its tile needs more shared "
                          "memory than the 99 KB per block of the other targets")
-    if fp8_qk not in ("f16", "e4m3"):
-        raise ValueError(f"fp8_qk must be auto, f16 or e4m3, not {fp8_qk!r}")
+    if fp8_qk not in get_args(Fp8QkName):
+        raise ValueError(f"fp8_qk must be one of {get_args(Fp8QkName)}, not {fp8_qk!r}")
     return fp8_qk
 
 
@@ -76,8 +79,6 @@ def nvcc_flags(arch: str, strict: bool = False, fp8_qk: str = "auto") -> list[st
 def build_dir(arch: str, cache_dir: str | None = None, fp8_qk: str = "auto") -> Path:
     """``cache_dir`` defaults to the configured one (MLA_BACKEND_CACHE_DIR), else ~/.cache/mla_backend.
     A non-default FP8 QK^T variant builds in a directory of its own."""
-    from .config import MLABackendConfig
-
     cache_dir = cache_dir or MLABackendConfig.from_sources().cache_dir
     root = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "mla_backend"
     cuda = (torch.version.cuda or "none").replace(".", "")

@@ -27,7 +27,10 @@ def workspace():
     return torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
 
 
-def run_and_check(problem, workspace, dtype, bmm1=SM_SCALE, bmm2=1.3, tensor_scales=False, out_3d=False):
+def run_and_check(problem, workspace, dtype, bmm1=SM_SCALE, bmm2=1.3, tensor_scales=False, out_3d=False,
+                  tolerance=None):
+    """Runs the op on poisoned outputs and checks every row against the float64 reference, within
+    ``tolerance`` (default: the kernel tolerance of the dtype)."""
     device_scale = lambda v: torch.tensor([v], dtype=torch.float32, device="cuda")  # noqa: E731
     s1, s2 = (device_scale(bmm1), device_scale(bmm2)) if tensor_scales else (bmm1, bmm2)
     batch, q_len, heads, _ = problem.query.shape
@@ -46,7 +49,8 @@ def run_and_check(problem, workspace, dtype, bmm1=SM_SCALE, bmm2=1.3, tensor_sca
     empty = scale == 0
     assert torch.all(got[empty] == 0), "rows that see no key must be zero"
     rel = diff[~empty] / scale[~empty]
-    assert rel.numel() == 0 or rel.max() <= ROW_ERROR_TOLERANCE[dtype], f"max row rel err {rel.max():.3e}"
+    tolerance = ROW_ERROR_TOLERANCE[dtype] if tolerance is None else tolerance
+    assert rel.numel() == 0 or rel.max() <= tolerance, f"max row rel err {rel.max():.3e}"
     finite = torch.isfinite(want_lse)
     assert torch.equal(torch.isneginf(lse), ~finite), "LSE must be -inf exactly where a row sees nothing"
     assert (lse[finite].double() - want_lse[finite]).abs().max() <= 1e-2 if finite.any() else True
@@ -96,13 +100,13 @@ def add_score_ramp(problem, rising: bool, climb: float = 1.5) -> None:
     query = problem.query.float() + 1.0
     problem.query.copy_(query.to(problem.query.dtype))
     page_size = problem.kv_cache.shape[1]
+    raw = problem.kv_cache.view(torch.uint8)  # indexing works on bytes for every dtype
     for b, n in enumerate(problem.seq_lens.tolist()):
         pos = torch.arange(n, device=problem.kv_cache.device)
         ramp = climb * (pos / max(n - 1, 1) if rising else 1 - pos / max(n - 1, 1))
-        pages = problem.block_tables[b, pos // page_size].long()
-        raw = problem.kv_cache.view(torch.uint8)  # indexing works on bytes for every dtype
-        rows = raw[pages, pos % page_size].view(problem.kv_cache.dtype).float() + ramp[:, None]
-        raw[pages, pos % page_size] = rows.to(problem.kv_cache.dtype).view(torch.uint8)
+        pages, slots = problem.block_tables[b, pos // page_size].long(), pos % page_size
+        rows = raw[pages, slots].view(problem.kv_cache.dtype).float() + ramp[:, None]
+        raw[pages, slots] = rows.to(problem.kv_cache.dtype).view(torch.uint8)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
@@ -121,15 +125,10 @@ def test_a_dominant_key_costs_no_more_than_output_rounding(workspace, dtype):
     # Steep scores: the last keys carry almost all the weight. Their P is rounded to 16 bits for
     # P.V; the softmax sum must use the same rounded P, or that rounding (2^-9 in bf16) adds to the
     # output's own rounding error (measured: 3.6e-3 before, 1.9e-3 after, bf16).
-    worst = 0.0
     for seed in range(3):
         problem = make_paged_problem([3000, 700], 1, 128, page_size=64, dtype=dtype, device="cuda", seed=seed)
         add_score_ramp(problem, rising=True, climb=4.0)
-        got, _ = run_and_check(problem, workspace, dtype, bmm1=0.072, bmm2=1.0)
-        want, _ = mla_decode_reference(problem.query, problem.kv_cache, problem.block_tables,
-                                       problem.seq_lens, 0.072, 1.0)
-        worst = max(worst, ((got.double() - want).norm(dim=-1) / want.norm(dim=-1)).max().item())
-    assert worst <= 2.5e-3, f"worst row rel err {worst:.2e}"
+        run_and_check(problem, workspace, dtype, bmm1=0.072, bmm2=1.0, tolerance=2.5e-3)
 
 
 @pytest.mark.parametrize("splits", [1, 2, 3, 7, 64])
