@@ -82,12 +82,31 @@ const float* optional_scale(const std::optional<at::Tensor>& t) {
   return t->data_ptr<float>();
 }
 
-void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& block_tables,
+// Q as two [B, q_len, H, *] tensors (or views of one [B, q_len, H, 576] tensor): rows contiguous,
+// other strides and the start 16-byte aligned, for the kernel's 16-byte loads.
+void check_q_part(const at::Tensor& t, int64_t dim, const char* name) {
+  TORCH_CHECK(t.is_cuda() && t.dim() == 4 && t.size(3) == dim && t.stride(3) == 1, name, ": [B, q_len, H, ", dim,
+              "] CUDA tensor with contiguous rows");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, ": start must be 16-byte aligned");
+  for (int d = 0; d < 3; ++d) {
+    TORCH_CHECK(t.stride(d) * t.element_size() % 16 == 0, name, ": strides must be multiples of 16 bytes");
+  }
+}
+
+void set_q_strides(long long (&dst)[3], const at::Tensor& t) {
+  for (int d = 0; d < 3; ++d) dst[d] = t.stride(d) * t.element_size();
+}
+
+void decode(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& kv, const at::Tensor& block_tables,
             const at::Tensor& seq_lens, at::Tensor& out, const std::optional<at::Tensor>& lse,
             at::Tensor& workspace, int64_t num_splits, int64_t row_groups, int64_t rf,
             double bmm1, const std::optional<at::Tensor>& bmm1_tensor, double bmm2,
             const std::optional<at::Tensor>& bmm2_tensor, bool pdl) {
-  TORCH_CHECK(q.is_cuda() && q.dim() == 4 && q.size(3) == kHeadDim && q.is_contiguous(), "q: [B, q_len, H, 576] contiguous CUDA");
+  check_q_part(q_nope, kDimV, "q_nope");
+  check_q_part(q_pe, kRopeDim, "q_pe");
+  TORCH_CHECK(q_pe.scalar_type() == q_nope.scalar_type() && q_pe.sizes().slice(0, 3) == q_nope.sizes().slice(0, 3),
+              "q_pe must match q_nope in dtype and leading shape");
+  const at::Tensor& q = q_nope;
   const bool fp8 = q.scalar_type() == at::kFloat8_e4m3fn;
   TORCH_CHECK(fp8 || q.scalar_type() == at::kBFloat16, "q must be bf16 or fp8 e4m3");
   TORCH_CHECK(kv.scalar_type() == q.scalar_type() && kv.dim() == 3 && kv.size(2) == kHeadDim &&
@@ -96,12 +115,15 @@ void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& block_t
   TORCH_CHECK(page_size >= 16 && (page_size & (page_size - 1)) == 0, "page size must be a power of two >= 16");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.stride(1) == 1, "block_tables: int32 rows");
   TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous(), "seq_lens: int32");
-  TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.is_contiguous() && out.numel() == q.numel() / kHeadDim * kDimV, "out: bf16 [B, q_len, H, 512]");
+  TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.is_contiguous() && out.numel() == q.numel(), "out: bf16 [B, q_len, H, 512]");
   TORCH_CHECK(num_splits >= 1 && num_splits <= kMaxSplits, "num_splits must be 1..", kMaxSplits);
   const int64_t batch = q.size(0), rows = q.size(1) * q.size(2);
 
   DecodeParams p = {};
-  p.q = static_cast<const uint8_t*>(q.data_ptr());
+  p.q_nope = static_cast<const uint8_t*>(q_nope.data_ptr());
+  p.q_pe = static_cast<const uint8_t*>(q_pe.data_ptr());
+  set_q_strides(p.q_nope_stride, q_nope);
+  set_q_strides(p.q_pe_stride, q_pe);
   p.kv = static_cast<const uint8_t*>(kv.data_ptr());
   p.block_tables = block_tables.data_ptr<int>();
   p.seq_lens = seq_lens.data_ptr<int>();
@@ -119,6 +141,8 @@ void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& block_t
   p.q_len = static_cast<int>(q.size(1));
   p.heads = static_cast<int>(q.size(2));
   p.rows = static_cast<int>(rows);
+  TORCH_CHECK(rows <= 1024, "q_len x heads must be <= 1024");  // heads_recip's exact range
+  p.heads_recip = ((1 << 20) + p.heads - 1) / p.heads;
   p.page_shift = __builtin_ctzll(page_size);
   p.max_pages = static_cast<int>(block_tables.size(1));
   p.bt_stride = static_cast<int>(block_tables.stride(0));
@@ -148,7 +172,7 @@ void decode(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& block_t
 
 TORCH_LIBRARY(mla_backend, m) {
   m.def(
-      "decode(Tensor q, Tensor kv, Tensor block_tables, Tensor seq_lens, Tensor(a!) out, Tensor(b!)? lse, "
+      "decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor seq_lens, Tensor(a!) out, Tensor(b!)? lse, "
       "Tensor(c!) workspace, int num_splits, int row_groups, int rf, float bmm1, Tensor? bmm1_tensor, "
       "float bmm2, Tensor? bmm2_tensor, bool pdl) -> ()");
   m.def("ctas_per_sm(bool fp8, int row_groups, int rf) -> int", &mla::ctas_per_sm);

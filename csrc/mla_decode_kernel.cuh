@@ -35,7 +35,10 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kMaxGrowthLog2 = 8.f;  // online softmax: growth of a row maximum absorbed without rescaling
 
 struct DecodeParams {
-  const uint8_t* q;          // [B, q_len, H, 576]
+  const uint8_t* q_nope;     // [B, q_len, H, 512] latent part of Q, rows contiguous
+  const uint8_t* q_pe;       // [B, q_len, H, 64] rope part (a separate tensor or a view of one Q)
+  long long q_nope_stride[3];  // bytes between requests, query tokens, heads (multiples of 16)
+  long long q_pe_stride[3];
   const uint8_t* kv;         // pages of [page_size, 576]
   const int* block_tables;   // [B, bt_stride]
   const int* seq_lens;       // [B]
@@ -49,6 +52,7 @@ struct DecodeParams {
   float bmm1, bmm2;
   long long page_stride;     // bytes between pages
   int q_len, heads, rows;    // rows = q_len * heads
+  int heads_recip;           // ceil(2^20 / heads): row / heads == (row * heads_recip) >> 20 for rows < 1024
   int page_shift;            // log2(page_size)
   int max_pages;             // block-table columns: never read past them
   int bt_stride;
@@ -229,30 +233,59 @@ __device__ __forceinline__ void load_kv_tile(uint32_t stage, const DecodeParams&
   }
 }
 
-// Q of the CTA's rows into shared memory (rows past the problem are zero). As stored, Q is
-// e4m3/bf16. Widened to f16, the 32 k of each e4m3 chunk are permuted so that ldmatrix hands every
-// thread the k that F2FP unpacks from its K registers: bytes 4t..4t+3 of a 16-byte half become f16
-// positions (2t, 2t+1, 8+2t, 9+2t).
+// Start of Q row `row` of request b (query token row / heads, head row % heads): its latent part
+// and its rope part (two tensors, or views of one).
+struct QRow {
+  const uint8_t* nope;
+  const uint8_t* pe;
+};
+__device__ __forceinline__ QRow q_row(const DecodeParams& p, int b, int row) {
+  const int token = (row * p.heads_recip) >> 20, head = row - token * p.heads;
+  return {p.q_nope + b * p.q_nope_stride[0] + token * p.q_nope_stride[1] + head * p.q_nope_stride[2],
+          p.q_pe + b * p.q_pe_stride[0] + token * p.q_pe_stride[1] + head * p.q_pe_stride[2]};
+}
+// Byte `byte` of the 576-element row: latent bytes first, then rope.
 template <class C>
-__device__ __forceinline__ void load_q(uint32_t q_smem, const DecodeParams& p, const uint8_t* q_req, int row0) {
-  if constexpr (C::kQkF16) {
-    // All loads first (16 bytes each, in flight together), then widen: a 16-byte chunk is one k16
-    // half, its four words' low pairs fill the first 16 bytes of the f16 half, high pairs the rest.
-    constexpr int kChunks = C::kTileRows * C::kChunksPerRow;
-    constexpr int kPerThread = (kChunks + C::kThreads - 1) / C::kThreads;
-    uint4 raw[kPerThread];
+__device__ __forceinline__ const uint8_t* q_byte(const QRow& r, int byte) {
+  constexpr int kNopeBytes = kDimV * C::kElem;
+  return byte < kNopeBytes ? r.nope + byte : r.pe + (byte - kNopeBytes);
+}
+
+// Q of the CTA's rows into shared memory (FP8 tiles of 32 rows; rows past the problem are zero).
+// Warp w takes rows 8w..8w+7: lane l loads the latent 16-byte chunk l of each of them and rope
+// chunk l % 4 of row 8w + l / 4, so each row's address is worked out once per warp.
+// As stored, Q is e4m3. Widened to f16, the 32 k of each e4m3 chunk are permuted so that ldmatrix
+// hands every thread the k that F2FP unpacks from its K registers: bytes 4t..4t+3 of a 16-byte
+// half become f16 positions (2t, 2t+1, 8+2t, 9+2t).
+template <class C>
+__device__ __forceinline__ void load_q(uint32_t q_smem, const DecodeParams& p, int b, int row0) {
+  constexpr int kRows = 8, kNopeChunks16 = kDimV / 16, kRopeChunks16 = kRopeDim / 16;
+  static_assert(C::kElem == 1 && C::kTileRows == kRows * C::kWarps, "load_q maps 8 FP8 rows to a warp");
+  static_assert(kNopeChunks16 == 32 && kRows * kRopeChunks16 == 32, "one latent chunk per lane and row");
+  const int lane = threadIdx.x & 31, first = (threadIdx.x >> 5) * kRows;
+  // Source, tile row and 16-byte column of this lane's chunks: kRows latent ones, then one rope.
+  const uint8_t* src[kRows + 1];
+  int row[kRows + 1], col[kRows + 1];
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int c = threadIdx.x + i * C::kThreads, row = c / C::kChunksPerRow;
-      raw[i] = c < kChunks && row0 + row < p.rows
-          ? __ldg(reinterpret_cast<const uint4*>(q_req + (long long)(row0 + row) * kHeadDim) + c % C::kChunksPerRow)
-          : make_uint4(0u, 0u, 0u, 0u);
+  for (int r = 0; r < kRows; ++r) {
+    row[r] = first + r;
+    col[r] = lane;
+    src[r] = row0 + row[r] < p.rows ? q_row(p, b, row0 + row[r]).nope + lane * 16 : nullptr;
+  }
+  row[kRows] = first + lane / kRopeChunks16;
+  col[kRows] = kNopeChunks16 + lane % kRopeChunks16;
+  src[kRows] = row0 + row[kRows] < p.rows ? q_row(p, b, row0 + row[kRows]).pe + lane % kRopeChunks16 * 16 : nullptr;
+  if constexpr (C::kQkF16) {
+    // All loads first (in flight together), then widen: a 16-byte chunk is one k16 half, its four
+    // words' low pairs fill the first 16 bytes of the f16 half, high pairs the rest.
+    uint4 raw[kRows + 1];
+#pragma unroll
+    for (int i = 0; i <= kRows; ++i) {
+      raw[i] = src[i] ? __ldg(reinterpret_cast<const uint4*>(src[i])) : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int c = threadIdx.x + i * C::kThreads, row = c / C::kChunksPerRow;
-      if (c >= kChunks) break;
-      const uint32_t dst = q_smem + row * C::kSmemQRowBytes + (c % C::kChunksPerRow) * 32;
+    for (int i = 0; i <= kRows; ++i) {
+      const uint32_t dst = q_smem + row[i] * C::kSmemQRowBytes + col[i] * 32;
       const uint32_t w[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
       uint32_t lo[4], hi[4];
 #pragma unroll
@@ -261,11 +294,9 @@ __device__ __forceinline__ void load_q(uint32_t q_smem, const DecodeParams& p, c
       st_shared_v4(dst + 16, hi[0], hi[1], hi[2], hi[3]);
     }
   } else {
-    for (int i = threadIdx.x; i < C::kTileRows * C::kChunksPerRow; i += C::kThreads) {
-      const int row = i / C::kChunksPerRow, col = i - row * C::kChunksPerRow;
-      const bool valid = row0 + row < p.rows;
-      cp_async_16(q_smem + row * C::kSmemQRowBytes + col * 16,
-                  valid ? q_req + (long long)(row0 + row) * C::kRowBytes + col * 16 : p.q, valid ? 16 : 0);
+#pragma unroll
+    for (int i = 0; i <= kRows; ++i) {
+      cp_async_16(q_smem + row[i] * C::kSmemQRowBytes + col[i] * 16, src[i] ? src[i] : p.q_nope, src[i] ? 16 : 0);
     }
   }
 }
@@ -307,7 +338,6 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     return s < C::kNopeChunks ? (wd * C::kNopeChunks + s) * 32 : kDimV * C::kElem + wd * 32;
   };
   const bool has_rope = wd < C::kRopeChunks;
-  const uint8_t* q_req = p.q + (long long)b * p.rows * C::kRowBytes;
   const uint32_t q_smem = kv_smem + C::kStages * C::kStageBytes + C::kScoreBytes;
   const uint32_t p_smem = q_smem + C::kQBytes;
   float* corr_smem = reinterpret_cast<float*>(smem + C::kStages * C::kStageBytes + C::kScoreBytes + C::kQBytes + C::kPBytes);
@@ -316,14 +346,18 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
 #pragma unroll
     for (int f = 0; f < RF; ++f)
 #pragma unroll
-      for (int s = 0; s < C::kQkChunks; ++s)
+      for (int h = 0; h < 2; ++h) {
+        const int row = warp_row0 + 16 * f + 8 * h + g;
+        const QRow r = q_row(p, b, row);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int row = warp_row0 + 16 * f + 8 * (i & 1) + g;
-          const int byte = chunk_byte(s) + 16 * (i >> 1) + 4 * t;
-          const bool valid = row < p.rows && (s < C::kNopeChunks || has_rope);
-          qf[f][s][i] = valid ? __ldg(reinterpret_cast<const uint32_t*>(q_req + (long long)row * C::kRowBytes + byte)) : 0u;
-        }
+        for (int s = 0; s < C::kQkChunks; ++s)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const bool valid = row < p.rows && (s < C::kNopeChunks || has_rope);
+            const uint8_t* src = q_byte<C>(r, chunk_byte(s) + 16 * half + 4 * t);
+            qf[f][s][2 * half + h] = valid ? __ldg(reinterpret_cast<const uint32_t*>(src)) : 0u;
+          }
+      }
   }
   // Tile-local row of this thread's fragment f, half h (accumulator layout).
   auto local_row = [=](int f, int h) { return wr * C::kRowsPerWarp + 16 * f + 8 * h + g; };
@@ -355,7 +389,9 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   for (int s = 0; s < C::kStages - 1; ++s) {
     if (tile_begin + s < tile_end) load_kv_tile<C>(kv_smem + s * C::kStageBytes, p, tile_begin + s, page_of<C>(p, bt_row, tile_begin + s, seq_len));
     // Q joins the first tile's group (cp.async), or is widened to f16 while the tiles load.
-    if (C::kQInSmem && s == 0) load_q<C>(q_smem, p, q_req, blockIdx.x * C::kTileRows);
+    if constexpr (C::kQInSmem) {
+      if (s == 0) load_q<C>(q_smem, p, b, blockIdx.x * C::kTileRows);
+    }
     cp_async_commit();
   }
   int next_page = page_of<C>(p, bt_row, tile_begin + C::kStages - 1, seq_len);

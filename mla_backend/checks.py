@@ -13,27 +13,43 @@ from . import shapes
 class DecodeProblem:
     """A validated decode call, in the shapes the kernel and the reference take."""
 
-    query: torch.Tensor  # [B, q_len, H, 576], contiguous
+    q_nope: torch.Tensor  # [B, q_len, H, 512] latent part of the query, read in place
+    q_pe: torch.Tensor  # [B, q_len, H, 64] rope part (both: rows contiguous, strides 16-byte multiples)
+    query_given: torch.Tensor | None  # the caller's [B, q_len, H, 576] tensor, when it passed one
     cache: torch.Tensor  # [P, page, 576], each token row contiguous
     block_tables: torch.Tensor  # int32 [B, max_pages], rows contiguous
     seq_lens: torch.Tensor  # int32 [B]
     max_seq_len: int
+    qk_nope_head_dim: int  # the model's pre-absorption nope dim (trtllm-gen takes it)
     out: torch.Tensor  # bf16 [B, q_len, H, 512] view of the user's out (or a new tensor)
     out_given: torch.Tensor | None  # the tensor the caller passed, returned as passed
     bmm1_scale: float | torch.Tensor
     bmm2_scale: float | torch.Tensor
 
     @property
+    def query(self) -> torch.Tensor:
+        """The whole [B, q_len, H, 576] query (a new tensor if the caller passed the two parts)."""
+        return self.query_given if self.query_given is not None else torch.cat((self.q_nope, self.q_pe), dim=-1)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.q_nope.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.q_nope.device
+
+    @property
     def batch(self) -> int:
-        return self.query.shape[0]
+        return self.q_nope.shape[0]
 
     @property
     def q_len(self) -> int:
-        return self.query.shape[1]
+        return self.q_nope.shape[1]
 
     @property
     def heads(self) -> int:
-        return self.query.shape[2]
+        return self.q_nope.shape[2]
 
     @property
     def page_size(self) -> int:
@@ -56,8 +72,46 @@ def check_scale(name: str, scale, device: torch.device) -> float | torch.Tensor:
     return float(scale)
 
 
+def split_query(query) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(q_nope, q_pe, the caller's whole tensor or None) from one [B, q_len, H, 576] tensor or a
+    (q_nope [B, q_len, H, 512], q_pe [B, q_len, H, 64]) pair."""
+    if isinstance(query, (tuple, list)):
+        _require(len(query) == 2 and all(isinstance(t, torch.Tensor) for t in query),
+                 "a split query must be a pair of tensors (q_nope, q_pe)", TypeError)
+        q_nope, q_pe = query
+        _require(q_nope.dim() == 4 and q_nope.shape[-1] == shapes.KV_LORA_RANK,
+                 f"q_nope must be [batch, q_len, heads, {shapes.KV_LORA_RANK}], got shape {tuple(q_nope.shape)}")
+        _require(q_pe.dim() == 4 and q_pe.shape[-1] == shapes.ROPE_DIM,
+                 f"q_pe must be [batch, q_len, heads, {shapes.ROPE_DIM}], got shape {tuple(q_pe.shape)}")
+        _require(q_pe.shape[:3] == q_nope.shape[:3],
+                 f"q_nope {tuple(q_nope.shape)} and q_pe {tuple(q_pe.shape)} must agree in batch, q_len, heads")
+        _require(q_pe.dtype == q_nope.dtype, f"q_pe dtype {q_pe.dtype} must match q_nope dtype {q_nope.dtype}",
+                 TypeError)
+        _require(q_pe.device == q_nope.device, f"q_pe is on {q_pe.device} but q_nope is on {q_nope.device}")
+        return q_nope, q_pe, None
+    _require(isinstance(query, torch.Tensor),
+             f"query must be a torch.Tensor or a (q_nope, q_pe) pair, got {type(query).__name__}", TypeError)
+    _require(query.dim() == 4, f"query must be [batch, q_len, heads, 576], got shape {tuple(query.shape)}")
+    _require(query.shape[-1] == shapes.HEAD_DIM,
+             f"query last dim must be {shapes.HEAD_DIM} (512 nope + 64 rope), got {query.shape[-1]}")
+    return query[..., :shapes.KV_LORA_RANK], query[..., shapes.KV_LORA_RANK:], query
+
+
+def query_layout_problem(name: str, t: torch.Tensor) -> str | None:
+    """Why the kernels cannot read this query part in place with 16-byte loads (rows contiguous,
+    strides and start 16-byte aligned), or None."""
+    size = t.element_size()
+    if t.stride(-1) != 1:
+        return f"{name} rows must be contiguous (last-dim stride 1), got strides {t.stride()}"
+    if any(s * size % 16 for s in t.stride()[:-1]):
+        return f"{name} strides must be multiples of 16 bytes, got {tuple(s * size for s in t.stride())} bytes"
+    if t.data_ptr() % 16:
+        return f"{name} must start at a 16-byte aligned address"
+    return None
+
+
 def check_decode_inputs(
-    query: torch.Tensor,
+    query: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     kv_cache: torch.Tensor,
     workspace_buffer: torch.Tensor | None,
     qk_nope_head_dim: int,
@@ -71,8 +125,8 @@ def check_decode_inputs(
     bmm2_scale,
     sinks,
 ) -> DecodeProblem:
-    for name, t in (("query", query), ("kv_cache", kv_cache), ("block_tables", block_tables),
-                    ("seq_lens", seq_lens)):
+    q_nope, q_pe, query_given = split_query(query)
+    for name, t in (("kv_cache", kv_cache), ("block_tables", block_tables), ("seq_lens", seq_lens)):
         _require(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}", TypeError)
     _require(sinks is None, "sinks are not supported by MLA decode (DeepSeek-V3-class models have none)")
     _require(kv_lora_rank == shapes.KV_LORA_RANK, f"kv_lora_rank must be {shapes.KV_LORA_RANK}, got {kv_lora_rank}")
@@ -81,17 +135,15 @@ def check_decode_inputs(
              f"qk_nope_head_dim must be one of {shapes.QK_NOPE_HEAD_DIMS}, got {qk_nope_head_dim}")
 
     # dtypes
-    _require(query.dtype in shapes.DTYPES,
-             f"query dtype must be bfloat16 or float8_e4m3fn, got {query.dtype}", TypeError)
-    _require(kv_cache.dtype == query.dtype,
-             f"kv_cache dtype {kv_cache.dtype} must match query dtype {query.dtype}", TypeError)
+    _require(q_nope.dtype in shapes.DTYPES,
+             f"query dtype must be bfloat16 or float8_e4m3fn, got {q_nope.dtype}", TypeError)
+    _require(kv_cache.dtype == q_nope.dtype,
+             f"kv_cache dtype {kv_cache.dtype} must match query dtype {q_nope.dtype}", TypeError)
     _require(block_tables.dtype == torch.int32, f"block_tables must be int32, got {block_tables.dtype}", TypeError)
     _require(seq_lens.dtype == torch.int32, f"seq_lens must be int32, got {seq_lens.dtype}", TypeError)
 
     # ranks and sizes
-    _require(query.dim() == 4, f"query must be [batch, q_len, heads, 576], got shape {tuple(query.shape)}")
-    batch, q_len, heads, dim = query.shape
-    _require(dim == shapes.HEAD_DIM, f"query last dim must be {shapes.HEAD_DIM} (512 nope + 64 rope), got {dim}")
+    batch, q_len, heads, _ = q_nope.shape
     _require(1 <= q_len <= shapes.MAX_Q_LEN, f"q_len (query.shape[1]) must be 1..{shapes.MAX_Q_LEN}, got {q_len}")
     _require(1 <= heads <= shapes.MAX_HEADS, f"number of heads must be 1..{shapes.MAX_HEADS}, got {heads}")
     _require(kv_cache.dim() in (3, 4),
@@ -114,14 +166,17 @@ def check_decode_inputs(
              f"({max_pages} pages x {page_size} tokens = {max_pages * page_size})")
 
     # devices
-    device = query.device
+    device = q_nope.device
     for name, t in (("kv_cache", kv_cache), ("block_tables", block_tables), ("seq_lens", seq_lens),
                     ("workspace_buffer", workspace_buffer), ("out", out)):
         if t is not None:
             _require(t.device == device, f"{name} is on {t.device} but query is on {device}")
 
     # layouts the kernel relies on
-    _require(query.is_contiguous(), "query must be contiguous")
+    parts = {"query": query_given} if query_given is not None else {"q_nope": q_nope, "q_pe": q_pe}
+    for name, part in parts.items():
+        problem = query_layout_problem(name, part)
+        _require(problem is None, str(problem))
     _require(cache.stride(2) == 1 and cache.stride(1) == shapes.HEAD_DIM,
              f"kv_cache token rows must be contiguous (strides ..., {shapes.HEAD_DIM}, 1), got {cache.stride()}")
     _require(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
@@ -144,8 +199,8 @@ def check_decode_inputs(
         out_view = out.view(full_shape)
 
     return DecodeProblem(
-        query=query, cache=cache, block_tables=block_tables, seq_lens=seq_lens, max_seq_len=max_seq_len,
-        out=out_view, out_given=out,
+        q_nope=q_nope, q_pe=q_pe, query_given=query_given, cache=cache, block_tables=block_tables, seq_lens=seq_lens, max_seq_len=max_seq_len,
+        qk_nope_head_dim=qk_nope_head_dim, out=out_view, out_given=out,
         bmm1_scale=check_scale("bmm1_scale", bmm1_scale, device),
         bmm2_scale=check_scale("bmm2_scale", bmm2_scale, device),
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from typing import List, Optional, Union
+from typing import List, Optional, Tuple, Union
 
 import torch
 
@@ -25,6 +25,9 @@ from .reference import mla_decode_reference
 log = logging.getLogger("mla_backend")
 
 Scale = Union[float, torch.Tensor]
+# One [B, q_len, H, 576] tensor (FlashInfer's form), or the (q_nope [.., 512], q_pe [.., 64]) pair
+# read in place: the kernels take any strides with contiguous, 16-byte aligned rows.
+Query = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
 LN2 = math.log(2.0)
 
 
@@ -55,7 +58,7 @@ def _warn_fallback(reason: str) -> None:
 
 def _decode(problem: DecodeProblem, workspace_buffer, config: MLABackendConfig, kernel: str,
             enable_pdl: Optional[bool], return_lse: bool):
-    if problem.query.device.type == "cpu":
+    if problem.device.type == "cpu":
         check_page_ids(problem)
         _, lse = _run_reference(problem)
         return _finish(problem, lse, return_lse)
@@ -76,7 +79,7 @@ def _run_flashinfer_trtllm_gen(problem: DecodeProblem, workspace_buffer, enable_
     import flashinfer.mla
 
     result = flashinfer.mla.trtllm_batch_decode_with_kv_cache_mla(
-        problem.query, problem.cache, workspace_buffer, 128, 512, 64, problem.block_tables,
+        problem.query.contiguous(), problem.cache, workspace_buffer, problem.qk_nope_head_dim, 512, 64, problem.block_tables,
         problem.seq_lens, problem.max_seq_len, out=problem.out, bmm1_scale=problem.bmm1_scale,
         bmm2_scale=problem.bmm2_scale, enable_pdl=enable_pdl, backend="trtllm-gen", return_lse=return_lse,
     )
@@ -89,7 +92,7 @@ def _run_flashinfer_trtllm_gen(problem: DecodeProblem, workspace_buffer, enable_
 
 
 def trtllm_batch_decode_with_kv_cache_mla(
-    query: torch.Tensor,
+    query: Query,
     kv_cache: torch.Tensor,
     workspace_buffer: torch.Tensor,
     qk_nope_head_dim: int,
@@ -111,9 +114,10 @@ def trtllm_batch_decode_with_kv_cache_mla(
 ):
     """FlashInfer's ``trtllm_batch_decode_with_kv_cache_mla``, dispatched by the config resolver.
 
-    ``backend`` overrides the configured one ("auto" keeps the configured choice); ``config``
-    replaces the settings read from the environment. Returns ``out``, or ``(out, lse)`` with
-    ``return_lse=True``.
+    ``query`` is FlashInfer's [B, q_len, H, 576] tensor or, beyond FlashInfer, the (q_nope, q_pe)
+    pair, which the bundled kernels read in place (no concatenated copy). ``backend`` overrides the
+    configured one ("auto" keeps the configured choice); ``config`` replaces the settings read from
+    the environment. Returns ``out``, or ``(out, lse)`` with ``return_lse=True``.
     """
     if sparse_mla_top_k != 0:
         raise ValueError(f"sparse MLA (sparse_mla_top_k={sparse_mla_top_k}) is not supported; pass 0")
@@ -127,8 +131,8 @@ def trtllm_batch_decode_with_kv_cache_mla(
     if backend != "auto":
         config = config.model_copy(update={"backend": MLABackendConfig(backend=backend).backend})
     kernel = "reference"
-    if query.device.type == "cuda":
-        resolution = resolve_backend(config, config.capability(torch.cuda.get_device_capability(query.device)))
+    if problem.device.type == "cuda":
+        resolution = resolve_backend(config, config.capability(torch.cuda.get_device_capability(problem.device)))
         kernel = resolution.kernel
         if kernel == "fallback":
             _warn_fallback(resolution.reason)
@@ -136,7 +140,7 @@ def trtllm_batch_decode_with_kv_cache_mla(
 
 
 def xqa_batch_decode_with_kv_cache_mla(
-    query: torch.Tensor,
+    query: Query,
     kv_cache: torch.Tensor,
     workspace_buffer: torch.Tensor,
     qk_nope_head_dim: int,
@@ -154,16 +158,17 @@ def xqa_batch_decode_with_kv_cache_mla(
 ):
     """FlashInfer's ``xqa_batch_decode_with_kv_cache_mla`` on the bundled kernels, plus ``return_lse``.
 
-    Unlike FlashInfer's SM120-only XQA MLA: bf16 and fp8, 1-128 heads, q_len 1-8, split-KV, LSE.
+    Unlike FlashInfer's SM120-only XQA MLA: bf16 and fp8, 1-128 heads, q_len 1-8, split-KV, LSE,
+    and ``query`` may be the (q_nope, q_pe) pair.
     """
     problem = check_decode_inputs(
         query, kv_cache, workspace_buffer, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim,
         block_tables, seq_lens, max_seq_len, out, bmm1_scale, bmm2_scale, sinks,
     )
     config = default_config()
-    if query.device.type == "cuda":
+    if problem.device.type == "cuda":
         resolve_backend(config.model_copy(update={"backend": "xqa"}),
-                        config.capability(torch.cuda.get_device_capability(query.device)))
+                        config.capability(torch.cuda.get_device_capability(problem.device)))
     return _decode(problem, workspace_buffer, config, "xqa", enable_pdl, return_lse)
 
 

@@ -75,10 +75,10 @@ def run_xqa_decode(problem: DecodeProblem, workspace: torch.Tensor | None, confi
     """Launch the kernel for a validated problem; fills ``problem.out``, returns the LSE or None."""
     from .jit import ensure_loaded
 
-    device = problem.query.device
+    device = problem.device
     index = device.index if device.index is not None else torch.cuda.current_device()
     ensure_loaded(index, config.cache_dir, config.fp8_qk)
-    fp8 = problem.query.dtype == torch.float8_e4m3fn
+    fp8 = problem.dtype == torch.float8_e4m3fn
     rows = problem.q_len * problem.heads
     row_groups, rf = tile_shape(rows, fp8)
     capacity = 0 if workspace is None else workspace.numel() * workspace.element_size()
@@ -102,7 +102,7 @@ def run_xqa_decode(problem: DecodeProblem, workspace: torch.Tensor | None, confi
     bmm1, bmm1_t = _scale_args(problem.bmm1_scale)
     bmm2, bmm2_t = _scale_args(problem.bmm2_scale)
     torch.ops.mla_backend.decode(
-        problem.query, problem.cache, problem.block_tables, problem.seq_lens, problem.out, lse,
+        problem.q_nope, problem.q_pe, problem.cache, problem.block_tables, problem.seq_lens, problem.out, lse,
         workspace, splits, row_groups, rf, bmm1, bmm1_t, bmm2, bmm2_t, bool(enable_pdl),
     )
     return lse

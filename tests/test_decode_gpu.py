@@ -28,16 +28,17 @@ def workspace():
 
 
 def run_and_check(problem, workspace, dtype, bmm1=SM_SCALE, bmm2=1.3, tensor_scales=False, out_3d=False,
-                  tolerance=None):
+                  tolerance=None, query=None):
     """Runs the op on poisoned outputs and checks every row against the float64 reference, within
-    ``tolerance`` (default: the kernel tolerance of the dtype)."""
+    ``tolerance`` (default: the kernel tolerance of the dtype). ``query`` replaces problem.query
+    in the op's call (another layout of the same values)."""
     device_scale = lambda v: torch.tensor([v], dtype=torch.float32, device="cuda")  # noqa: E731
     s1, s2 = (device_scale(bmm1), device_scale(bmm2)) if tensor_scales else (bmm1, bmm2)
     batch, q_len, heads, _ = problem.query.shape
     shape = (batch, heads, 512) if out_3d else (batch, q_len, heads, 512)
     out = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")  # poison
     got, lse = xqa_batch_decode_with_kv_cache_mla(
-        problem.query, problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens,
+        problem.query if query is None else query, problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens,
         problem.max_seq_len, out=out, bmm1_scale=s1, bmm2_scale=s2, return_lse=True)
     assert got is out
     got = got.view(batch, q_len, heads, 512)
@@ -94,6 +95,31 @@ def test_batch_64_ragged(workspace, dtype, heads):
     run_and_check(problem, workspace, dtype, tensor_scales=True)
 
 
+def engine_layout_query(query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The query as vLLM's MLA hands a bf16 decode over: ql_nope, the transposed [H, T, 512] output
+    of the W_UK bmm, and q_pe, a slice of the [T, H, 192] projection (head stride 192): strided views."""
+    batch, q_len, heads, _ = query.shape
+    flat = query.reshape(batch * q_len, heads, 576)
+    nope = torch.empty(heads, batch * q_len, 512, dtype=query.dtype, device=query.device)
+    nope.copy_(flat[..., :512].transpose(0, 1))
+    projection = torch.randn(batch * q_len, heads, 192, device=query.device).to(query.dtype)
+    projection[..., 128:] = flat[..., 512:]
+    return (nope.transpose(0, 1).view(batch, q_len, heads, 512),
+            projection[..., 128:].view(batch, q_len, heads, 64))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
+@pytest.mark.parametrize("heads, q_len", [(16, 1), (128, 4), (8, 3)])
+def test_split_strided_query_is_read_in_place(workspace, dtype, heads, q_len):
+    # (q_nope, q_pe) strided views give the reference's result, bit-identical to the contiguous query.
+    problem = make_paged_problem([700, 2100], q_len, heads, page_size=64, dtype=dtype, device="cuda", seed=heads)
+    nope, pe = engine_layout_query(problem.query)
+    assert not nope.is_contiguous() and not pe.is_contiguous()
+    got, lse = run_and_check(problem, workspace, dtype, query=(nope, pe))
+    want, want_lse = run_and_check(problem, workspace, dtype)
+    assert torch.equal(got, want) and torch.equal(lse, want_lse)
+
+
 def add_score_ramp(problem, rising: bool, climb: float = 1.5) -> None:
     """Shift every query up by 1 and every key by ``climb`` x its relative position along a shared
     direction, so that scores climb (or fall) by ~90 log2 units along each request's keys."""
@@ -133,14 +159,17 @@ def test_a_dominant_key_costs_no_more_than_output_rounding(workspace, dtype):
 
 @pytest.mark.parametrize("splits", [1, 2, 3, 7, 64])
 def test_explicit_split_counts_agree(workspace, monkeypatch, splits):
-    monkeypatch.setattr(decode_module, "default_config", lambda: MLABackendConfig(num_kv_splits=splits))
+    # from_sources keeps the environment's settings (MLA_BACKEND_FP8_QK in the SM120-layout run)
+    config = MLABackendConfig.from_sources({"num_kv_splits": splits})
+    monkeypatch.setattr(decode_module, "default_config", lambda: config)
     problem = make_paged_problem([1000, 33, 0, 5000], 4, 32, page_size=16, dtype=torch.float8_e4m3fn,
                                  device="cuda", seed=splits)
     run_and_check(problem, workspace, torch.float8_e4m3fn, bmm1=0.11, bmm2=0.7)
 
 
 def test_workspace_too_small_for_requested_splits(monkeypatch):
-    monkeypatch.setattr(decode_module, "default_config", lambda: MLABackendConfig(num_kv_splits=8))
+    config = MLABackendConfig.from_sources({"num_kv_splits": 8})
+    monkeypatch.setattr(decode_module, "default_config", lambda: config)
     problem = make_paged_problem([300], 1, 16, page_size=16, device="cuda")
     with pytest.raises(ValueError, match="workspace_buffer holds 1024 bytes"):
         xqa_batch_decode_with_kv_cache_mla(

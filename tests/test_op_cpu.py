@@ -68,7 +68,13 @@ BAD_INPUTS = {
     "seq_lens dtype": (dict(seq_lens="int64"), TypeError, "seq_lens must be int32"),
     "seq_lens shape": (dict(seq_lens="short"), ValueError, "seq_lens must be"),
     "block_tables batch": (dict(block_tables="short"), ValueError, "block_tables must be"),
-    "non-contiguous query": (dict(query="strided"), ValueError, "query must be contiguous"),
+    "query rows not contiguous": (dict(query="strided"), ValueError, "query rows must be contiguous"),
+    "query misaligned": (dict(query="misaligned"), ValueError, "query must start at a 16-byte aligned"),
+    "query strides": (dict(query="odd_stride"), ValueError, "query strides must be multiples of 16 bytes"),
+    "split query pe dim": (dict(query="pe32"), ValueError, r"q_pe must be \[batch, q_len, heads, 64\]"),
+    "split query shapes": (dict(query="pe_heads"), ValueError, "must agree in batch, q_len, heads"),
+    "split query dtypes": (dict(query="pe_fp8"), TypeError, "q_pe dtype"),
+    "split query triple": (dict(query="triple"), TypeError, "pair of tensors"),
     "non-contiguous cache rows": (dict(kv_cache="strided"), ValueError, "token rows must be contiguous"),
     "device mismatch": (dict(block_tables="meta"), ValueError, "is on meta"),
     "sinks": (dict(sinks=[torch.zeros(4)]), ValueError, "sinks"),
@@ -97,8 +103,14 @@ def corrupt(problem, key, how):
         "page8": lambda: kv.reshape(-1, 8, 576),
         "int64": lambda: (bt if key == "block_tables" else sl).long(),
         "short": lambda: (bt if key == "block_tables" else sl)[:2],
-        "strided": lambda: (q.transpose(1, 2) if key == "query"
+        "strided": lambda: (torch.cat([q, q], dim=-1)[..., ::2] if key == "query"
                             else torch.cat([kv, kv], dim=-1)[..., :576]),
+        "misaligned": lambda: torch.cat([q, q], dim=-1)[..., 1:577],
+        "odd_stride": lambda: torch.cat([q, q[..., :1]], dim=-1)[..., :576],
+        "pe32": lambda: (q[..., :512], q[..., 512:544]),
+        "pe_heads": lambda: (q[..., :512], q[:, :, :1, 512:]),
+        "pe_fp8": lambda: (q[..., :512], q[..., 512:].to(torch.float8_e4m3fn)),
+        "triple": lambda: (q[..., :512], q[..., 512:], q),
         "meta": lambda: bt.to("meta"),
         "fp32": lambda: torch.empty(3, 2, 4, 512),
         "wrong": lambda: torch.empty(3, 4, 512, dtype=torch.bfloat16),
@@ -116,6 +128,17 @@ def test_bad_input_raises_clear_error(problem, case):
     overrides = {k: corrupt(problem, k, v) if isinstance(v, str) else v for k, v in change.items()}
     with pytest.raises(exc, match=fragment):
         call(problem, **overrides)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_split_query_pair_equals_the_whole_query(dtype):
+    problem = make_paged_problem([37, 64], q_len=2, heads=4, page_size=16, dtype=dtype, seed=8)
+    q = problem.query
+    # a strided layout (heads outermost), as vLLM's W_UK bmm leaves ql_nope
+    nope = q[..., :512].permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
+    whole_out, whole_lse = call(problem, bmm1_scale=0.1, return_lse=True)
+    pair_out, pair_lse = call(problem, query=(nope, q[..., 512:]), bmm1_scale=0.1, return_lse=True)
+    assert torch.equal(pair_out, whole_out) and torch.equal(pair_lse, whole_lse)
 
 
 def test_junk_page_ids_past_seq_len_are_ignored(problem):

@@ -31,6 +31,7 @@ from vllm.v1.attention.backend import AttentionCGSupport, AttentionLayer, Attent
 from vllm.v1.worker.workspace import current_workspace_manager, is_workspace_manager_initialized
 
 from .. import shapes
+from ..checks import query_layout_problem
 from ..config import MLABackendConfig, Resolution, format_validation_error, resolve_backend
 from ..decode import trtllm_batch_decode_with_kv_cache_mla
 from . import fallback
@@ -228,9 +229,11 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         decode = attn_metadata.decode
         assert decode is not None
-        if isinstance(q, tuple):  # bf16 (ql_nope, q_pe): the kernels read one [.., 576] row per head
-            q = torch.cat(q, dim=-1)
-        tokens, heads, _ = q.shape
+        # bf16 comes as (ql_nope, q_pe): the bundled kernels read the parts in place (strided views).
+        parts = q if isinstance(q, tuple) else (q,)
+        if len(parts) == 2 and (self.route.kernel != "xqa" or any(query_layout_problem("q", t) for t in parts)):
+            parts = (torch.cat(parts, dim=-1),)
+        tokens, heads, _ = parts[0].shape
         requests = attn_metadata.num_decodes
         if tokens % requests:
             raise ValueError(f"mla_backend needs a uniform query length per request; got {tokens} tokens "
@@ -238,13 +241,14 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
         q_len = tokens // requests
         if self.route.kernel == "fallback":
             return fallback.triton_mla_decode(
-                q, kv_c_and_k_pe_cache, decode.block_table, decode.seq_lens, attn_metadata.max_seq_len,
+                parts[0], kv_c_and_k_pe_cache, decode.block_table, decode.seq_lens, attn_metadata.max_seq_len,
                 q_len, self.scale, layer._k_scale, self._sm_count, self.kv_lora_rank,
             )
         bmm1, bmm2 = self._scales(layer)
         return_lse = self.need_to_return_lse_for_decode
+        query = tuple(part.view(requests, q_len, heads, part.shape[-1]) for part in parts)
         result = trtllm_batch_decode_with_kv_cache_mla(
-            q.view(requests, q_len, heads, q.shape[-1]), kv_c_and_k_pe_cache, decode_workspace(q.device),
+            query if len(query) == 2 else query[0], kv_c_and_k_pe_cache, decode_workspace(parts[0].device),
             self.qk_nope_head_dim, self.kv_lora_rank, self.qk_rope_head_dim, decode.block_table,
             decode.seq_lens, attn_metadata.max_seq_len, bmm1_scale=bmm1, bmm2_scale=bmm2,
             backend=self.route.kernel, return_lse=return_lse, config=self.config,
