@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from run_e2e import TIE_NATS, agreed_steps, agreement  # noqa: E402
+from run_e2e import TIE_NATS, agreed_steps, agreement, rule_calibration, runs_of  # noqa: E402
 
 REF = [[1, 2, 3, 4], [5, 6, 7, 8]]
 WIDE = [[1.0] * 4, [1.0] * 4]
@@ -31,3 +31,21 @@ def test_a_step_where_the_two_references_differ_is_a_tie():
 
 def test_agreed_steps_counts_the_common_prefix_of_each_prompt():
     assert agreed_steps([[1, 2, 9, 9], [5, 6, 7, 8]], REF) == 2 + 4
+
+
+def test_a_step_where_a_repeated_reference_run_differs_is_a_tie():
+    repeat = [[1, 2, 3, 4], [5, 6, 9, 9]]  # the same reference engine, run again, leaves itself at step 2
+    ours = [[1, 2, 3, 4], [5, 6, 8, 8]]
+    assert not agreement(ours, REF, WIDE)["ok"]
+    assert agreement(ours, REF, WIDE, repeat)["ok"]
+    assert not agreement([[1, 2, 3, 4], [5, 8, 8, 8]], REF, WIDE, repeat)["ok"]  # earlier than that: fails
+
+
+def test_calibration_averages_over_the_reference_runs():
+    run = lambda tokens: {"tokens": tokens, "gaps": WIDE}  # noqa: E731
+    refs = {"FLASHMLAfp8": run(REF), "FLASHMLAfp8#2": run([[1, 2, 3, 4], [5, 6, 0, 0]]),
+            "TRITON_MLAfp8": run([[1, 2, 3, 4], [5, 6, 0, 0]])}
+    assert [r["tokens"] for r in runs_of(refs, "FLASHMLAfp8")] == [REF, [[1, 2, 3, 4], [5, 6, 0, 0]]]
+    calibration = rule_calibration(refs, "fp8")
+    assert calibration["peer_agreed_steps"] == (6 + 8) / 2
+    assert calibration["rule_holds"]  # the peer leaves run 1 exactly where run 2 does: undecided
