@@ -83,18 +83,20 @@ const float* optional_scale(const std::optional<at::Tensor>& t) {
 }
 
 // Q as two [B, q_len, H, *] tensors (or views of one [B, q_len, H, 576] tensor): rows contiguous,
-// other strides and the start 16-byte aligned, for the kernel's 16-byte loads.
+// other strides (of dims longer than 1) and the start 16-byte aligned, for the kernel's 16-byte loads.
 void check_q_part(const at::Tensor& t, int64_t dim, const char* name) {
   TORCH_CHECK(t.is_cuda() && t.dim() == 4 && t.size(3) == dim && t.stride(3) == 1, name, ": [B, q_len, H, ", dim,
               "] CUDA tensor with contiguous rows");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, ": start must be 16-byte aligned");
   for (int d = 0; d < 3; ++d) {
-    TORCH_CHECK(t.stride(d) * t.element_size() % 16 == 0, name, ": strides must be multiples of 16 bytes");
+    TORCH_CHECK(t.size(d) == 1 || t.stride(d) * t.element_size() % 16 == 0, name,
+                ": strides must be multiples of 16 bytes");
   }
 }
 
+// Byte strides; a dim of size 1 is only ever indexed at 0, so its stride (which may be anything) is 0.
 void set_q_strides(long long (&dst)[3], const at::Tensor& t) {
-  for (int d = 0; d < 3; ++d) dst[d] = t.stride(d) * t.element_size();
+  for (int d = 0; d < 3; ++d) dst[d] = t.size(d) == 1 ? 0 : t.stride(d) * t.element_size();
 }
 
 void decode(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& kv, const at::Tensor& block_tables,

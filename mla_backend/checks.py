@@ -103,7 +103,7 @@ def query_layout_problem(name: str, t: torch.Tensor) -> str | None:
     size = t.element_size()
     if t.stride(-1) != 1:
         return f"{name} rows must be contiguous (last-dim stride 1), got strides {t.stride()}"
-    if any(s * size % 16 for s in t.stride()[:-1]):
+    if any(s * size % 16 for s, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):  # size-1 dims: never stepped
         return f"{name} strides must be multiples of 16 bytes, got {tuple(s * size for s in t.stride())} bytes"
     if t.data_ptr() % 16:
         return f"{name} must start at a 16-byte aligned address"

@@ -120,6 +120,12 @@ def test_split_strided_query_is_read_in_place(workspace, dtype, heads, q_len):
     assert torch.equal(got, want) and torch.equal(lse, want_lse)
 
 
+def test_the_stride_of_a_size_one_dim_is_ignored(workspace):
+    problem = make_paged_problem([900], 1, 16, page_size=64, device="cuda", seed=5)
+    odd = torch.as_strided(problem.query, problem.query.shape, (3, 7, 576, 1))  # strides of size-1 dims
+    run_and_check(problem, workspace, torch.bfloat16, query=odd)
+
+
 def add_score_ramp(problem, rising: bool, climb: float = 1.5) -> None:
     """Shift every query up by 1 and every key by ``climb`` x its relative position along a shared
     direction, so that scores climb (or fall) by ~90 log2 units along each request's keys."""

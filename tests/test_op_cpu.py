@@ -141,6 +141,12 @@ def test_split_query_pair_equals_the_whole_query(dtype):
     assert torch.equal(pair_out, whole_out) and torch.equal(pair_lse, whole_lse)
 
 
+def test_the_stride_of_a_size_one_dim_does_not_matter():
+    problem = make_paged_problem([37], q_len=1, heads=4, page_size=16, seed=9)
+    odd = torch.as_strided(problem.query, problem.query.shape, (3, 7, 576, 1))  # strides of size-1 dims
+    torch.testing.assert_close(call(problem, query=odd, bmm1_scale=0.1), call(problem, bmm1_scale=0.1))
+
+
 def test_junk_page_ids_past_seq_len_are_ignored(problem):
     assert (problem.block_tables[:, -1] < 0).any() or (problem.block_tables[:, -1] > 1000).any()
     call(problem, bmm1_scale=0.1)  # the factory put junk ids past each length: no error
