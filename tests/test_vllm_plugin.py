@@ -234,6 +234,26 @@ def test_forward_mqa_matches_the_reference(dtype, q_len, monkeypatch):
     torch.testing.assert_close(lse.double(), want_lse.reshape(tokens, heads), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("aligned", [True, False], ids=["in-place", "misaligned"])
+def test_bf16_query_pair_goes_to_the_kernel_as_a_pair_when_it_can(aligned, monkeypatch):
+    monkeypatch.setattr(backend, "detected_capability", lambda: (9, 0))
+    seen = []
+    real_op = backend.trtllm_batch_decode_with_kv_cache_mla
+    monkeypatch.setattr(backend, "trtllm_batch_decode_with_kv_cache_mla",
+                        lambda query, *args, **kwargs: seen.append(query) or real_op(query, *args, **kwargs))
+    impl = make_impl("auto")
+    problem = make_paged_problem([37, 130], 1, 16, 16, seed=2)
+    wide = torch.cat([problem.query, problem.query], dim=-1).reshape(2, 16, 1152)
+    q = wide[..., :576] if aligned else wide[..., 1:577]  # one bf16 element off: not 16-byte aligned
+    metadata = SimpleNamespace(num_decodes=2, max_seq_len=problem.max_seq_len,
+                               decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens))
+    out, _ = impl.forward_mqa((q[..., :512], q[..., 512:]), problem.kv_cache, metadata, SimpleNamespace())
+    want, _ = mla_decode_reference(q.reshape(2, 1, 16, 576), problem.kv_cache, problem.block_tables,
+                                   problem.seq_lens, 0.1, 1.0)
+    torch.testing.assert_close(out.double(), want.reshape(2, 16, 512), rtol=2e-2, atol=2e-2)
+    assert isinstance(seen[0], tuple) == aligned  # not readable in place: concatenated once
+
+
 def test_forward_mqa_rejects_ragged_query_lengths(monkeypatch):
     monkeypatch.setattr(backend, "detected_capability", lambda: (9, 0))
     impl = make_impl()
