@@ -239,8 +239,11 @@ struct QRow {
   const uint8_t* nope;
   const uint8_t* pe;
 };
+// Query token of a row (rows are token-major: row = token * heads + head).
+__device__ __forceinline__ int token_of_row(const DecodeParams& p, int row) { return (row * p.heads_recip) >> 20; }
+
 __device__ __forceinline__ QRow q_row(const DecodeParams& p, int b, int row) {
-  const int token = (row * p.heads_recip) >> 20, head = row - token * p.heads;
+  const int token = token_of_row(p, row), head = row - token * p.heads;
   return {p.q_nope + b * p.q_nope_stride[0] + token * p.q_nope_stride[1] + head * p.q_nope_stride[2],
           p.q_pe + b * p.q_pe_stride[0] + token * p.q_pe_stride[1] + head * p.q_pe_stride[2]};
 }
@@ -511,7 +514,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
         x[0] += v.x; x[1] += v.y; x[2] += v.z; x[3] += v.w;
       }
       // Causal limit of the row (log2 domain from here on).
-      const int limit = masked_tile ? first_masked + (blockIdx.x * C::kTileRows + row) / p.heads : seq_len;
+      const int limit = masked_tile ? first_masked + token_of_row(p, blockIdx.x * C::kTileRows + row) : seq_len;
       float mx = -INFINITY;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {

@@ -8,20 +8,12 @@ import torch
 
 from mla_backend import xqa_batch_decode_with_kv_cache_mla
 from mla_backend.bench import time_graph
-from mla_backend.inputs import make_paged_problem
+from mla_backend.inputs import make_paged_problem, vllm_bf16_query_layout
 
 workspace = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
 for heads, batch, seq in [(128, 32, 2048), (16, 32, 2048), (128, 1, 8192), (128, 128, 1024)]:
     problem = make_paged_problem([seq] * batch, 1, heads, 64, torch.bfloat16, "cuda", seed=1)
-    flat = problem.query.reshape(batch, heads, 576)
-    # ql_nope: the transposed [H, B, 512] output of vLLM's W_UK bmm; q_pe: a slice of the
-    # [B, H, 192] query projection (head stride 192).
-    nope = torch.empty(heads, batch, 512, dtype=torch.bfloat16, device="cuda")
-    nope.copy_(flat[..., :512].transpose(0, 1))
-    projection = torch.randn(batch, heads, 192, device="cuda").to(torch.bfloat16)
-    projection[..., 128:] = flat[..., 512:]
-    q_nope = nope.transpose(0, 1).view(batch, 1, heads, 512)
-    q_pe = projection[..., 128:].view(batch, 1, heads, 64)
+    q_nope, q_pe = vllm_bf16_query_layout(problem.query)  # strided views, as vLLM hands them over
     args = (problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens, problem.max_seq_len)
 
     def concatenated():

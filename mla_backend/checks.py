@@ -199,8 +199,8 @@ def check_decode_inputs(
         out_view = out.view(full_shape)
 
     return DecodeProblem(
-        q_nope=q_nope, q_pe=q_pe, query_given=query_given, cache=cache, block_tables=block_tables, seq_lens=seq_lens, max_seq_len=max_seq_len,
-        qk_nope_head_dim=qk_nope_head_dim, out=out_view, out_given=out,
+        q_nope=q_nope, q_pe=q_pe, query_given=query_given, cache=cache, block_tables=block_tables,
+        seq_lens=seq_lens, max_seq_len=max_seq_len, qk_nope_head_dim=qk_nope_head_dim, out=out_view, out_given=out,
         bmm1_scale=check_scale("bmm1_scale", bmm1_scale, device),
         bmm2_scale=check_scale("bmm2_scale", bmm2_scale, device),
     )

@@ -79,8 +79,8 @@ def _run_flashinfer_trtllm_gen(problem: DecodeProblem, workspace_buffer, enable_
     import flashinfer.mla
 
     result = flashinfer.mla.trtllm_batch_decode_with_kv_cache_mla(
-        problem.query.contiguous(), problem.cache, workspace_buffer, problem.qk_nope_head_dim, 512, 64, problem.block_tables,
-        problem.seq_lens, problem.max_seq_len, out=problem.out, bmm1_scale=problem.bmm1_scale,
+        problem.query.contiguous(), problem.cache, workspace_buffer, problem.qk_nope_head_dim, 512, 64,
+        problem.block_tables, problem.seq_lens, problem.max_seq_len, out=problem.out, bmm1_scale=problem.bmm1_scale,
         bmm2_scale=problem.bmm2_scale, enable_pdl=enable_pdl, backend="trtllm-gen", return_lse=return_lse,
     )
     if not return_lse:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .shapes import HEAD_DIM
+from .shapes import HEAD_DIM, KV_LORA_RANK, ROPE_DIM
 
 JUNK_PAGE_IDS = (-1, 1 << 30)
 
@@ -66,3 +66,18 @@ def make_paged_problem(
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         max_seq_len=max(seq_lens, default=0),
     )
+
+
+def vllm_bf16_query_layout(query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The values of ``query`` [B, q_len, H, 576] laid out as vLLM's MLA hands a bf16 decode over:
+    ql_nope, the transposed [H, T, 512] output of the W_UK bmm, and q_pe, a slice of the [T, H, 192]
+    query projection (head stride 192). Both are strided views, shaped [B, q_len, H, 512 / 64]."""
+    batch, q_len, heads, _ = query.shape
+    tokens, nope_head_dim = batch * q_len, 128  # the projection's rows: 128 nope + 64 rope per head
+    flat = query.reshape(tokens, heads, HEAD_DIM)
+    nope = torch.empty(heads, tokens, KV_LORA_RANK, dtype=query.dtype, device=query.device)
+    nope.copy_(flat[..., :KV_LORA_RANK].transpose(0, 1))
+    projection = torch.randn(tokens, heads, nope_head_dim + ROPE_DIM, device=query.device).to(query.dtype)
+    projection[..., nope_head_dim:] = flat[..., KV_LORA_RANK:]
+    return (nope.transpose(0, 1).view(batch, q_len, heads, KV_LORA_RANK),
+            projection[..., nope_head_dim:].view(batch, q_len, heads, ROPE_DIM))

@@ -10,7 +10,7 @@ import torch
 
 import mla_backend.decode as decode_module
 from mla_backend import MLABackendConfig, mla_decode_reference, xqa_batch_decode_with_kv_cache_mla
-from mla_backend.inputs import make_paged_problem
+from mla_backend.inputs import make_paged_problem, vllm_bf16_query_layout
 from mla_backend.reference import ROW_ERROR_TOLERANCE
 
 pytestmark = [
@@ -95,25 +95,12 @@ def test_batch_64_ragged(workspace, dtype, heads):
     run_and_check(problem, workspace, dtype, tensor_scales=True)
 
 
-def engine_layout_query(query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The query as vLLM's MLA hands a bf16 decode over: ql_nope, the transposed [H, T, 512] output
-    of the W_UK bmm, and q_pe, a slice of the [T, H, 192] projection (head stride 192): strided views."""
-    batch, q_len, heads, _ = query.shape
-    flat = query.reshape(batch * q_len, heads, 576)
-    nope = torch.empty(heads, batch * q_len, 512, dtype=query.dtype, device=query.device)
-    nope.copy_(flat[..., :512].transpose(0, 1))
-    projection = torch.randn(batch * q_len, heads, 192, device=query.device).to(query.dtype)
-    projection[..., 128:] = flat[..., 512:]
-    return (nope.transpose(0, 1).view(batch, q_len, heads, 512),
-            projection[..., 128:].view(batch, q_len, heads, 64))
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
 @pytest.mark.parametrize("heads, q_len", [(16, 1), (128, 4), (8, 3)])
 def test_split_strided_query_is_read_in_place(workspace, dtype, heads, q_len):
     # (q_nope, q_pe) strided views give the reference's result, bit-identical to the contiguous query.
     problem = make_paged_problem([700, 2100], q_len, heads, page_size=64, dtype=dtype, device="cuda", seed=heads)
-    nope, pe = engine_layout_query(problem.query)
+    nope, pe = vllm_bf16_query_layout(problem.query)
     assert not nope.is_contiguous() and not pe.is_contiguous()
     got, lse = run_and_check(problem, workspace, dtype, query=(nope, pe))
     want, want_lse = run_and_check(problem, workspace, dtype)

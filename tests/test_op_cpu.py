@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mla_backend import trtllm_batch_decode_with_kv_cache_mla, xqa_batch_decode_with_kv_cache_mla
-from mla_backend.inputs import make_paged_problem
+from mla_backend.inputs import make_paged_problem, vllm_bf16_query_layout
 from mla_backend.reference import mla_decode_reference
 
 WORKSPACE = torch.empty(1 << 10, dtype=torch.uint8)
@@ -133,11 +133,10 @@ def test_bad_input_raises_clear_error(problem, case):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_split_query_pair_equals_the_whole_query(dtype):
     problem = make_paged_problem([37, 64], q_len=2, heads=4, page_size=16, dtype=dtype, seed=8)
-    q = problem.query
-    # a strided layout (heads outermost), as vLLM's W_UK bmm leaves ql_nope
-    nope = q[..., :512].permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3)
+    nope, pe = vllm_bf16_query_layout(problem.query)  # strided views, as vLLM hands them over
+    assert not nope.is_contiguous() and not pe.is_contiguous()
     whole_out, whole_lse = call(problem, bmm1_scale=0.1, return_lse=True)
-    pair_out, pair_lse = call(problem, query=(nope, q[..., 512:]), bmm1_scale=0.1, return_lse=True)
+    pair_out, pair_lse = call(problem, query=(nope, pe), bmm1_scale=0.1, return_lse=True)
     assert torch.equal(pair_out, whole_out) and torch.equal(pair_lse, whole_lse)
 
 
