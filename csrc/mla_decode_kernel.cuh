@@ -12,7 +12,8 @@
 //         is widened exactly to f16 (ldmatrix.trans on byte pairs + prmt + cvt.f16x2.e4m3x2) and
 //         multiplied with f16 P: P in e4m3 would cost ~4% relative error.
 // KV tiles of 32 tokens stream through a cp.async ring; rows are padded by 16 bytes so that
-// ldmatrix is free of bank conflicts. Shared memory stays under SM120's 99 KB per block (the
+// ldmatrix is free of bank conflicts. With a three-stage ring (FP8) the tiles are software-pipelined:
+// QK^T of tile t + 1 is interleaved with P.V of tile t. Shared memory stays under SM120's 99 KB per block (the
 // sm_90-only f16-Q variant below takes 112 KB, two CTAs per H100 SM).
 // With RF > 1 fragments per warp the accumulators need the registers, so Q moves to shared memory
 // and is fetched by ldmatrix. Where e4m3 mma.sync is emulated (sm_90: F2FP + 2 HMMA, with Q
@@ -409,83 +410,126 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     next_page = page_of<C>(p, bt_row, next + 1, seq_len);  // consumed next iteration
     fill_off = advance(fill_off);
   };
-  // With three stages, two barriers per tile: the refill goes out after the score barrier (its
-  // stage was last read by the previous tile's P.V) and the next tile is waited for at the barrier
-  // before P.V, a whole tile of compute after it was issued. With two stages the refilled stage
-  // is the one this tile's P.V reads, so each tile starts with a barrier of its own.
-  constexpr bool kWaitAhead = C::kStages >= 3;
-  if constexpr (kWaitAhead) {
-    cp_async_wait<C::kStages - 2>();
-    __syncthreads();
-  }
-
-  for (int tile = tile_begin; tile < tile_end; ++tile) {
-    if constexpr (!kWaitAhead) {
-      cp_async_wait<C::kStages - 2>();
-      __syncthreads();  // this tile landed for all; every warp is done with the stage refilled next
-      load_ahead(tile);
+  // QK^T of one tile, step by step: partial scores over this warp's dims, K fragments via ldmatrix.
+  constexpr int kQkSteps = C::kQkF16 ? C::kF16StepsPerWarp : C::kQkChunks;
+  auto qk_step = [&](float (&sc)[RF][4][4], uint32_t stage, int i) {
+    if constexpr (C::kQkF16) {
+      // k16 steps of 16 bytes: 36 per row (latent and rope alike), 9 per warp. One ldmatrix.x4
+      // takes a step of all 32 tokens (matrix j = tokens 8j..8j+7); register j holds bytes
+      // 4t..4t+3, whose two f16 pairs are B of the widened (permuted) Q.
+      const int step = wd * C::kF16StepsPerWarp + i;
+      uint32_t kb[4];
+      ldmatrix_x4(kb, stage + lane * C::kSmemRowBytes + 16 * step);
+      uint32_t qa[RF][4];
+#pragma unroll
+      for (int f = 0; f < RF; ++f) ldmatrix_a(qa[f], q_smem, C::kSmemQRowBytes, f, 32 * step);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t lo, hi;
+        e4m3x4_to_f16x4(kb[j], lo, hi);
+#pragma unroll
+        for (int f = 0; f < RF; ++f) mma_f16(sc[f][j], qa[f], lo, hi);
+      }
+    } else {
+      if (i == C::kNopeChunks && !has_rope) return;
+      uint32_t qa[RF][4];
+#pragma unroll
+      for (int f = 0; f < RF; ++f) {
+        if constexpr (C::kQInSmem) ldmatrix_a(qa[f], q_smem, C::kSmemQRowBytes, f, chunk_byte(i));
+        else
+#pragma unroll
+          for (int r = 0; r < 4; ++r) qa[f][r] = qf[f][i][r];
+      }
+#pragma unroll
+      for (int jp = 0; jp < 2; ++jp) {  // n-tile pairs (16 tokens)
+        const int mi = lane >> 3;
+        const int tok = 16 * jp + 8 * (mi >> 1) + (lane & 7);
+        uint32_t kb[4];
+        ldmatrix_x4(kb, stage + tok * C::kSmemRowBytes + chunk_byte(i) + 16 * (mi & 1));
+#pragma unroll
+        for (int f = 0; f < RF; ++f) {
+          if constexpr (FP8) {
+            mma_e4m3(sc[f][2 * jp], qa[f], kb[0], kb[1]);
+            mma_e4m3(sc[f][2 * jp + 1], qa[f], kb[2], kb[3]);
+          } else {
+            mma_bf16(sc[f][2 * jp], qa[f], kb[0], kb[1]);
+            mma_bf16(sc[f][2 * jp + 1], qa[f], kb[2], kb[3]);
+          }
+        }
+      }
     }
-    const uint32_t stage = kv_smem + read_off;
-    read_off = advance(read_off);
-
-    // ---- partial scores over this warp's dims: K fragments via ldmatrix (8 tokens x 16 bytes).
-    float sc[RF][4][4];
+  };
+  // O += P.V over this warp's 128 output dims, one 16-token x 32-dim (FP8) or x 16-dim (BF16)
+  // block of V per step.
+  constexpr int kPvSteps = FP8 ? 8 : 16;
+  auto pv_step = [&](const uint32_t (&pf)[RF][2][4], uint32_t stage, int i) {
+    constexpr int kPerK = kPvSteps / 2;
+    const int kk = i / kPerK, q = i % kPerK;
+    const int mi = lane >> 3;
+    const int tok = 16 * kk + 8 * (mi & 1) + (lane & 7);
+    uint32_t vr[4];
+    if constexpr (FP8) {
+      // x4.trans over byte pairs: 16 tokens x 32 dims. Register r holds tokens (2t, 2t+1) of dims
+      // (2g, 2g+1) of its 16-byte column; prmt splits even and odd dims, cvt widens to f16.
+      ldmatrix_x4_trans(vr, stage + tok * C::kSmemRowBytes + wd * 128 + q * 32 + 16 * (mi >> 1));
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        // tokens 2t.. and 8+2t..: [even dims | odd dims] -> f16 B fragments of both dim groups
+        uint32_t even[2], odd[2];
+        e4m3x4_to_f16x4(__byte_perm(vr[2 * half], 0, 0x3120), even[0], odd[0]);
+        e4m3x4_to_f16x4(__byte_perm(vr[2 * half + 1], 0, 0x3120), even[1], odd[1]);
+#pragma unroll
+        for (int f = 0; f < RF; ++f) {
+          mma_f16(acc[f][q * 4 + half * 2], pf[f][kk], even[0], even[1]);
+          mma_f16(acc[f][q * 4 + half * 2 + 1], pf[f][kk], odd[0], odd[1]);
+        }
+      }
+    } else {
+      ldmatrix_x4_trans(vr, stage + tok * C::kSmemRowBytes + (wd * 128 + q * 16 + 8 * (mi >> 1)) * 2);
+#pragma unroll
+      for (int f = 0; f < RF; ++f) {
+        mma_bf16(acc[f][2 * q], pf[f][kk], vr[0], vr[1]);
+        mma_bf16(acc[f][2 * q + 1], pf[f][kk], vr[2], vr[3]);
+      }
+    }
+  };
+  auto zero = [](float (&sc)[RF][4][4]) {
 #pragma unroll
     for (int f = 0; f < RF; ++f)
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int i = 0; i < 4; ++i) sc[f][j][i] = 0.f;
-    if constexpr (C::kQkF16) {
-      // k16 steps of 16 bytes: 36 per row (latent and rope alike), 9 per warp. One ldmatrix.x4
-      // takes a step of all 32 tokens (matrix j = tokens 8j..8j+7); register j holds bytes
-      // 4t..4t+3, whose two f16 pairs are B of the widened (permuted) Q.
+  };
+
+  // With three stages the tiles are software-pipelined, two barriers per tile: QK^T of tile t + 1
+  // runs interleaved with P.V of tile t (two independent MMA chains per warp hide each other's
+  // latency); the refill goes out after the score barrier (its stage was last read by the previous
+  // P.V) and the next tile is waited for at the barrier before P.V, a whole tile after it was
+  // issued. With two stages the refilled stage is the one this tile's P.V reads, so each tile
+  // starts with a barrier of its own and runs QK^T, softmax, P.V in turn.
+  constexpr bool kPipelined = C::kStages >= 3;
+  float sc[RF][4][4];
+  if constexpr (kPipelined) {
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();
+    zero(sc);
+    if (tile_begin < tile_end) {
 #pragma unroll
-      for (int i = 0; i < C::kF16StepsPerWarp; ++i) {
-        const int step = wd * C::kF16StepsPerWarp + i;
-        uint32_t kb[4];
-        ldmatrix_x4(kb, stage + lane * C::kSmemRowBytes + 16 * step);
-        uint32_t qa[RF][4];
+      for (int i = 0; i < kQkSteps; ++i) qk_step(sc, kv_smem, i);
+    }
+  }
+
+  for (int tile = tile_begin; tile < tile_end; ++tile) {
+    const uint32_t stage = kv_smem + read_off;
+    read_off = advance(read_off);
+    if constexpr (!kPipelined) {
+      cp_async_wait<C::kStages - 2>();
+      __syncthreads();  // this tile landed for all; every warp is done with the stage refilled next
+      load_ahead(tile);
+      zero(sc);
 #pragma unroll
-        for (int f = 0; f < RF; ++f) ldmatrix_a(qa[f], q_smem, C::kSmemQRowBytes, f, 32 * step);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          uint32_t lo, hi;
-          e4m3x4_to_f16x4(kb[j], lo, hi);
-#pragma unroll
-          for (int f = 0; f < RF; ++f) mma_f16(sc[f][j], qa[f], lo, hi);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int s = 0; s < C::kQkChunks; ++s) {
-        if (s == C::kNopeChunks && !has_rope) break;
-        uint32_t qa[RF][4];
-#pragma unroll
-        for (int f = 0; f < RF; ++f) {
-          if constexpr (C::kQInSmem) ldmatrix_a(qa[f], q_smem, C::kSmemQRowBytes, f, chunk_byte(s));
-          else
-#pragma unroll
-            for (int i = 0; i < 4; ++i) qa[f][i] = qf[f][s][i];
-        }
-#pragma unroll
-        for (int jp = 0; jp < 2; ++jp) {  // n-tile pairs (16 tokens)
-          const int mi = lane >> 3;
-          const int tok = 16 * jp + 8 * (mi >> 1) + (lane & 7);
-          uint32_t kb[4];
-          ldmatrix_x4(kb, stage + tok * C::kSmemRowBytes + chunk_byte(s) + 16 * (mi & 1));
-#pragma unroll
-          for (int f = 0; f < RF; ++f) {
-            if constexpr (FP8) {
-              mma_e4m3(sc[f][2 * jp], qa[f], kb[0], kb[1]);
-              mma_e4m3(sc[f][2 * jp + 1], qa[f], kb[2], kb[3]);
-            } else {
-              mma_bf16(sc[f][2 * jp], qa[f], kb[0], kb[1]);
-              mma_bf16(sc[f][2 * jp + 1], qa[f], kb[2], kb[3]);
-            }
-          }
-        }
-      }
+      for (int i = 0; i < kQkSteps; ++i) qk_step(sc, stage, i);
     }
 
     // ---- the four dim-quarter partials go to shared memory; each warp then sums them for its own
@@ -502,7 +546,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
                 make_float2(sc[f][j][2 * h], sc[f][j][2 * h + 1]);
     }
     __syncthreads();  // partial scores complete; every warp is past the previous tile's P.V
-    if constexpr (kWaitAhead) load_ahead(tile);
+    if constexpr (kPipelined) load_ahead(tile);
     const bool masked_tile = (tile + 1) * kBlockN > first_masked;
 #pragma unroll
     for (int i = 0; i < kSoftPerLane; ++i) {
@@ -544,7 +588,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
       st_shared_v2(p_smem + row * C::kPRowBytes + tok0 * 2, p01, p23);
       if ((lane & 7) == 0) corr_smem[row] = correction;  // exactly 1 unless rescaled
     }
-    if constexpr (kWaitAhead) cp_async_wait<C::kStages - 2>();  // the next tile, for the next QK^T
+    if constexpr (kPipelined) cp_async_wait<C::kStages - 2>();  // the next tile, for its QK^T
     __syncthreads();  // P and the rescale factors complete
 
     // ---- rescale this warp's accumulators where a row's reference maximum was raised; P as A fragments.
@@ -573,43 +617,18 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) ldmatrix_a(pf[f][kk], p_smem, C::kPRowBytes, f, kk * 32);
 
-    // ---- O += P.V over this warp's 128 output dims.
+    // ---- O += P.V; in the pipeline, interleaved step by step with QK^T of the next tile.
+    if (kPipelined && tile + 1 < tile_end) {
+      const uint32_t next_stage = kv_smem + read_off;
+      zero(sc);
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      const int mi = lane >> 3;
-      const int tok = 16 * kk + 8 * (mi & 1) + (lane & 7);
-      if constexpr (FP8) {
-        // x4.trans over byte pairs: 16 tokens x 32 dims. Register r holds tokens (2t, 2t+1) of dims
-        // (2g, 2g+1) of its 16-byte column; prmt splits even and odd dims, cvt widens to f16.
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          uint32_t vr[4];
-          ldmatrix_x4_trans(vr, stage + tok * C::kSmemRowBytes + wd * 128 + q * 32 + 16 * (mi >> 1));
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            // tokens 2t.. and 8+2t..: [even dims | odd dims] -> f16 B fragments of both dim groups
-            uint32_t even[2], odd[2];
-            e4m3x4_to_f16x4(__byte_perm(vr[2 * half], 0, 0x3120), even[0], odd[0]);
-            e4m3x4_to_f16x4(__byte_perm(vr[2 * half + 1], 0, 0x3120), even[1], odd[1]);
-#pragma unroll
-            for (int f = 0; f < RF; ++f) {
-              mma_f16(acc[f][q * 4 + half * 2], pf[f][kk], even[0], even[1]);
-              mma_f16(acc[f][q * 4 + half * 2 + 1], pf[f][kk], odd[0], odd[1]);
-            }
-          }
-        }
-      } else {
-#pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          uint32_t vr[4];
-          ldmatrix_x4_trans(vr, stage + tok * C::kSmemRowBytes + (wd * 128 + q * 16 + 8 * (mi >> 1)) * 2);
-#pragma unroll
-          for (int f = 0; f < RF; ++f) {
-            mma_bf16(acc[f][2 * q], pf[f][kk], vr[0], vr[1]);
-            mma_bf16(acc[f][2 * q + 1], pf[f][kk], vr[2], vr[3]);
-          }
-        }
+      for (int i = 0; i < (kQkSteps > kPvSteps ? kQkSteps : kPvSteps); ++i) {
+        if (i < kQkSteps) qk_step(sc, next_stage, i);
+        if (i < kPvSteps) pv_step(pf, stage, i);
       }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPvSteps; ++i) pv_step(pf, stage, i);
     }
   }
   cp_async_wait<0>();
