@@ -113,6 +113,8 @@ void decode(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& 
   TORCH_CHECK(fp8 || q.scalar_type() == at::kBFloat16, "q must be bf16 or fp8 e4m3");
   TORCH_CHECK(kv.scalar_type() == q.scalar_type() && kv.dim() == 3 && kv.size(2) == kHeadDim &&
                   kv.stride(2) == 1 && kv.stride(1) == kHeadDim, "kv: [pages, page, 576], rows contiguous");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(kv.data_ptr()) % 16 == 0 && (kv.size(0) == 1 || kv.stride(0) * kv.element_size() % 16 == 0),
+              "kv: start and page stride must be 16-byte aligned (16-byte copies)");
   const int64_t page_size = kv.size(1);
   TORCH_CHECK(page_size >= 16 && (page_size & (page_size - 1)) == 0, "page size must be a power of two >= 16");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.stride(1) == 1, "block_tables: int32 rows");

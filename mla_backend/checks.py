@@ -179,6 +179,10 @@ def check_decode_inputs(
         _require(problem is None, str(problem))
     _require(cache.stride(2) == 1 and cache.stride(1) == shapes.HEAD_DIM,
              f"kv_cache token rows must be contiguous (strides ..., {shapes.HEAD_DIM}, 1), got {cache.stride()}")
+    page_stride_bytes = cache.stride(0) * cache.element_size()
+    _require(cache.data_ptr() % 16 == 0 and (cache.shape[0] == 1 or page_stride_bytes % 16 == 0),
+             f"kv_cache must start at a 16-byte aligned address and its page stride must be a multiple of 16 bytes "
+             f"(the kernels copy 16-byte chunks), got page stride {page_stride_bytes} bytes")
     _require(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
     _require(seq_lens.is_contiguous(), "seq_lens must be contiguous")
     if workspace_buffer is not None:

@@ -76,6 +76,8 @@ BAD_INPUTS = {
     "split query dtypes": (dict(query="pe_fp8"), TypeError, "q_pe dtype"),
     "split query triple": (dict(query="triple"), TypeError, "pair of tensors"),
     "non-contiguous cache rows": (dict(kv_cache="strided"), ValueError, "token rows must be contiguous"),
+    "kv_cache misaligned": (dict(kv_cache="misaligned"), ValueError, "kv_cache must start at a 16-byte aligned"),
+    "kv_cache page stride": (dict(kv_cache="odd_stride"), ValueError, "page stride must be a multiple of 16 bytes"),
     "device mismatch": (dict(block_tables="meta"), ValueError, "is on meta"),
     "sinks": (dict(sinks=[torch.zeros(4)]), ValueError, "sinks"),
     "out dtype": (dict(out="fp32"), TypeError, "out must be bfloat16"),
@@ -105,8 +107,11 @@ def corrupt(problem, key, how):
         "short": lambda: (bt if key == "block_tables" else sl)[:2],
         "strided": lambda: (torch.cat([q, q], dim=-1)[..., ::2] if key == "query"
                             else torch.cat([kv, kv], dim=-1)[..., :576]),
-        "misaligned": lambda: torch.cat([q, q], dim=-1)[..., 1:577],
-        "odd_stride": lambda: torch.cat([q, q[..., :1]], dim=-1)[..., :576],
+        "misaligned": lambda: (torch.cat([q, q], dim=-1)[..., 1:577] if key == "query"
+                               else torch.cat([kv.new_zeros(1), kv.flatten()])[1:].view(kv.shape)),
+        "odd_stride": lambda: (torch.cat([q, q[..., :1]], dim=-1)[..., :576] if key == "query"
+                               else kv.new_zeros(kv.shape[0] * (kv.shape[1] * 576 + 1))
+                               .as_strided(kv.shape, (kv.shape[1] * 576 + 1, 576, 1))),
         "pe32": lambda: (q[..., :512], q[..., 512:544]),
         "pe_heads": lambda: (q[..., :512], q[:, :, :1, 512:]),
         "pe_fp8": lambda: (q[..., :512], q[..., 512:].to(torch.float8_e4m3fn)),
