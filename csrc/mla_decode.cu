@@ -7,6 +7,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <algorithm>
+
 #include "mla_decode_kernel.cuh"
 
 namespace mla {
@@ -101,7 +103,7 @@ void set_q_strides(long long (&dst)[3], const at::Tensor& t) {
 
 void decode(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& kv, const at::Tensor& block_tables,
             const at::Tensor& seq_lens, at::Tensor& out, const std::optional<at::Tensor>& lse,
-            at::Tensor& workspace, int64_t num_splits, int64_t row_groups, int64_t rf,
+            at::Tensor& workspace, int64_t max_seq_len, int64_t num_splits, int64_t row_groups, int64_t rf,
             double bmm1, const std::optional<at::Tensor>& bmm1_tensor, double bmm2,
             const std::optional<at::Tensor>& bmm2_tensor, bool pdl) {
   check_q_part(q_nope, kDimV, "q_nope");
@@ -151,6 +153,7 @@ void decode(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& 
   p.max_pages = static_cast<int>(block_tables.size(1));
   p.bt_stride = static_cast<int>(block_tables.stride(0));
   p.num_splits = static_cast<int>(num_splits);
+  p.max_seq_len = static_cast<int>(std::clamp<int64_t>(max_seq_len, 0, static_cast<int64_t>(p.max_pages) << p.page_shift));
   if (num_splits > 1) {
     const int64_t partials = batch * num_splits * rows;
     const int64_t need = partials * (kDimV + 1) * static_cast<int64_t>(sizeof(float));
@@ -177,7 +180,7 @@ void decode(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& 
 TORCH_LIBRARY(mla_backend, m) {
   m.def(
       "decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor seq_lens, Tensor(a!) out, Tensor(b!)? lse, "
-      "Tensor(c!) workspace, int num_splits, int row_groups, int rf, float bmm1, Tensor? bmm1_tensor, "
+      "Tensor(c!) workspace, int max_seq_len, int num_splits, int row_groups, int rf, float bmm1, Tensor? bmm1_tensor, "
       "float bmm2, Tensor? bmm2_tensor, bool pdl) -> ()");
   m.def("ctas_per_sm(bool fp8, int row_groups, int rf) -> int", &mla::ctas_per_sm);
 }

@@ -25,6 +25,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 namespace mla {
 
 constexpr int kHeadDim = 576;  // 512 latent (nope) + 64 rope
@@ -56,6 +58,8 @@ struct DecodeParams {
   int heads_recip;           // ceil(2^20 / heads): row / heads == (row * heads_recip) >> 20 for rows < 1024
   int page_shift;            // log2(page_size)
   int max_pages;             // block-table columns: never read past them
+  int max_seq_len;           // the host's bound on seq_lens (<= max_pages * page_size): a guess
+                             // that lets page ids be fetched before seq_len arrives
   int bt_stride;
   int num_splits;
 };
@@ -261,49 +265,59 @@ __device__ __forceinline__ const uint8_t* q_byte(const QRow& r, int byte) {
 // As stored, Q is e4m3. Widened to f16, the 32 k of each e4m3 chunk are permuted so that ldmatrix
 // hands every thread the k that F2FP unpacks from its K registers: bytes 4t..4t+3 of a 16-byte
 // half become f16 positions (2t, 2t+1, 8+2t, 9+2t).
+struct NoQTileLoad {};  // Q in registers
+
+// Two phases, so that the global loads go out first, before the seq_len -> page id -> KV chain:
+// issue() loads (cp.async: straight into shared memory; f16: into registers), finish() widens and
+// stores (f16 only).
 template <class C>
-__device__ __forceinline__ void load_q(uint32_t q_smem, const DecodeParams& p, int b, int row0) {
-  constexpr int kRows = 8, kNopeChunks16 = kDimV / 16, kRopeChunks16 = kRopeDim / 16;
-  static_assert(C::kElem == 1 && C::kTileRows == kRows * C::kWarps, "load_q maps 8 FP8 rows to a warp");
+struct QTileLoad {
+  static constexpr int kRows = 8, kNopeChunks16 = kDimV / 16, kRopeChunks16 = kRopeDim / 16;
+  static_assert(C::kElem == 1 && C::kTileRows == kRows * C::kWarps, "QTileLoad maps 8 FP8 rows to a warp");
   static_assert(kNopeChunks16 == 32 && kRows * kRopeChunks16 == 32, "one latent chunk per lane and row");
-  const int lane = threadIdx.x & 31, first = (threadIdx.x >> 5) * kRows;
-  // Source, tile row and 16-byte column of this lane's chunks: kRows latent ones, then one rope.
-  const uint8_t* src[kRows + 1];
+  // Tile row and 16-byte column of this lane's chunks: kRows latent ones, then one rope.
   int row[kRows + 1], col[kRows + 1];
+  uint4 raw[C::kQkF16 ? kRows + 1 : 1];
+
+  __device__ __forceinline__ void issue(uint32_t q_smem, const DecodeParams& p, int b, int row0) {
+    const int lane = threadIdx.x & 31, first = (threadIdx.x >> 5) * kRows;
+    const uint8_t* src[kRows + 1];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    row[r] = first + r;
-    col[r] = lane;
-    src[r] = row0 + row[r] < p.rows ? q_row(p, b, row0 + row[r]).nope + lane * 16 : nullptr;
-  }
-  row[kRows] = first + lane / kRopeChunks16;
-  col[kRows] = kNopeChunks16 + lane % kRopeChunks16;
-  src[kRows] = row0 + row[kRows] < p.rows ? q_row(p, b, row0 + row[kRows]).pe + lane % kRopeChunks16 * 16 : nullptr;
-  if constexpr (C::kQkF16) {
-    // All loads first (in flight together), then widen: a 16-byte chunk is one k16 half, its four
-    // words' low pairs fill the first 16 bytes of the f16 half, high pairs the rest.
-    uint4 raw[kRows + 1];
-#pragma unroll
-    for (int i = 0; i <= kRows; ++i) {
-      raw[i] = src[i] ? __ldg(reinterpret_cast<const uint4*>(src[i])) : make_uint4(0u, 0u, 0u, 0u);
+    for (int r = 0; r < kRows; ++r) {
+      row[r] = first + r;
+      col[r] = lane;
+      src[r] = row0 + row[r] < p.rows ? q_row(p, b, row0 + row[r]).nope + lane * 16 : nullptr;
     }
+    row[kRows] = first + lane / kRopeChunks16;
+    col[kRows] = kNopeChunks16 + lane % kRopeChunks16;
+    src[kRows] = row0 + row[kRows] < p.rows ? q_row(p, b, row0 + row[kRows]).pe + lane % kRopeChunks16 * 16 : nullptr;
 #pragma unroll
     for (int i = 0; i <= kRows; ++i) {
-      const uint32_t dst = q_smem + row[i] * C::kSmemQRowBytes + col[i] * 32;
-      const uint32_t w[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
-      uint32_t lo[4], hi[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) e4m3x4_to_f16x4(w[k], lo[k], hi[k]);
-      st_shared_v4(dst, lo[0], lo[1], lo[2], lo[3]);
-      st_shared_v4(dst + 16, hi[0], hi[1], hi[2], hi[3]);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i <= kRows; ++i) {
-      cp_async_16(q_smem + row[i] * C::kSmemQRowBytes + col[i] * 16, src[i] ? src[i] : p.q_nope, src[i] ? 16 : 0);
+      if constexpr (C::kQkF16) {
+        raw[i] = src[i] ? __ldg(reinterpret_cast<const uint4*>(src[i])) : make_uint4(0u, 0u, 0u, 0u);
+      } else {
+        cp_async_16(q_smem + row[i] * C::kSmemQRowBytes + col[i] * 16, src[i] ? src[i] : p.q_nope, src[i] ? 16 : 0);
+      }
     }
   }
-}
+
+  // f16: a 16-byte chunk is one k16 half; its four words' low pairs fill the first 16 bytes of
+  // the f16 half, high pairs the rest.
+  __device__ __forceinline__ void finish(uint32_t q_smem) const {
+    if constexpr (C::kQkF16) {
+#pragma unroll
+      for (int i = 0; i <= kRows; ++i) {
+        const uint32_t dst = q_smem + row[i] * C::kSmemQRowBytes + col[i] * 32;
+        const uint32_t w[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
+        uint32_t lo[4], hi[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) e4m3x4_to_f16x4(w[k], lo[k], hi[k]);
+        st_shared_v4(dst, lo[0], lo[1], lo[2], lo[3]);
+        st_shared_v4(dst + 16, hi[0], hi[1], hi[2], hi[3]);
+      }
+    }
+  }
+};
 
 template <bool FP8, int ROW_GROUPS, int RF>
 __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
@@ -324,12 +338,30 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   pdl_wait();
   pdl_launch_dependents();
 
+  // The global reads that do not depend on seq_len go out first: Q, and the page ids of this
+  // split's first tiles as if seq_len were max_seq_len (right for the longest requests; checked
+  // below, re-read where wrong). Then seq_len -> page id -> KV is one round trip shorter.
+  const uint32_t q_smem = kv_smem + C::kStages * C::kStageBytes + C::kScoreBytes;
+  [[maybe_unused]] std::conditional_t<C::kQInSmem, QTileLoad<C>, NoQTileLoad> q_load;
+  if constexpr (C::kQInSmem) q_load.issue(q_smem, p, b, blockIdx.x * C::kTileRows);
+  const int* bt_row = p.block_tables + (long long)b * p.bt_stride;
+  auto tiles_per_split = [&](int len) { return ((len + kBlockN - 1) / kBlockN + p.num_splits - 1) / p.num_splits; };
+  const int guess_len = p.max_seq_len, guess_begin = split * tiles_per_split(guess_len);
+  int guessed_page[C::kStages - 1];
+#pragma unroll
+  for (int s = 0; s < C::kStages - 1; ++s) guessed_page[s] = page_of<C>(p, bt_row, guess_begin + s, guess_len);
+
   const int seq_len = max(0, min(p.seq_lens[b], p.max_pages << p.page_shift));
   const int n_tiles = (seq_len + kBlockN - 1) / kBlockN;
-  const int per_split = (n_tiles + p.num_splits - 1) / p.num_splits;
+  const int per_split = tiles_per_split(seq_len);
   const int tile_begin = split * per_split;
   const int tile_end = min(n_tiles, tile_begin + per_split);
-  const int* bt_row = p.block_tables + (long long)b * p.bt_stride;
+  // Page id of this thread's token in tile tile_begin + s: the guess where it read the right entry.
+  auto first_page = [&](int s) {
+    const int pos = (tile_begin + s) * kBlockN + threadIdx.x / C::kThreadsPerToken;
+    if (tile_begin == guess_begin && (pos < guess_len || pos >= seq_len)) return pos < seq_len ? guessed_page[s] : -1;
+    return page_of<C>(p, bt_row, tile_begin + s, seq_len);
+  };
 
   // Rows of this thread: fragment f, half h -> row = warp_row0 + 16 f + 8 h + g.
   const int warp_row0 = blockIdx.x * C::kTileRows + wr * C::kRowsPerWarp;
@@ -342,7 +374,6 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     return s < C::kNopeChunks ? (wd * C::kNopeChunks + s) * 32 : kDimV * C::kElem + wd * 32;
   };
   const bool has_rope = wd < C::kRopeChunks;
-  const uint32_t q_smem = kv_smem + C::kStages * C::kStageBytes + C::kScoreBytes;
   const uint32_t p_smem = q_smem + C::kQBytes;
   float* corr_smem = reinterpret_cast<float*>(smem + C::kStages * C::kStageBytes + C::kScoreBytes + C::kQBytes + C::kPBytes);
   uint32_t qf[C::kQInSmem ? 1 : RF][C::kQkChunks][4];
@@ -391,10 +422,10 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
 
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
-    if (tile_begin + s < tile_end) load_kv_tile<C>(kv_smem + s * C::kStageBytes, p, tile_begin + s, page_of<C>(p, bt_row, tile_begin + s, seq_len));
+    if (tile_begin + s < tile_end) load_kv_tile<C>(kv_smem + s * C::kStageBytes, p, tile_begin + s, first_page(s));
     // Q joins the first tile's group (cp.async), or is widened to f16 while the tiles load.
     if constexpr (C::kQInSmem) {
-      if (s == 0) load_q<C>(q_smem, p, b, blockIdx.x * C::kTileRows);
+      if (s == 0) q_load.finish(q_smem);
     }
     cp_async_commit();
   }

@@ -103,6 +103,6 @@ def run_xqa_decode(problem: DecodeProblem, workspace: torch.Tensor | None, confi
     bmm2, bmm2_t = _scale_args(problem.bmm2_scale)
     torch.ops.mla_backend.decode(
         problem.q_nope, problem.q_pe, problem.cache, problem.block_tables, problem.seq_lens, problem.out, lse,
-        workspace, splits, row_groups, rf, bmm1, bmm1_t, bmm2, bmm2_t, bool(enable_pdl),
+        workspace, problem.max_seq_len, splits, row_groups, rf, bmm1, bmm1_t, bmm2, bmm2_t, bool(enable_pdl),
     )
     return lse

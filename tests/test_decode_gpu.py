@@ -160,6 +160,23 @@ def test_explicit_split_counts_agree(workspace, monkeypatch, splits):
     run_and_check(problem, workspace, torch.float8_e4m3fn, bmm1=0.11, bmm2=0.7)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
+def test_page_ids_guessed_from_max_seq_len_any_bound(workspace, monkeypatch, dtype):
+    # The kernel fetches each split's first page ids as if seq_len were max_seq_len, before seq_len
+    # arrives. A bound that is exact (the longest request), loose, or below some seq_lens (which
+    # the op cannot see without a device sync) must all give the same, correct result.
+    config = MLABackendConfig.from_sources({"num_kv_splits": 5})
+    monkeypatch.setattr(decode_module, "default_config", lambda: config)
+    problem = make_paged_problem([2100, 700, 2100, 31], 2, 16, page_size=16, dtype=dtype, device="cuda", seed=21)
+    want, want_lse = run_and_check(problem, workspace, dtype)
+    page_capacity = problem.block_tables.shape[1] * 16
+    for bound in (page_capacity, 700, 1, 0):
+        out, lse = xqa_batch_decode_with_kv_cache_mla(
+            problem.query, problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens,
+            bound, bmm1_scale=SM_SCALE, bmm2_scale=1.3, return_lse=True)
+        assert torch.equal(out, want) and torch.equal(lse, want_lse), f"max_seq_len={bound}"
+
+
 def test_workspace_too_small_for_requested_splits(monkeypatch):
     config = MLABackendConfig.from_sources({"num_kv_splits": 8})
     monkeypatch.setattr(decode_module, "default_config", lambda: config)
