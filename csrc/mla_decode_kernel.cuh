@@ -12,9 +12,9 @@
 //         is widened exactly to f16 (ldmatrix.trans on byte pairs + prmt + cvt.f16x2.e4m3x2) and
 //         multiplied with f16 P: P in e4m3 would cost ~4% relative error.
 // KV tiles of 32 tokens stream through a cp.async ring; rows are padded by 16 bytes so that
-// ldmatrix is free of bank conflicts. With a three-stage ring (FP8) the tiles are software-pipelined:
-// QK^T of tile t + 1 is interleaved with P.V of tile t. Shared memory stays under SM120's 99 KB per block (the
-// sm_90-only f16-Q variant below takes 112 KB, two CTAs per H100 SM).
+// ldmatrix is free of bank conflicts. With a three-stage ring (FP8) the tiles are software-
+// pipelined: QK^T of tile t + 1 is interleaved with P.V of tile t. Shared memory stays under
+// SM120's 99 KB per block (the sm_90-only f16-Q variant below takes 112 KB, two CTAs per H100 SM).
 // With RF > 1 fragments per warp the accumulators need the registers, so Q moves to shared memory
 // and is fetched by ldmatrix. Where e4m3 mma.sync is emulated (sm_90: F2FP + 2 HMMA, with Q
 // re-widened every tile), MLA_FP8_QK_VIA_F16 widens Q to f16 once, into shared memory.
@@ -203,6 +203,17 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// Accumulator arrays (O and the scores) start at zero.
+template <int A, int B, int N>
+__device__ __forceinline__ void zero_fill(float (&x)[A][B][N]) {
+#pragma unroll
+  for (int a = 0; a < A; ++a)
+#pragma unroll
+    for (int i = 0; i < B; ++i)
+#pragma unroll
+      for (int n = 0; n < N; ++n) x[a][i][n] = 0.f;
+}
+
 __device__ __forceinline__ float read_scale(const float* ptr, float value) {
   return ptr != nullptr ? __ldg(ptr) : value;
 }
@@ -211,8 +222,11 @@ __device__ __forceinline__ float read_scale(const float* ptr, float value) {
 // KV tiles: thread i loads token i / kThreadsPerToken of a tile, so it looks up one page per tile.
 // The page id is fetched a tile ahead (page_of), keeping the block-table read off the critical path.
 template <class C>
+__device__ __forceinline__ int kv_pos(int tile) { return tile * kBlockN + threadIdx.x / C::kThreadsPerToken; }
+
+template <class C>
 __device__ __forceinline__ int page_of(const DecodeParams& p, const int* bt_row, int tile, int seq_len) {
-  const int pos = tile * kBlockN + threadIdx.x / C::kThreadsPerToken;
+  const int pos = kv_pos<C>(tile);
   return pos < seq_len ? __ldg(bt_row + (pos >> p.page_shift)) : -1;
 }
 
@@ -259,14 +273,14 @@ __device__ __forceinline__ const uint8_t* q_byte(const QRow& r, int byte) {
   return byte < kNopeBytes ? r.nope + byte : r.pe + (byte - kNopeBytes);
 }
 
+struct NoQTileLoad {};  // Q in registers
+
 // Q of the CTA's rows into shared memory (FP8 tiles of 32 rows; rows past the problem are zero).
 // Warp w takes rows 8w..8w+7: lane l loads the latent 16-byte chunk l of each of them and rope
 // chunk l % 4 of row 8w + l / 4, so each row's address is worked out once per warp.
 // As stored, Q is e4m3. Widened to f16, the 32 k of each e4m3 chunk are permuted so that ldmatrix
 // hands every thread the k that F2FP unpacks from its K registers: bytes 4t..4t+3 of a 16-byte
 // half become f16 positions (2t, 2t+1, 8+2t, 9+2t).
-struct NoQTileLoad {};  // Q in registers
-
 // Two phases, so that the global loads go out first, before the seq_len -> page id -> KV chain:
 // issue() loads (cp.async: straight into shared memory; f16: into registers), finish() widens and
 // stores (f16 only).
@@ -358,7 +372,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   const int tile_end = min(n_tiles, tile_begin + per_split);
   // Page id of this thread's token in tile tile_begin + s: the guess where it read the right entry.
   auto first_page = [&](int s) {
-    const int pos = (tile_begin + s) * kBlockN + threadIdx.x / C::kThreadsPerToken;
+    const int pos = kv_pos<C>(tile_begin + s);
     if (tile_begin == guess_begin && (pos < guess_len || pos >= seq_len)) return pos < seq_len ? guessed_page[s] : -1;
     return page_of<C>(p, bt_row, tile_begin + s, seq_len);
   };
@@ -403,12 +417,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
 
   const float scale_log2 = read_scale(p.bmm1_ptr, p.bmm1) * kLog2e;
   float acc[RF][16][4];
-#pragma unroll
-  for (int f = 0; f < RF; ++f)
-#pragma unroll
-    for (int n = 0; n < 16; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[f][n][i] = 0.f;
+  zero_fill(acc);
   // Softmax state of the rows this lane reduces: row soft_row0 + 4 i + lane / 8 (tile-local), whose
   // 8 lanes hold 4 tokens each of a tile.
   constexpr int kSoftPerLane = C::kSoftRows / 4;
@@ -524,14 +533,6 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
       }
     }
   };
-  auto zero = [](float (&sc)[RF][4][4]) {
-#pragma unroll
-    for (int f = 0; f < RF; ++f)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) sc[f][j][i] = 0.f;
-  };
 
   // With three stages the tiles are software-pipelined, two barriers per tile: QK^T of tile t + 1
   // runs interleaved with P.V of tile t (two independent MMA chains per warp hide each other's
@@ -544,7 +545,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   if constexpr (kPipelined) {
     cp_async_wait<C::kStages - 2>();
     __syncthreads();
-    zero(sc);
+    zero_fill(sc);
     if (tile_begin < tile_end) {
 #pragma unroll
       for (int i = 0; i < kQkSteps; ++i) qk_step(sc, kv_smem, i);
@@ -558,7 +559,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
       cp_async_wait<C::kStages - 2>();
       __syncthreads();  // this tile landed for all; every warp is done with the stage refilled next
       load_ahead(tile);
-      zero(sc);
+      zero_fill(sc);
 #pragma unroll
       for (int i = 0; i < kQkSteps; ++i) qk_step(sc, stage, i);
     }
@@ -651,7 +652,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     // ---- O += P.V; in the pipeline, interleaved step by step with QK^T of the next tile.
     if (kPipelined && tile + 1 < tile_end) {
       const uint32_t next_stage = kv_smem + read_off;
-      zero(sc);
+      zero_fill(sc);
 #pragma unroll
       for (int i = 0; i < (kQkSteps > kPvSteps ? kQkSteps : kPvSteps); ++i) {
         if (i < kQkSteps) qk_step(sc, next_stage, i);
