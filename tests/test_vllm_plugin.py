@@ -1,13 +1,16 @@
-"""The vLLM 0.26 plugin against the real vLLM, on CPU: discovery, registration, vLLM's own backend
-selection and validation, config sources, routing, and forward_mqa through the op (whose CPU path
-is the float64 reference)."""
+"""The vLLM plugin against the real vLLM (CI runs it under the oldest and the newest supported
+release), on CPU: discovery, registration, vLLM's own backend selection and validation, config
+sources, routing, and forward_mqa through the op (whose CPU path is the float64 reference)."""
 
 import logging
 from types import SimpleNamespace
 
 import pytest
 import torch
+import vllm
+from packaging.version import Version
 from pydantic import ValidationError
+from vllm.config import AttentionConfig
 from vllm.config import DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
 from vllm.platforms.interface import DeviceCapability
 from vllm.plugins import load_plugins_by_group
@@ -15,13 +18,17 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_b
 from vllm.v1.attention.selector import AttentionSelectorConfig
 
 import mla_backend.vllm as plugin
+from mla_backend import shapes
 from mla_backend.config import BackendUnavailableError
 from mla_backend.inputs import make_paged_problem
 from mla_backend.reference import mla_decode_reference
-from mla_backend.vllm import backend
+from mla_backend.vllm import backend, compat
 from mla_backend.vllm.fallback import per_token_requests
 
 BACKEND_PATH = "mla_backend.vllm.backend.MLABackend"
+
+
+VLLM_VERSION = Version(vllm.__version__).release
 
 
 @pytest.fixture
@@ -65,9 +72,27 @@ def test_register_is_idempotent_and_custom_resolves_to_our_backend(clean_registr
     assert AttentionBackendEnum.CUSTOM.get_path() == BACKEND_PATH
     cls = AttentionBackendEnum.CUSTOM.get_class()
     assert cls is backend.MLABackend
-    # vLLM maps a backend class back to its enum member by name.
-    assert AttentionBackendEnum[cls.get_name()] is AttentionBackendEnum.CUSTOM
+    # vLLM maps a backend class back to its enum member by name (MLA_BACKEND where it exists).
+    assert AttentionBackendEnum[cls.get_name()].get_path() == BACKEND_PATH
     assert cls.get_impl_cls() is backend.MLABackendImpl and cls.get_builder_cls() is backend.MLABackendMetadataBuilder
+
+
+def test_named_registration_follows_the_vllm_release():
+    """vLLM 0.32 added named out-of-tree backends: there MLA_BACKEND is ours too, before only CUSTOM."""
+    assert compat.has_named_registration() == (VLLM_VERSION >= (0, 32))
+    plugin.register()
+    plugin.register()  # a second registration under the same name must not raise
+    assert compat.backend_names() == (["CUSTOM", "MLA_BACKEND"] if VLLM_VERSION >= (0, 32) else ["CUSTOM"])
+
+
+@pytest.mark.parametrize("spelling", [str.upper, str.lower])
+def test_every_documented_flag_value_selects_our_backend(spelling, clean_registry):
+    plugin.register()
+    for name in compat.backend_names():
+        member = AttentionConfig(backend=spelling(name)).backend  # how --attention-backend is parsed
+        assert member.get_path() == BACKEND_PATH
+        cls = member.get_class()
+        assert AttentionBackendEnum[cls.get_name()].get_path() == BACKEND_PATH
 
 
 def test_register_leaves_another_custom_backend_alone(clean_registry, caplog):
@@ -81,11 +106,11 @@ def test_register_leaves_another_custom_backend_alone(clean_registry, caplog):
 # --- vLLM's own backend selection and validation ---------------------------------------------
 
 def invalid_reasons(capability, additional=None, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=64,
-                    use_mla=True, use_sparse=False) -> list[str]:
+                    use_mla=True, use_sparse=False, **newer_fields) -> list[str]:
     """vLLM's check of an explicitly selected backend (what CudaPlatform.get_attn_backend_cls runs for
     --attention-backend CUSTOM: it stops start-up with these reasons when the list is not empty)."""
     selector = AttentionSelectorConfig(head_size=576, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                                       block_size=block_size, use_mla=use_mla, use_sparse=use_sparse)
+                                       block_size=block_size, use_mla=use_mla, use_sparse=use_sparse, **newer_fields)
     with set_current_vllm_config(vllm_config(additional)):
         cls = AttentionBackendEnum.CUSTOM.get_class()
         return cls.validate_configuration(device_capability=capability, **selector._asdict())
@@ -119,6 +144,20 @@ def test_selection_rejects_with_the_reason(change, reason, clean_registry):
     capability = change.pop("capability", DeviceCapability(9, 0))
     reasons = invalid_reasons(capability, **change)
     assert len(reasons) == 1 and reason in reasons[0]
+
+
+def test_decode_context_parallelism_is_accepted(clean_registry):
+    """Our LSE is what DCP merges; vLLM 0.30+ asks the impl (supports_dcp, default False there)."""
+    plugin.register()
+    assert backend.MLABackendImpl.supports_dcp is True
+    if "use_dcp" in AttentionSelectorConfig._fields:  # selection checks it (vLLM 0.33)
+        assert invalid_reasons(DeviceCapability(9, 0), use_dcp=True) == []
+
+
+def test_kernel_block_sizes_take_the_newer_signature():
+    sizes = list(shapes.PAGE_SIZES)
+    assert backend.MLABackend.get_supported_kernel_block_sizes() == sizes
+    assert backend.MLABackend.get_supported_kernel_block_sizes(kv_cache_spec=None) == sizes  # vLLM 0.31+
 
 
 def test_model_shapes_are_checked(deepseek_model_config, monkeypatch):
@@ -252,6 +291,29 @@ def test_bf16_query_pair_goes_to_the_kernel_as_a_pair_when_it_can(aligned, monke
                                    problem.seq_lens, 0.1, 1.0)
     torch.testing.assert_close(out.double(), want.reshape(2, 16, 512), rtol=2e-2, atol=2e-2)
     assert isinstance(seen[0], tuple) == aligned  # not readable in place: concatenated once
+
+
+def test_impl_reserves_the_decode_workspace_when_vllm_asks(monkeypatch):
+    """vLLM 0.33 calls impl.reserve_workspace() in the memory-profiling run, before sizing the KV cache."""
+    monkeypatch.setattr(backend, "detected_capability", lambda: (9, 0))
+    impl = make_impl("fp8")
+    asked = []
+    monkeypatch.setattr(backend, "is_workspace_manager_initialized", lambda: True)
+    monkeypatch.setattr(backend, "current_workspace_manager",
+                        lambda: SimpleNamespace(get_simultaneous=lambda *specs: asked.append(specs)))
+    impl.reserve_workspace()
+    assert asked == [(((backend.DECODE_WORKSPACE_BYTES,), torch.uint8),)]
+
+
+def test_non_causal_decode_blocks_are_refused(monkeypatch):
+    monkeypatch.setattr(backend, "detected_capability", lambda: (9, 0))
+    impl = make_impl()
+    problem = make_paged_problem([20, 20], 2, 16, 16)
+    metadata = SimpleNamespace(num_decodes=2, max_seq_len=20, causal=False,
+                               decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens))
+    q = problem.query.reshape(4, 16, 576)
+    with pytest.raises(NotImplementedError, match="causal"):
+        impl.forward_mqa(q, problem.kv_cache, metadata, SimpleNamespace())
 
 
 def test_forward_mqa_rejects_ragged_query_lengths(monkeypatch):

@@ -1,7 +1,8 @@
-"""vLLM plugin: registers the mla_backend MLA decode backend as ``AttentionBackendEnum.CUSTOM``.
+"""vLLM plugin: registers the mla_backend MLA decode backend as ``AttentionBackendEnum.CUSTOM``
+and, where vLLM names out-of-tree backends (0.32+), as ``AttentionBackendEnum.MLA_BACKEND``.
 
 vLLM calls :func:`register` in every process through the ``vllm.general_plugins`` entry point;
-users select the backend with ``--attention-backend CUSTOM``.
+users select the backend with ``--attention-backend CUSTOM`` (or ``MLA_BACKEND``).
 """
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ log = logging.getLogger("mla_backend")
 
 
 def register() -> None:
-    """Register the backend under ``AttentionBackendEnum.CUSTOM``: cheap and idempotent.
+    """Register the backend under ``CUSTOM`` and our own name where vLLM has named registration:
+    cheap and idempotent.
 
     Imports nothing heavy (no CUDA, no kernel build): it runs in every vLLM process, including
     ones that never use attention. A CUSTOM backend registered by another plugin is left alone."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
+    from .compat import register_named
+
+    register_named(BACKEND_PATH)
     current = registered_custom_backend()
     if current not in (None, BACKEND_PATH):
         log.warning("mla_backend: AttentionBackendEnum.CUSTOM is already %s; not replacing it", current)

@@ -1,6 +1,7 @@
-"""vLLM 0.26 MLA attention backend on mla_backend's decode kernels (prefill stays vLLM's).
+"""vLLM MLA attention backend on mla_backend's decode kernels (prefill stays vLLM's), vLLM 0.26-0.33.
 
-Enabled with ``--attention-backend CUSTOM`` (registered by :func:`mla_backend.vllm.register`),
+Enabled with ``--attention-backend CUSTOM`` (and ``MLA_BACKEND`` from vLLM 0.32; registered by
+:func:`mla_backend.vllm.register`; release differences live in :mod:`mla_backend.vllm.compat`),
 configured with ``--additional-config '{"mla_backend": {...}}'`` or ``MLA_BACKEND_*`` variables.
 Decode is routed by the resolved kernel: ``xqa`` (bundled kernels), ``trtllm-gen`` (FlashInfer on
 SM100/103) or ``fallback`` (vLLM's portable Triton MLA decode).
@@ -26,7 +27,6 @@ from vllm.model_executor.layers.attention.mla_attention import (
 )
 from vllm.platforms import current_platform
 from vllm.platforms.interface import DeviceCapability
-from vllm.utils.torch_utils import is_quantized_kv_cache
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionLayer, AttentionType, MultipleOf
 from vllm.v1.worker.workspace import current_workspace_manager, is_workspace_manager_initialized
 
@@ -34,7 +34,7 @@ from .. import shapes
 from ..checks import query_layout_problem
 from ..config import MLABackendConfig, Resolution, format_validation_error, resolve_backend
 from ..decode import trtllm_batch_decode_with_kv_cache_mla
-from . import fallback
+from . import compat, fallback
 
 logger = init_logger(__name__)
 
@@ -90,7 +90,8 @@ class MLABackend(MLACommonBackend):
 
     @staticmethod
     def get_name() -> str:
-        return "CUSTOM"
+        # vLLM maps the class back to its enum member by this name: ours where vLLM names backends.
+        return compat.registered_name()
 
     @staticmethod
     def get_impl_cls() -> type["MLABackendImpl"]:
@@ -105,7 +106,7 @@ class MLABackend(MLACommonBackend):
         return [shapes.HEAD_DIM]
 
     @staticmethod
-    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
         return list(shapes.PAGE_SIZES)
 
     @staticmethod
@@ -168,18 +169,22 @@ class MLABackendMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        route = resolve_route(plugin_config(vllm_config), detected_capability())
-        if not is_workspace_manager_initialized():
-            return
-        # Reserve the scratch before vLLM locks its workspace (growing it later raises).
-        if route.kernel == "fallback":
-            fallback.reserve_workspace(
-                max_decode_tokens(vllm_config), self.num_heads * self.dcp_world_size,
-                self.model_config.max_model_len, current_platform.num_compute_units(),
-                self.mla_dims.kv_lora_rank,
-            )
-        else:
-            current_workspace_manager().get_simultaneous(((DECODE_WORKSPACE_BYTES,), torch.uint8))
+        reserve_decode_workspace(vllm_config, self.num_heads, self.mla_dims.kv_lora_rank)
+
+
+def reserve_decode_workspace(vllm_config: VllmConfig, local_heads: int, kv_lora_rank: int) -> None:
+    """Size vLLM's shared workspace for decode's scratch before vLLM locks it (growing it later raises).
+    Called by the builder and, where vLLM asks during memory profiling (0.33+), by the impl."""
+    if not is_workspace_manager_initialized():
+        return
+    route = resolve_route(plugin_config(vllm_config), detected_capability())
+    if route.kernel == "fallback":
+        # Decode context parallelism all-gathers the query heads before forward_mqa.
+        heads = local_heads * vllm_config.parallel_config.decode_context_parallel_size
+        fallback.reserve_workspace(max_decode_tokens(vllm_config), heads, vllm_config.model_config.max_model_len,
+                                   current_platform.num_compute_units(), kv_lora_rank)
+    else:
+        current_workspace_manager().get_simultaneous(((DECODE_WORKSPACE_BYTES,), torch.uint8))
 
 
 @functools.lru_cache(maxsize=None)
@@ -197,6 +202,7 @@ def decode_workspace(device: torch.device) -> torch.Tensor:
 
 class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
     can_return_lse_for_decode: bool = True  # natural-log LSE on every route
+    supports_dcp: bool = True  # decode context parallelism merges our LSE (vLLM >= 0.30 asks)
 
     def __init__(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
                  kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, **mla_args) -> None:
@@ -206,7 +212,9 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
             raise NotImplementedError("mla_backend does not support alibi slopes, sliding window or logit soft-capping")
         if attn_type != AttentionType.DECODER:
             raise NotImplementedError("mla_backend serves decoder self-attention only")
-        self.config = plugin_config(get_current_vllm_config())
+        self.vllm_config = get_current_vllm_config()
+        self.config = plugin_config(self.vllm_config)
+        self.quantized_kv_cache = compat.is_quantized_kv_cache(kv_cache_dtype)
         self.route = resolve_route(self.config, detected_capability())
         announce(self.route)
         ROUTES_CHOSEN.add(self.route.kernel)
@@ -214,9 +222,12 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
         self.supports_quant_query_input = self.route.kernel != "fallback"
         self._sm_count = current_platform.num_compute_units() if self.route.kernel == "fallback" else 0
 
+    def reserve_workspace(self) -> None:
+        reserve_decode_workspace(self.vllm_config, self.num_heads, self.kv_lora_rank)
+
     def _scales(self, layer: AttentionLayer) -> tuple[float, float]:
         """(bmm1, bmm2): logits = q.k * scale * q_scale * k_scale, out = p.v * k_scale (v is k's latent part)."""
-        if not is_quantized_kv_cache(self.kv_cache_dtype):
+        if not self.quantized_kv_cache:
             return self.scale, 1.0
         return self.scale * layer._q_scale_float * layer._k_scale_float, layer._k_scale_float
 
@@ -229,6 +240,8 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         decode = attn_metadata.decode
         assert decode is not None
+        if compat.is_non_causal(attn_metadata):
+            raise NotImplementedError("mla_backend decodes causal query blocks only")
         # bf16 comes as (ql_nope, q_pe): the bundled kernels read the parts in place (strided views).
         parts = q if isinstance(q, tuple) else (q,)
         if len(parts) == 2 and (self.route.kernel != "xqa" or any(query_layout_problem("q", t) for t in parts)):
