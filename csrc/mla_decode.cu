@@ -1,11 +1,13 @@
-// Launcher and torch-library binding of the MLA decode kernels (TORCH_LIBRARY: no pybind, so the
-// built library does not depend on the Python version). Shapes and dtypes were validated in Python
-// (mla_backend/checks.py); the checks here guard the kernel's own assumptions.
-#include <ATen/core/Tensor.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
+// Launcher and torch-library binding of the MLA decode kernels, on PyTorch's stable C ABI
+// (STABLE_TORCH_LIBRARY, torch::stable::Tensor, the aoti_torch shim; built with TORCH_TARGET_VERSION
+// set to the oldest supported torch): one library serves every torch from that release on and every
+// Python version. Shapes and dtypes were validated in Python (mla_backend/checks.py); the checks here
+// guard the kernel's own assumptions.
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/util/Exception.h>
 
 #include <algorithm>
 
@@ -14,11 +16,21 @@
 namespace mla {
 namespace {
 
+using torch::stable::Tensor;
+using torch::headeronly::ScalarType;
+
+#define MLA_CUDA_CHECK(call)                                                                   \
+  do {                                                                                         \
+    const cudaError_t mla_status = (call);                                                     \
+    STD_TORCH_CHECK(mla_status == cudaSuccess, "mla_backend: ", #call, " failed: ",             \
+                    cudaGetErrorString(mla_status));                                           \
+  } while (0)
+
 template <class Kernel>
 void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t stream, bool pdl,
             const DecodeParams& params) {
   if (smem_bytes > 48 * 1024) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
   }
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
@@ -30,8 +42,8 @@ void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t 
   attribute[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
   config.attrs = attribute;
   config.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
-  C10_CUDA_CHECK(cudaGetLastError());
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+  MLA_CUDA_CHECK(cudaGetLastError());
 }
 
 template <bool FP8, int ROW_GROUPS, int RF>
@@ -49,7 +61,7 @@ auto with_tile_shape(bool fp8, int64_t row_groups, int64_t rf, const Fn& fn) {
   if (fp8 && row_groups == 1 && rf == 2) return fn.template operator()<true, 1, 2>();
   if (!fp8 && row_groups == 1 && rf == 1) return fn.template operator()<false, 1, 1>();
   if (!fp8 && row_groups == 2 && rf == 1) return fn.template operator()<false, 2, 1>();
-  TORCH_CHECK(false, "mla_backend: no kernel built for fp8=", fp8, " row_groups=", row_groups, " rf=", rf);
+  STD_TORCH_CHECK(false, "mla_backend: no kernel built for fp8=", fp8, " row_groups=", row_groups, " rf=", rf);
 }
 
 // CTAs of one tile shape that fit on one SM at once (the split-KV heuristic plans whole waves).
@@ -58,9 +70,9 @@ struct ResidentCtas {
   int64_t operator()() const {
     using C = TileConfig<FP8, ROW_GROUPS, RF>;
     auto kernel = mla_decode_kernel<FP8, ROW_GROUPS, RF>;
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
     int blocks = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, C::kThreads, C::kSmemBytes));
+    MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, C::kThreads, C::kSmemBytes));
     return blocks;
   }
 };
@@ -78,51 +90,52 @@ struct LaunchDecode {
   void operator()() const { launch_decode<FP8, ROW_GROUPS, RF>(params, batch, stream, pdl); }
 };
 
-const float* optional_scale(const std::optional<at::Tensor>& t) {
+const float* optional_scale(const std::optional<Tensor>& t) {
   if (!t.has_value()) return nullptr;
-  TORCH_CHECK(t->scalar_type() == at::kFloat && t->numel() == 1, "scale tensors must be one float32");
-  return t->data_ptr<float>();
+  STD_TORCH_CHECK(t->scalar_type() == ScalarType::Float && t->numel() == 1, "scale tensors must be one float32");
+  return static_cast<const float*>(t->data_ptr());
 }
 
 // Q as two [B, q_len, H, *] tensors (or views of one [B, q_len, H, 576] tensor): rows contiguous,
 // other strides (of dims longer than 1) and the start 16-byte aligned, for the kernel's 16-byte loads.
-void check_q_part(const at::Tensor& t, int64_t dim, const char* name) {
-  TORCH_CHECK(t.is_cuda() && t.dim() == 4 && t.size(3) == dim && t.stride(3) == 1, name, ": [B, q_len, H, ", dim,
+void check_q_part(const Tensor& t, int64_t dim, const char* name) {
+  STD_TORCH_CHECK(t.is_cuda() && t.dim() == 4 && t.size(3) == dim && t.stride(3) == 1, name, ": [B, q_len, H, ", dim,
               "] CUDA tensor with contiguous rows");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, ": start must be 16-byte aligned");
+  STD_TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, ": start must be 16-byte aligned");
   for (int d = 0; d < 3; ++d) {
-    TORCH_CHECK(t.size(d) == 1 || t.stride(d) * t.element_size() % 16 == 0, name,
+    STD_TORCH_CHECK(t.size(d) == 1 || t.stride(d) * t.element_size() % 16 == 0, name,
                 ": strides must be multiples of 16 bytes");
   }
 }
 
 // Byte strides; a dim of size 1 is only ever indexed at 0, so its stride (which may be anything) is 0.
-void set_q_strides(long long (&dst)[3], const at::Tensor& t) {
+void set_q_strides(long long (&dst)[3], const Tensor& t) {
   for (int d = 0; d < 3; ++d) dst[d] = t.size(d) == 1 ? 0 : t.stride(d) * t.element_size();
 }
 
-void decode(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& kv, const at::Tensor& block_tables,
-            const at::Tensor& seq_lens, at::Tensor& out, const std::optional<at::Tensor>& lse,
-            at::Tensor& workspace, int64_t max_seq_len, int64_t num_splits, int64_t row_groups, int64_t rf,
-            double bmm1, const std::optional<at::Tensor>& bmm1_tensor, double bmm2,
-            const std::optional<at::Tensor>& bmm2_tensor, bool pdl) {
+void decode(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv, const Tensor& block_tables,
+            const Tensor& seq_lens, Tensor& out, const std::optional<Tensor>& lse,
+            Tensor& workspace, int64_t max_seq_len, int64_t num_splits, int64_t row_groups, int64_t rf,
+            double bmm1, const std::optional<Tensor>& bmm1_tensor, double bmm2,
+            const std::optional<Tensor>& bmm2_tensor, bool pdl) {
   check_q_part(q_nope, kDimV, "q_nope");
   check_q_part(q_pe, kRopeDim, "q_pe");
-  TORCH_CHECK(q_pe.scalar_type() == q_nope.scalar_type() && q_pe.sizes().slice(0, 3) == q_nope.sizes().slice(0, 3),
-              "q_pe must match q_nope in dtype and leading shape");
-  const at::Tensor& q = q_nope;
-  const bool fp8 = q.scalar_type() == at::kFloat8_e4m3fn;
-  TORCH_CHECK(fp8 || q.scalar_type() == at::kBFloat16, "q must be bf16 or fp8 e4m3");
-  TORCH_CHECK(kv.scalar_type() == q.scalar_type() && kv.dim() == 3 && kv.size(2) == kHeadDim &&
+  STD_TORCH_CHECK(q_pe.scalar_type() == q_nope.scalar_type() && q_pe.size(0) == q_nope.size(0) &&
+                      q_pe.size(1) == q_nope.size(1) && q_pe.size(2) == q_nope.size(2),
+                  "q_pe must match q_nope in dtype and leading shape");
+  const Tensor& q = q_nope;
+  const bool fp8 = q.scalar_type() == ScalarType::Float8_e4m3fn;
+  STD_TORCH_CHECK(fp8 || q.scalar_type() == ScalarType::BFloat16, "q must be bf16 or fp8 e4m3");
+  STD_TORCH_CHECK(kv.scalar_type() == q.scalar_type() && kv.dim() == 3 && kv.size(2) == kHeadDim &&
                   kv.stride(2) == 1 && kv.stride(1) == kHeadDim, "kv: [pages, page, 576], rows contiguous");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(kv.data_ptr()) % 16 == 0 && (kv.size(0) == 1 || kv.stride(0) * kv.element_size() % 16 == 0),
+  STD_TORCH_CHECK(reinterpret_cast<uintptr_t>(kv.data_ptr()) % 16 == 0 && (kv.size(0) == 1 || kv.stride(0) * kv.element_size() % 16 == 0),
               "kv: start and page stride must be 16-byte aligned (16-byte copies)");
   const int64_t page_size = kv.size(1);
-  TORCH_CHECK(page_size >= 16 && (page_size & (page_size - 1)) == 0, "page size must be a power of two >= 16");
-  TORCH_CHECK(block_tables.scalar_type() == at::kInt && block_tables.stride(1) == 1, "block_tables: int32 rows");
-  TORCH_CHECK(seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous(), "seq_lens: int32");
-  TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.is_contiguous() && out.numel() == q.numel(), "out: bf16 [B, q_len, H, 512]");
-  TORCH_CHECK(num_splits >= 1 && num_splits <= kMaxSplits, "num_splits must be 1..", kMaxSplits);
+  STD_TORCH_CHECK(page_size >= 16 && (page_size & (page_size - 1)) == 0, "page size must be a power of two >= 16");
+  STD_TORCH_CHECK(block_tables.scalar_type() == ScalarType::Int && block_tables.stride(1) == 1, "block_tables: int32 rows");
+  STD_TORCH_CHECK(seq_lens.scalar_type() == ScalarType::Int && seq_lens.is_contiguous(), "seq_lens: int32");
+  STD_TORCH_CHECK(out.scalar_type() == ScalarType::BFloat16 && out.is_contiguous() && out.numel() == q.numel(), "out: bf16 [B, q_len, H, 512]");
+  STD_TORCH_CHECK(num_splits >= 1 && num_splits <= kMaxSplits, "num_splits must be 1..", kMaxSplits);
   const int64_t batch = q.size(0), rows = q.size(1) * q.size(2);
 
   DecodeParams p = {};
@@ -131,13 +144,13 @@ void decode(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& 
   set_q_strides(p.q_nope_stride, q_nope);
   set_q_strides(p.q_pe_stride, q_pe);
   p.kv = static_cast<const uint8_t*>(kv.data_ptr());
-  p.block_tables = block_tables.data_ptr<int>();
-  p.seq_lens = seq_lens.data_ptr<int>();
+  p.block_tables = static_cast<const int*>(block_tables.data_ptr());
+  p.seq_lens = static_cast<const int*>(seq_lens.data_ptr());
   p.out = reinterpret_cast<__nv_bfloat16*>(out.data_ptr());
   p.lse = nullptr;
   if (lse.has_value()) {
-    TORCH_CHECK(lse->scalar_type() == at::kFloat && lse->is_contiguous() && lse->numel() == batch * rows, "lse: fp32 [B, q_len, H]");
-    p.lse = lse->data_ptr<float>();
+    STD_TORCH_CHECK(lse->scalar_type() == ScalarType::Float && lse->is_contiguous() && lse->numel() == batch * rows, "lse: fp32 [B, q_len, H]");
+    p.lse = static_cast<float*>(lse->data_ptr());
   }
   p.bmm1_ptr = optional_scale(bmm1_tensor);
   p.bmm2_ptr = optional_scale(bmm2_tensor);
@@ -147,7 +160,7 @@ void decode(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& 
   p.q_len = static_cast<int>(q.size(1));
   p.heads = static_cast<int>(q.size(2));
   p.rows = static_cast<int>(rows);
-  TORCH_CHECK(rows <= 1024, "q_len x heads must be <= 1024");  // heads_recip's exact range
+  STD_TORCH_CHECK(rows <= 1024, "q_len x heads must be <= 1024");  // heads_recip's exact range
   p.heads_recip = ((1 << 20) + p.heads - 1) / p.heads;
   p.page_shift = __builtin_ctzll(page_size);
   p.max_pages = static_cast<int>(block_tables.size(1));
@@ -157,15 +170,17 @@ void decode(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& 
   if (num_splits > 1) {
     const int64_t partials = batch * num_splits * rows;
     const int64_t need = partials * (kDimV + 1) * static_cast<int64_t>(sizeof(float));
-    TORCH_CHECK(workspace.is_cuda() && workspace.is_contiguous() && workspace.nbytes() >= need,
+    STD_TORCH_CHECK(workspace.is_cuda() && workspace.is_contiguous() && workspace.numel() * static_cast<int64_t>(workspace.element_size()) >= need,
                 "workspace too small for ", num_splits, " KV splits: need ", need, " bytes");
     // Sized for fp32 partials; FP8 problems store f16 partials and use the first half of them.
     p.part_o = workspace.data_ptr();
     p.part_lse = static_cast<float*>(workspace.data_ptr()) + partials * kDimV;
   }
 
-  const c10::cuda::CUDAGuard guard(q.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.device().index()).stream();
+  const torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
+  void* current_stream = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(q.get_device_index(), &current_stream));
+  const cudaStream_t stream = static_cast<cudaStream_t>(current_stream);
   if (batch == 0) return;
   with_tile_shape(fp8, row_groups, rf, LaunchDecode{p, static_cast<int>(batch), stream, pdl});
   if (num_splits > 1) {
@@ -174,15 +189,29 @@ void decode(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& 
   }
 }
 
+// Stable boxing passes tensors by value (reference-counted handles).
+void decode_boxed(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor seq_lens, Tensor out,
+                  std::optional<Tensor> lse, Tensor workspace, int64_t max_seq_len, int64_t num_splits,
+                  int64_t row_groups, int64_t rf, double bmm1, std::optional<Tensor> bmm1_tensor, double bmm2,
+                  std::optional<Tensor> bmm2_tensor, bool pdl) {
+  decode(q_nope, q_pe, kv, block_tables, seq_lens, out, lse, workspace, max_seq_len, num_splits, row_groups, rf,
+         bmm1, bmm1_tensor, bmm2, bmm2_tensor, pdl);
+}
+
 }  // namespace
 }  // namespace mla
 
-TORCH_LIBRARY(mla_backend, m) {
+STABLE_TORCH_LIBRARY(mla_backend, m) {
   m.def(
       "decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor seq_lens, Tensor(a!) out, Tensor(b!)? lse, "
       "Tensor(c!) workspace, int max_seq_len, int num_splits, int row_groups, int rf, float bmm1, Tensor? bmm1_tensor, "
       "float bmm2, Tensor? bmm2_tensor, bool pdl) -> ()");
-  m.def("ctas_per_sm(bool fp8, int row_groups, int rf) -> int", &mla::ctas_per_sm);
+  m.def("ctas_per_sm(bool fp8, int row_groups, int rf) -> int");
 }
 
-TORCH_LIBRARY_IMPL(mla_backend, CUDA, m) { m.impl("decode", &mla::decode); }
+STABLE_TORCH_LIBRARY_IMPL(mla_backend, CUDA, m) { m.impl("decode", TORCH_BOX(&mla::decode_boxed)); }
+
+// No tensor arguments: the dispatcher finds this kernel under CompositeExplicitAutograd.
+STABLE_TORCH_LIBRARY_IMPL(mla_backend, CompositeExplicitAutograd, m) {
+  m.impl("ctas_per_sm", TORCH_BOX(&mla::ctas_per_sm));
+}

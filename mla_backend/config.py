@@ -28,6 +28,8 @@ ENV_FIELDS = {
     "MLA_BACKEND_DEVICE_CAPABILITY": "device_capability",
     "MLA_BACKEND_FP8_QK": "fp8_qk",
 }
+# Read by the wheel build (setup.py), not a run-time setting: known, so not rejected as a typo.
+BUILD_ENV = {"MLA_BACKEND_ARCHS"}
 
 # Compute capabilities our bundled mma.sync kernels are built and tuned for.
 XQA_EXACT = {(8, 9), (9, 0)}
@@ -93,7 +95,7 @@ class MLABackendConfig(BaseModel):
             if raw is not None and raw.strip() != "":
                 values[field] = _parse_env(var, raw)
         unknown = sorted(
-            k for k in environ if k.startswith(ENV_PREFIX + "_") and k not in ENV_FIELDS
+            k for k in environ if k.startswith(ENV_PREFIX + "_") and k not in ENV_FIELDS and k not in BUILD_ENV
         )
         if unknown:
             raise ValueError(

@@ -3,33 +3,37 @@
 from __future__ import annotations
 
 import importlib.util
-import shutil
-import subprocess
 
 import torch
 from pydantic import ValidationError
 
 from .config import BackendUnavailableError, MLABackendConfig, flashinfer_available, resolve_backend
+from .jit import KernelsUnavailableError, ensure_loaded, prebuilt_manifest
+from .toolkit import ToolkitNotFoundError, find_toolkit
 
 
-def _nvcc_version() -> str:
-    from torch.utils.cpp_extension import CUDA_HOME
-
-    nvcc = shutil.which("nvcc") or (CUDA_HOME and f"{CUDA_HOME}/bin/nvcc")
-    if not nvcc:
-        return "not found (the JIT build needs nvcc: set CUDA_HOME)"
+def toolkit_line() -> str:
     try:
-        text = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except OSError as err:
-        return f"not runnable at {nvcc}: {err}"
-    release = [line for line in text.splitlines() if "release" in line]
-    return f"{release[-1].strip() if release else text.strip()} ({nvcc})"
+        toolkit = find_toolkit()
+    except ToolkitNotFoundError as err:
+        return f"none ({err}); only needed for GPUs without prebuilt kernels"
+    return f"CUDA {toolkit.version[0]}.{toolkit.version[1]} at {toolkit.root}"
+
+
+def kernels_line(device_index: int, config: MLABackendConfig) -> str:
+    """Which library serves this GPU and where it came from (loading it, building it if need be)."""
+    try:
+        library = ensure_loaded(device_index, config.cache_dir, config.fp8_qk)
+    except (KernelsUnavailableError, RuntimeError) as err:
+        return f"UNAVAILABLE: {err}"
+    return f"{library.arch} (fp8_qk {library.fp8_qk}) from the {library.origin}: {library.path}"
 
 
 def report() -> list[str]:
     lines = [
         f"torch          {torch.__version__} (CUDA {torch.version.cuda})",
-        f"nvcc           {_nvcc_version()}",
+        f"CUDA toolkit   {toolkit_line()}",
+        f"prebuilt       {', '.join(sorted(prebuilt_manifest())) or 'none in this install (kernels build on first use)'}",
         f"flashinfer     {'importable' if flashinfer_available() else 'not installed'}",
         f"vllm           {'importable' if importable('vllm') else 'not installed'}",
     ]
@@ -47,9 +51,11 @@ def report() -> list[str]:
             resolution = resolve_backend(config, capability)
             serves = f"{resolution.kernel}: {resolution.reason}"
         except BackendUnavailableError as err:
-            serves = f"ERROR: {err}"
+            resolution, serves = None, f"ERROR: {err}"
         lines.append(f"GPU {index}          {props.name}, SM {props.major}.{props.minor}, "
                      f"{props.multi_processor_count} SMs -> {serves}")
+        if resolution is not None and resolution.kernel == "xqa":
+            lines.append(f"kernels {index}      {kernels_line(index, config)}")
     return lines
 
 

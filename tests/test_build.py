@@ -1,5 +1,5 @@
 """Ahead-of-time build of csrc/ for SM90 and SM120 on a machine without a GPU (the CI compile
-check), with the properties the design depends on read off the machine code."""
+check), with the properties the design depends on read off the machine code and the library."""
 
 import os
 import re
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mla_backend.jit import build_dir, library_name
+from mla_backend.jit import build_dir
+from mla_backend.kernel_build import library_filename
 
 ARCHES = ("sm_90a", "sm_120a")
 
@@ -34,7 +35,7 @@ def built(tmp_path_factory):
     result = subprocess.run([sys.executable, "-m", "mla_backend", "build", "--arch", ",".join(ARCHES), "--strict"],
                             env=env, capture_output=True, text=True)
     assert result.returncode == 0, f"build failed (spills count as failures):\n{result.stdout}\n{result.stderr[-4000:]}"
-    return {arch: build_dir(arch, str(cache)) / f"{library_name(arch)}.so" for arch in ARCHES}
+    return {arch: build_dir(arch, str(cache)) / library_filename(arch) for arch in ARCHES}
 
 
 def sass(library: Path) -> str:
@@ -64,8 +65,48 @@ def test_no_local_memory_in_kernels(built):
 
 
 def test_library_has_no_python_dependency(built):
-    """TORCH_LIBRARY, no pybind: the .so must not link libpython (one build serves every Python)."""
+    """No pybind: the .so must not link libpython (one build serves every Python)."""
     for library in built.values():
-        needed = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True).stdout
-        assert "libpython" not in needed
-        assert "PyInit_" not in subprocess.run(["nm", "-D", str(library)], capture_output=True, text=True).stdout
+        assert_no_python_dependency(library)
+
+
+def test_library_uses_only_torchs_stable_abi(built):
+    for library in built.values():
+        assert_only_stable_torch_abi(library)
+
+
+def test_library_registers_its_ops_in_a_fresh_process(built):
+    for library in built.values():
+        assert_registers_ops(library)
+
+
+def assert_no_python_dependency(library: Path) -> None:
+    needed = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True).stdout
+    assert "libpython" not in needed
+    assert "PyInit_" not in subprocess.run(["nm", "-D", str(library)], capture_output=True, text=True).stdout
+
+
+def assert_only_stable_torch_abi(library: Path) -> None:
+    """Undefined symbols from torch are the C shim's (aoti_torch_*, torch_*), never C++ ones of
+    c10/ATen/torch, whose ABI changes between releases; CUDA's runtime is linked in statically."""
+    undefined = subprocess.run(["nm", "-D", "--undefined-only", str(library)], capture_output=True, text=True).stdout
+    assert "aoti_torch_get_current_cuda_stream" in undefined
+    unstable = re.findall(r"\b(_ZN(?:3c10|2at|5torch)\w+)", undefined)
+    assert not unstable, f"{library.name} uses torch's unstable C++ ABI: {unstable[:5]}"
+    needed = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True).stdout
+    assert "libcudart" not in needed and "libc10" not in needed
+
+
+OP_CHECK = """
+import sys, torch
+torch.ops.load_library(sys.argv[1])
+print(torch.ops.mla_backend.decode.default._schema)
+print(torch.ops.mla_backend.ctas_per_sm.default._schema)
+"""
+
+
+def assert_registers_ops(library: Path) -> None:
+    result = subprocess.run([sys.executable, "-c", OP_CHECK, str(library)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "mla_backend::decode(Tensor q_nope, Tensor q_pe" in result.stdout
+    assert "mla_backend::ctas_per_sm(bool fp8, int row_groups, int rf) -> int" in result.stdout

@@ -187,6 +187,21 @@ def test_workspace_too_small_for_requested_splits(monkeypatch):
             problem.block_tables, problem.seq_lens, problem.max_seq_len)
 
 
+def test_the_bindings_own_checks_reach_python_as_errors(workspace):
+    """Through the stable ABI a failed STD_TORCH_CHECK in the binding is a Python RuntimeError, not a crash
+    (the op's Python checks come first, so the raw op is called with an int64 block table)."""
+    from mla_backend.jit import ensure_loaded
+
+    ensure_loaded(torch.cuda.current_device())
+    problem = make_paged_problem([40], 1, 16, page_size=16, device="cuda")
+    q = problem.query
+    out = torch.full((1, 1, 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(RuntimeError, match="block_tables: int32 rows"):
+        torch.ops.mla_backend.decode(q[..., :512], q[..., 512:], problem.kv_cache, problem.block_tables.long(),
+                                     problem.seq_lens, out, None, workspace, 40, 1, 1, 1, 0.1, None, 1.0, None, False)
+    assert torch.isnan(out).all(), "nothing may run after a failed check"
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
 def test_cuda_graph_replay_is_bit_identical_to_eager(workspace, dtype):
     problem = make_paged_problem([3000, 17, 900], 2, 64, page_size=64, dtype=dtype, device="cuda", seed=11)

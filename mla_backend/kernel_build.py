@@ -1,0 +1,110 @@
+"""How one kernel library is compiled: architectures, nvcc flags, the source stamp, the nvcc call.
+
+Shared by the wheel build (setup.py loads this file by path: standard library and torch only) and
+the build on first use (mla_backend.jit), so both produce the same library from the same flags.
+The binding uses PyTorch's stable C ABI, targeted at the oldest supported torch: a library built
+once serves that torch and every newer one, and every Python version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+
+# compute capability -> the architecture we build for it ("a": arch-specific features such as
+# setmaxnreg/wgmma on 9.0 and native FP8 QMMA on 12.x). The wheel ships all of them.
+ARCH_BY_CAPABILITY = {(8, 9): "sm_89", (9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_103a",
+                      (12, 0): "sm_120a", (12, 1): "sm_121a"}
+SHIPPED_ARCHES = tuple(ARCH_BY_CAPABILITY.values())
+SOURCES = ("mla_decode.cu",)
+HEADERS = ("mla_decode_kernel.cuh",)
+FP8_QK_CHOICES = ("auto", "f16", "e4m3")  # config.Fp8QkName; a test keeps the two equal
+TORCH_ABI_TARGET = (2, 11)  # oldest torch the library must load into
+TORCH_LIBRARIES = ("torch_cpu", "torch_cuda")  # where the stable shim's symbols live
+
+
+def arch_for_capability(capability: tuple[int, int]) -> str:
+    try:
+        return ARCH_BY_CAPABILITY[(int(capability[0]), int(capability[1]))]
+    except KeyError:
+        raise RuntimeError(f"no mla_backend kernel target for compute capability {capability[0]}.{capability[1]} "
+                           f"(kernels exist for SM {', '.join(f'{a}.{b}' for a, b in ARCH_BY_CAPABILITY)})") from None
+
+
+def fp8_qk_variant(arch: str, fp8_qk: str = "auto") -> str:
+    """How the FP8 kernels built for ``arch`` multiply Q by K: "f16" (Q widened once, for sm_90a,
+    where e4m3 mma.sync is emulated) or "e4m3" (mma.sync e4m3: native QMMA on SM 8.9/12.x)."""
+    if fp8_qk not in FP8_QK_CHOICES:
+        raise ValueError(f"fp8_qk must be one of {FP8_QK_CHOICES}, not {fp8_qk!r}")
+    if fp8_qk == "auto":
+        return "f16" if arch == "sm_90a" else "e4m3"
+    if fp8_qk == "f16" and arch != "sm_90a":
+        raise ValueError(f"fp8_qk='f16' is built for sm_90a only, not {arch}: its tile needs more shared "
+                         "memory than the 99 KB per block of the other targets")
+    return fp8_qk
+
+
+def is_default_variant(arch: str, fp8_qk: str) -> bool:
+    return fp8_qk_variant(arch, fp8_qk) == fp8_qk_variant(arch)
+
+
+def library_filename(arch: str, fp8_qk: str = "auto") -> str:
+    variant = "" if is_default_variant(arch, fp8_qk) else f"_fp8qk_{fp8_qk_variant(arch, fp8_qk)}"
+    return f"mla_backend_{arch}{variant}.so"
+
+
+def abi_target_define() -> str:
+    major, minor = TORCH_ABI_TARGET
+    return f"-DTORCH_TARGET_VERSION=0x{major:02x}{minor:02x}000000000000"
+
+
+def nvcc_flags(arch: str, strict: bool = False, fp8_qk: str = "auto") -> list[str]:
+    number = arch.removeprefix("sm_")
+    flags = [
+        f"-gencode=arch=compute_{number},code={arch}",
+        "-O3", "-std=c++17", "-lineinfo", "-DNDEBUG",
+        "-DUSE_CUDA", abi_target_define(),
+    ]
+    if fp8_qk_variant(arch, fp8_qk) == "f16":
+        flags.append("-DMLA_FP8_QK_VIA_F16")
+    if strict:  # CI: any register spill or local-memory use fails the build
+        flags.append("-Xptxas=--warn-on-spills,--warn-on-local-memory-usage,--warning-as-error")
+    return flags
+
+
+def source_stamp(csrc: Path, arch: str, fp8_qk: str = "auto") -> str:
+    """Hash of what determines the library: sources and flags (not the torch version: stable ABI)."""
+    digest = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        digest.update(name.encode() + b"\0" + (csrc / name).read_bytes())
+    digest.update(" ".join(nvcc_flags(arch, fp8_qk=fp8_qk)).encode())
+    return digest.hexdigest()
+
+
+def torch_paths() -> tuple[Path, Path]:
+    """(include dir, lib dir) of the torch in this environment, found without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("building the kernels needs torch (its stable-ABI headers) installed")
+    root = Path(list(spec.submodule_search_locations)[0])
+    return root / "include", root / "lib"
+
+
+def compile_library(csrc: Path, arch: str, output: Path, nvcc: Path, strict: bool = False,
+                    fp8_qk: str = "auto", verbose: bool = False) -> None:
+    """One nvcc call: sources -> a shared library linking only torch's stable shim and static cudart."""
+    include, lib = torch_paths()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    command = [
+        str(nvcc), *nvcc_flags(arch, strict, fp8_qk), "-shared", "-Xcompiler=-fPIC,-fvisibility=hidden",
+        "-cudart=static", f"-I{include}", f"-I{csrc}", *[str(csrc / name) for name in SOURCES],
+        f"-L{lib}", *[f"-l{name}" for name in TORCH_LIBRARIES], "-Xlinker=--no-undefined",
+        "-o", str(output),
+    ]
+    result = subprocess.run(command, capture_output=not verbose, text=True)
+    if result.returncode != 0:
+        log = (result.stderr or "") + (result.stdout or "")
+        raise RuntimeError(f"nvcc failed building {output.name} ({' '.join(command)}):\n{log[-6000:]}")
