@@ -192,7 +192,8 @@ def test_the_bindings_own_checks_reach_python_as_errors(workspace):
     (the op's Python checks come first, so the raw op is called with an int64 block table)."""
     from mla_backend.jit import ensure_loaded
 
-    ensure_loaded(torch.cuda.current_device())
+    config = MLABackendConfig.from_sources()  # the environment may pick the fp8_qk variant
+    ensure_loaded(torch.cuda.current_device(), config.cache_dir, config.fp8_qk)
     problem = make_paged_problem([40], 1, 16, page_size=16, device="cuda")
     q = problem.query
     out = torch.full((1, 1, 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
