@@ -3,6 +3,7 @@
 # pip install 'mla-backend[vllm]' registers the backend (entry point vllm.general_plugins).
 set -euo pipefail
 MODEL=${1:-deepseek-ai/DeepSeek-V3}
+# vLLM 0.32+ also accepts our own name: --attention-backend MLA_BACKEND
 vllm serve "$MODEL" \
   --attention-backend CUSTOM \
   --kv-cache-dtype fp8 \

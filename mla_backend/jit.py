@@ -29,6 +29,7 @@ import torch
 from .config import MLABackendConfig
 from .kernel_build import (
     SHIPPED_ARCHES,
+    SOURCES,
     arch_for_capability,
     compile_library,
     fp8_qk_variant,
@@ -60,7 +61,7 @@ def csrc_dir() -> Path:
     """Sources ship inside the wheel as mla_backend/csrc; a source checkout keeps them in ../csrc."""
     here = Path(__file__).resolve().parent
     for candidate in (here / "csrc", here.parent / "csrc"):
-        if (candidate / "mla_decode.cu").is_file():
+        if (candidate / SOURCES[0]).is_file():
             return candidate
     raise FileNotFoundError(f"CUDA sources not found next to {here}")
 

@@ -64,6 +64,11 @@ def test_environment_and_overrides():
     assert (config.backend, config.num_kv_splits, config.enable_pdl) == ("auto", None, False)
 
 
+def test_the_wheel_builds_variable_is_not_a_typo():
+    """MLA_BACKEND_ARCHS is read by setup.py; left set in a shell it must not stop the engine."""
+    assert MLABackendConfig.from_sources(environ={"MLA_BACKEND_ARCHS": "sm_90a"}) == MLABackendConfig()
+
+
 @pytest.mark.parametrize("env, fragment", [
     ({"MLA_BACKEND": "cutlass"}, "backend"),
     ({"MLA_BACKEND_NUM_KV_SPLITS": "many"}, "MLA_BACKEND_NUM_KV_SPLITS"),
