@@ -51,7 +51,11 @@ def make_prompts(seed: int = 0, vocab: int = 2048) -> list[list[int]]:
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
-    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    """The first step where two token streams differ; a stream that stops early differs where it stops."""
+    step = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if step is None and len(a) != len(b):
+        return min(len(a), len(b))
+    return step
 
 
 def agreement(ours: list[list[int]], ref: list[list[int]], ref_gaps: list[list[float]],
@@ -59,6 +63,8 @@ def agreement(ours: list[list[int]], ref: list[list[int]], ref_gaps: list[list[f
     """Per prompt: the first step where tokens differ and the first tie of the reference: a top-2
     gap below TIE_NATS, or a step where the reference and another run of vLLM's (its second
     backend, or the same backend run again) differ: vLLM itself is undecided there."""
+    if len(ours) != len(ref):
+        raise ValueError(f"{len(ours)} outputs for {len(ref)} reference prompts")
     divergent, failures = [], []
     for i, (a, b) in enumerate(zip(ours, ref)):
         differ = first_difference(a, b)

@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from run_e2e import TIE_NATS, agreed_steps, agreement, rule_calibration, runs_of  # noqa: E402
 
@@ -13,6 +15,18 @@ WIDE = [[1.0] * 4, [1.0] * 4]
 def test_divergence_before_any_tie_fails():
     verdict = agreement([[1, 2, 9, 9], [5, 6, 7, 8]], REF, WIDE)
     assert verdict["failures"] == [(0, 2, 4)] and not verdict["ok"] and verdict["identical"] == 1
+
+
+def test_an_empty_or_short_output_is_a_divergence_where_it_stops():
+    for short in ([], [1, 2]):
+        verdict = agreement([short, [5, 6, 7, 8]], REF, WIDE)
+        assert verdict["failures"] == [(0, len(short), 4)] and not verdict["ok"]
+    assert agreed_steps([[1, 2], [5, 6, 7, 8]], REF) == 6
+
+
+def test_a_missing_prompt_is_an_error_not_a_pass():
+    with pytest.raises(ValueError, match="1 outputs for 2 reference prompts"):
+        agreement([[1, 2, 3, 4]], REF, WIDE)
 
 
 def test_divergence_at_a_near_tie_of_the_reference_passes():
