@@ -88,6 +88,15 @@ BAD_INPUTS = {
     "page id out of range": (dict(block_tables="bad_id"), ValueError, "names page"),
     "seq_len above max_seq_len": (dict(max_seq_len=40), ValueError, "outside 0..max_seq_len"),
     "sparse": (dict(sparse_mla_top_k=64), ValueError, "sparse"),
+    "negative page id": (dict(block_tables="negative_id"), ValueError, "names page -1"),
+    "negative seq_len": (dict(seq_lens="negative"), ValueError, r"seq_lens\[1\] = -1 is outside"),
+    "zero heads": (dict(query="heads0"), ValueError, "number of heads must be 1..128, got 0"),
+    "zero q_len": (dict(query="qlen0"), ValueError, "q_len .* must be 1..8, got 0"),
+    "out not contiguous": (dict(out="transposed"), ValueError, "out must be contiguous"),
+    "workspace not contiguous": (dict(workspace_buffer="strided_bytes"), ValueError,
+                                 "workspace_buffer must be contiguous"),
+    "scale on another device": (dict(bmm1_scale="meta_scale"), ValueError, "bmm1_scale is on meta"),
+    "4-D cache dim 1": (dict(kv_cache="two_heads"), ValueError, "4-D kv_cache must have size 1 in dim 1"),
 }
 
 
@@ -123,6 +132,14 @@ def corrupt(problem, key, how):
         "two": lambda: torch.ones(2),
         "text": lambda: "1.0",
         "bad_id": lambda: bt.clone().index_fill_(1, torch.tensor([0]), 10_000),
+        "negative_id": lambda: bt.clone().index_fill_(1, torch.tensor([0]), -1),
+        "negative": lambda: sl.clone().index_fill_(0, torch.tensor([1]), -1),
+        "heads0": lambda: q[:, :, :0],
+        "qlen0": lambda: q[:, :0],
+        "transposed": lambda: torch.empty(3, 4, 2, 512, dtype=torch.bfloat16).transpose(1, 2),
+        "strided_bytes": lambda: torch.empty(2048, dtype=torch.uint8)[::2],
+        "meta_scale": lambda: torch.ones(1, device="meta"),
+        "two_heads": lambda: kv.view(kv.shape[0], 1, kv.shape[1], 576).expand(-1, 2, -1, -1),
     }
     return makers[how]()
 
