@@ -113,11 +113,11 @@ void set_q_strides(long long (&dst)[3], const Tensor& t) {
   for (int d = 0; d < 3; ++d) dst[d] = t.size(d) == 1 ? 0 : t.stride(d) * t.element_size();
 }
 
-void decode(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv, const Tensor& block_tables,
-            const Tensor& seq_lens, Tensor& out, const std::optional<Tensor>& lse,
-            Tensor& workspace, int64_t max_seq_len, int64_t num_splits, int64_t row_groups, int64_t rf,
-            double bmm1, const std::optional<Tensor>& bmm1_tensor, double bmm2,
-            const std::optional<Tensor>& bmm2_tensor, bool pdl) {
+// Stable boxing passes tensors by value (reference-counted handles).
+void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor seq_lens, Tensor out,
+            std::optional<Tensor> lse, Tensor workspace, int64_t max_seq_len, int64_t num_splits, int64_t row_groups,
+            int64_t rf, double bmm1, std::optional<Tensor> bmm1_tensor, double bmm2,
+            std::optional<Tensor> bmm2_tensor, bool pdl) {
   check_q_part(q_nope, kDimV, "q_nope");
   check_q_part(q_pe, kRopeDim, "q_pe");
   STD_TORCH_CHECK(q_pe.scalar_type() == q_nope.scalar_type() && q_pe.size(0) == q_nope.size(0) &&
@@ -189,15 +189,6 @@ void decode(const Tensor& q_nope, const Tensor& q_pe, const Tensor& kv, const Te
   }
 }
 
-// Stable boxing passes tensors by value (reference-counted handles).
-void decode_boxed(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor seq_lens, Tensor out,
-                  std::optional<Tensor> lse, Tensor workspace, int64_t max_seq_len, int64_t num_splits,
-                  int64_t row_groups, int64_t rf, double bmm1, std::optional<Tensor> bmm1_tensor, double bmm2,
-                  std::optional<Tensor> bmm2_tensor, bool pdl) {
-  decode(q_nope, q_pe, kv, block_tables, seq_lens, out, lse, workspace, max_seq_len, num_splits, row_groups, rf,
-         bmm1, bmm1_tensor, bmm2, bmm2_tensor, pdl);
-}
-
 }  // namespace
 }  // namespace mla
 
@@ -209,7 +200,7 @@ STABLE_TORCH_LIBRARY(mla_backend, m) {
   m.def("ctas_per_sm(bool fp8, int row_groups, int rf) -> int");
 }
 
-STABLE_TORCH_LIBRARY_IMPL(mla_backend, CUDA, m) { m.impl("decode", TORCH_BOX(&mla::decode_boxed)); }
+STABLE_TORCH_LIBRARY_IMPL(mla_backend, CUDA, m) { m.impl("decode", TORCH_BOX(&mla::decode)); }
 
 // No tensor arguments: the dispatcher finds this kernel under CompositeExplicitAutograd.
 STABLE_TORCH_LIBRARY_IMPL(mla_backend, CompositeExplicitAutograd, m) {

@@ -94,7 +94,7 @@ def torch_paths() -> tuple[Path, Path]:
 
 
 def compile_library(csrc: Path, arch: str, output: Path, nvcc: Path, strict: bool = False,
-                    fp8_qk: str = "auto", verbose: bool = False) -> None:
+                    fp8_qk: str = "auto") -> None:
     """One nvcc call: sources -> a shared library linking only torch's stable shim and static cudart."""
     include, lib = torch_paths()
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -104,7 +104,7 @@ def compile_library(csrc: Path, arch: str, output: Path, nvcc: Path, strict: boo
         f"-L{lib}", *[f"-l{name}" for name in TORCH_LIBRARIES], "-Xlinker=--no-undefined",
         "-o", str(output),
     ]
-    result = subprocess.run(command, capture_output=not verbose, text=True)
+    result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
-        log = (result.stderr or "") + (result.stdout or "")
+        log = result.stderr + result.stdout
         raise RuntimeError(f"nvcc failed building {output.name} ({' '.join(command)}):\n{log[-6000:]}")

@@ -51,9 +51,8 @@ def root_behind(nvcc: str) -> Path | None:
     except (OSError, subprocess.SubprocessError):
         return None
     match = re.search(r"^#\$ _HERE_=(.+)$", dry.stdout + dry.stderr, re.MULTILINE)
-    if match and is_toolkit(Path(match.group(1).strip()).parent):
-        return Path(match.group(1).strip()).parent
-    return None
+    root = Path(match.group(1).strip()).parent if match else None
+    return root if root is not None and is_toolkit(root) else None
 
 
 def nvcc_version(nvcc: str) -> tuple[int, int]:
@@ -73,17 +72,17 @@ def supported_arch_numbers(nvcc: str) -> frozenset[str]:
 def find_toolkit(environ: dict[str, str] | None = None) -> Toolkit:
     """The CUDA toolkit to build with, or ToolkitNotFoundError saying how to provide one."""
     environ = dict(os.environ if environ is None else environ)
-    for variable in ("CUDA_HOME", "CUDA_PATH"):
-        if environ.get(variable):
-            root = Path(environ[variable])
-            if not is_toolkit(root):
-                raise ToolkitNotFoundError(f"{variable}={root} is not a CUDA toolkit (no bin/nvcc and "
-                                           "include/cuda_runtime.h there): point it at the toolkit's root")
-            return Toolkit(root, nvcc_version(str(root / "bin" / "nvcc")))
-    on_path = shutil.which("nvcc", path=environ.get("PATH", ""))
-    root = root_behind(on_path) if on_path else None
-    if root is None and is_toolkit(DEFAULT_ROOT):
-        root = DEFAULT_ROOT
+    variable = next((v for v in ("CUDA_HOME", "CUDA_PATH") if environ.get(v)), None)
+    if variable is not None:
+        root = Path(environ[variable])
+        if not is_toolkit(root):
+            raise ToolkitNotFoundError(f"{variable}={root} is not a CUDA toolkit (no bin/nvcc and "
+                                       "include/cuda_runtime.h there): point it at the toolkit's root")
+    else:
+        on_path = shutil.which("nvcc", path=environ.get("PATH", ""))
+        root = root_behind(on_path) if on_path else None
+        if root is None and is_toolkit(DEFAULT_ROOT):
+            root = DEFAULT_ROOT
     if root is None:
         raise ToolkitNotFoundError("no CUDA toolkit found (no CUDA_HOME, no nvcc on PATH, no /usr/local/cuda): "
                                    "install the CUDA toolkit 12.8 or newer and set CUDA_HOME to its root")

@@ -48,7 +48,8 @@ def test_each_library_holds_its_own_architecture(manifest):
     for arch, entry in manifest.items():
         listing = subprocess.run([cuda_tool("cuobjdump"), "--list-elf", str(PREBUILT_DIR / entry["file"])],
                                  capture_output=True, text=True, check=True).stdout
-        assert re.findall(r"\.(sm_\w+)\.cubin", listing) and set(re.findall(r"\.(sm_\w+)\.cubin", listing)) == {arch}
+        cubins = re.findall(r"\.(sm_\w+)\.cubin", listing)
+        assert cubins and set(cubins) == {arch}
 
 
 def test_sm120_library_runs_native_fp8_mma(manifest):
