@@ -7,12 +7,13 @@ The libraries target torch's stable ABI (see mla_backend/kernel_build.py), so th
 for any CPython 3 and the glibc its libraries need.
 """
 
-import importlib.util
+import importlib
 import json
 import os
 import re
 import subprocess
 import sys
+import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,12 +25,11 @@ ROOT = Path(__file__).resolve().parent
 
 
 def load_module(name: str):
-    """mla_backend/<name>.py without importing the package (whose __init__ needs pydantic)."""
-    spec = importlib.util.spec_from_file_location(f"_mla_build_{name}", ROOT / "mla_backend" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """mla_backend/<name>.py without running the package's __init__ (which needs pydantic): the
+    directory is imported as a bare package of another name, so relative imports inside it work."""
+    package = sys.modules.setdefault("_mla_build", types.ModuleType("_mla_build"))
+    package.__path__ = [str(ROOT / "mla_backend")]
+    return importlib.import_module(f"_mla_build.{name}")
 
 
 def requested_arches(kernel_build, editable: bool) -> list[str]:

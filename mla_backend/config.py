@@ -13,6 +13,8 @@ from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .targets import ARCH_BY_CAPABILITY, TRTLLM_GEN_CAPABILITIES, served_capabilities
+
 BackendName = Literal["auto", "xqa", "trtllm-gen"]
 Fp8QkName = Literal["auto", "f16", "e4m3"]
 KernelName = Literal["xqa", "trtllm-gen", "fallback"]
@@ -31,19 +33,19 @@ ENV_FIELDS = {
 # Read by the wheel build (setup.py), not a run-time setting: known, so not rejected as a typo.
 BUILD_ENV = {"MLA_BACKEND_ARCHS"}
 
-# Compute capabilities our bundled mma.sync kernels are built and tuned for.
-XQA_EXACT = {(8, 9), (9, 0)}
-XQA_MAJORS = {12, 10}  # 12.x: the target (RTX 50xx/PRO 6000); 10.x runs mma.sync too, trtllm-gen is faster.
-TRTLLM_GEN = {(10, 0), (10, 3)}
 
 # Largest split of one request's KV across CTAs; bounds the workspace the merge needs.
 MAX_KV_SPLITS = 256
 
 
 class MLABackendConfig(BaseModel):
-    """Validated settings. Unknown keys and bad values raise ``pydantic.ValidationError``."""
+    """Validated settings. Unknown keys and bad values raise ``pydantic.ValidationError``.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Values from Python and from JSON must already have the field's type (strict: ``"4"``, ``4.0``
+    or ``"yes"`` are errors, not guesses); environment variables are strings, parsed by
+    :func:`_parse_env`'s documented spellings before validation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     backend: BackendName = Field(
         "auto", description="Kernel family: auto (pick by GPU), xqa (bundled), trtllm-gen (FlashInfer, SM100)."
@@ -158,7 +160,8 @@ def _cc(capability: tuple[int, int]) -> str:
 
 
 def xqa_supported(capability: tuple[int, int]) -> bool:
-    return tuple(capability) in XQA_EXACT or capability[0] in XQA_MAJORS
+    """The bundled kernels are built for this exact capability (targets.ARCH_BY_CAPABILITY)."""
+    return (int(capability[0]), int(capability[1])) in ARCH_BY_CAPABILITY
 
 
 def resolve_backend(
@@ -174,17 +177,17 @@ def resolve_backend(
     has_flashinfer = flashinfer_available() if has_flashinfer is None else has_flashinfer
     cc = _cc(capability)
     xqa_ok = xqa_supported(capability)
-    trtllm_ok = capability in TRTLLM_GEN and has_flashinfer
+    trtllm_ok = capability in TRTLLM_GEN_CAPABILITIES and has_flashinfer
 
     if config.backend == "xqa":
         if not xqa_ok:
             raise BackendUnavailableError(
-                f"backend='xqa' needs compute capability 8.9, 9.0, 10.x or 12.x; this GPU is {cc}. "
+                f"backend='xqa' needs compute capability {served_capabilities()}; this GPU is {cc}. "
                 "Use backend='auto' to fall back to the engine's portable MLA decode instead."
             )
         return Resolution("xqa", f"backend='xqa' requested; SM {cc} runs the bundled mma.sync kernels")
     if config.backend == "trtllm-gen":
-        if capability not in TRTLLM_GEN:
+        if capability not in TRTLLM_GEN_CAPABILITIES:
             raise BackendUnavailableError(
                 f"backend='trtllm-gen' needs compute capability 10.0 or 10.3 (B200/B300/GB300); this GPU is {cc}. "
                 "Use backend='auto' to pick the bundled kernels or the portable fallback instead."
@@ -197,17 +200,14 @@ def resolve_backend(
         return Resolution("trtllm-gen", f"backend='trtllm-gen' requested; SM {cc} with FlashInfer installed")
 
     # auto
-    if capability[0] == 10:
-        if trtllm_ok:
-            return Resolution("trtllm-gen", f"auto: SM {cc} with FlashInfer installed -> FlashInfer trtllm-gen")
-        if xqa_ok:
-            why = "FlashInfer is not installed" if capability in TRTLLM_GEN else f"trtllm-gen does not serve SM {cc}"
-            return Resolution("xqa", f"auto: SM {cc}, {why} -> bundled mma.sync kernels")
+    if trtllm_ok:
+        return Resolution("trtllm-gen", f"auto: SM {cc} with FlashInfer installed -> FlashInfer trtllm-gen")
     if xqa_ok:
-        return Resolution("xqa", f"auto: SM {cc} -> bundled mma.sync kernels")
+        why = ", FlashInfer is not installed" if capability in TRTLLM_GEN_CAPABILITIES else ""
+        return Resolution("xqa", f"auto: SM {cc}{why} -> bundled mma.sync kernels")
     return Resolution(
         "fallback",
-        f"auto: SM {cc} is not served by the bundled kernels (need 8.9, 9.0, 10.x or 12.x) "
+        f"auto: SM {cc} is not served by the bundled kernels (built for {served_capabilities()}) "
         "-> the engine's portable MLA decode",
     )
 

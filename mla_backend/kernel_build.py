@@ -1,6 +1,6 @@
 """How one kernel library is compiled: architectures, nvcc flags, the source stamp, the nvcc call.
 
-Shared by the wheel build (setup.py loads this file by path: standard library and torch only) and
+Shared by the wheel build (setup.py loads it without the package's __init__: standard library only) and
 the build on first use (mla_backend.jit), so both produce the same library from the same flags.
 The binding uses PyTorch's stable C ABI, targeted at the oldest supported torch: a library built
 once serves that torch and every newer one, and every Python version.
@@ -12,11 +12,8 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-# compute capability -> the architecture we build for it ("a": arch-specific features such as
-# setmaxnreg/wgmma on 9.0 and native FP8 QMMA on 12.x). The wheel ships all of them.
-ARCH_BY_CAPABILITY = {(8, 9): "sm_89", (9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_103a",
-                      (12, 0): "sm_120a", (12, 1): "sm_121a"}
-SHIPPED_ARCHES = tuple(ARCH_BY_CAPABILITY.values())
+from .targets import SHIPPED_ARCHES, bundled_arch, served_capabilities
+
 SOURCES = ("mla_decode.cu",)
 HEADERS = ("mla_decode_kernel.cuh",)
 FP8_QK_CHOICES = ("auto", "f16", "e4m3")  # config.Fp8QkName; a test keeps the two equal
@@ -25,11 +22,11 @@ TORCH_LIBRARIES = ("torch_cpu", "torch_cuda")  # where the stable shim's symbols
 
 
 def arch_for_capability(capability: tuple[int, int]) -> str:
-    try:
-        return ARCH_BY_CAPABILITY[(int(capability[0]), int(capability[1]))]
-    except KeyError:
+    arch = bundled_arch(capability)
+    if arch is None:
         raise RuntimeError(f"no mla_backend kernel target for compute capability {capability[0]}.{capability[1]} "
-                           f"(kernels exist for SM {', '.join(f'{a}.{b}' for a, b in ARCH_BY_CAPABILITY)})") from None
+                           f"(kernels exist for SM {served_capabilities()})")
+    return arch
 
 
 def fp8_qk_variant(arch: str, fp8_qk: str = "auto") -> str:

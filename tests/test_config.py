@@ -97,3 +97,48 @@ def test_fp8_qk_variant_from_environment_and_its_values():
     assert MLABackendConfig.from_sources(environ={"MLA_BACKEND_FP8_QK": "e4m3"}).fp8_qk == "e4m3"
     with pytest.raises(ValidationError, match="fp8_qk"):
         MLABackendConfig.from_sources(environ={"MLA_BACKEND_FP8_QK": "fp16"})
+
+
+@pytest.mark.parametrize("field, value", [
+    ("num_kv_splits", "4"), ("num_kv_splits", 4.0), ("num_kv_splits", True),
+    ("enable_pdl", "yes"), ("enable_pdl", 1), ("validate_page_ids", "true"),
+    ("device_capability", 8.0), ("backend", b"xqa"),
+])
+def test_python_and_json_values_are_not_coerced(field, value):
+    """Policy: values from Python or JSON must have the field's type; no guessing."""
+    with pytest.raises(ValidationError, match=field):
+        MLABackendConfig(**{field: value})
+    with pytest.raises(ValidationError, match=field):
+        MLABackendConfig.from_additional_config({"mla_backend": {field: value}}, environ={})
+
+
+@pytest.mark.parametrize("var, raw, field, value", [
+    ("MLA_BACKEND_NUM_KV_SPLITS", " 4 ", "num_kv_splits", 4),
+    ("MLA_BACKEND_NUM_KV_SPLITS", "auto", "num_kv_splits", None),
+    ("MLA_BACKEND_ENABLE_PDL", "yes", "enable_pdl", True),
+    ("MLA_BACKEND_ENABLE_PDL", "OFF", "enable_pdl", False),
+    ("MLA_BACKEND_ENABLE_PDL", "auto", "enable_pdl", None),
+    ("MLA_BACKEND_VALIDATE_PAGE_IDS", "1", "validate_page_ids", True),
+    ("MLA_BACKEND_DEVICE_CAPABILITY", "8.0", "device_capability", "8.0"),
+    ("MLA_BACKEND_CACHE_DIR", "/tmp/k", "cache_dir", "/tmp/k"),
+    ("MLA_BACKEND_FP8_QK", "f16", "fp8_qk", "f16"),
+])
+def test_environment_strings_are_parsed_by_their_documented_spellings(var, raw, field, value):
+    assert getattr(MLABackendConfig.from_sources(environ={var: raw}), field) == value
+
+
+@pytest.mark.parametrize("env", [{"MLA_BACKEND_NUM_KV_SPLITS": "4.0"}, {"MLA_BACKEND_VALIDATE_PAGE_IDS": "auto"},
+                                 {"MLA_BACKEND_DEVICE_CAPABILITY": "9"}, {"MLA_BACKEND_NUM_KV_SPLITS": "0"}])
+def test_environment_strings_outside_the_spellings_are_rejected(env):
+    with pytest.raises(ValueError, match=next(iter(env)).removeprefix("MLA_BACKEND_").lower() + "|" + next(iter(env))):
+        MLABackendConfig.from_sources(environ=env)
+
+
+def test_an_empty_environment_variable_means_unset():
+    assert MLABackendConfig.from_sources(environ={"MLA_BACKEND": " ", "MLA_BACKEND_NUM_KV_SPLITS": ""}) == \
+        MLABackendConfig()
+
+
+def test_capability_override_is_used_and_the_detected_one_otherwise():
+    assert MLABackendConfig().capability((9, 0)) == (9, 0)
+    assert MLABackendConfig(device_capability="12.0").capability((9, 0)) == (12, 0)

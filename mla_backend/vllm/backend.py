@@ -115,7 +115,7 @@ class MLABackend(MLACommonBackend):
 
     @classmethod
     def supports_compute_capability(cls, capability: DeviceCapability) -> bool:
-        # The bundled kernels serve 8.9/9.0/10.x/12.x; `auto` sends the rest to the portable fallback.
+        # The bundled kernels serve the capabilities of targets.ARCH_BY_CAPABILITY; `auto` sends the rest to the fallback.
         return capability >= MIN_CAPABILITY
 
     @classmethod
