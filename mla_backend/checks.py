@@ -126,8 +126,10 @@ def check_decode_inputs(
     sinks,
 ) -> DecodeProblem:
     q_nope, q_pe, query_given = split_query(query)
-    for name, t in (("kv_cache", kv_cache), ("block_tables", block_tables), ("seq_lens", seq_lens)):
-        _require(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}", TypeError)
+    for name, t in (("kv_cache", kv_cache), ("block_tables", block_tables), ("seq_lens", seq_lens),
+                    ("workspace_buffer", workspace_buffer), ("out", out)):
+        _require(isinstance(t, torch.Tensor) or (t is None and name in ("workspace_buffer", "out")),
+                 f"{name} must be a torch.Tensor, got {type(t).__name__}", TypeError)
     _require(sinks is None, "sinks are not supported by MLA decode (DeepSeek-V3-class models have none)")
     _require(kv_lora_rank == shapes.KV_LORA_RANK, f"kv_lora_rank must be {shapes.KV_LORA_RANK}, got {kv_lora_rank}")
     _require(qk_rope_head_dim == shapes.ROPE_DIM, f"qk_rope_head_dim must be {shapes.ROPE_DIM}, got {qk_rope_head_dim}")
@@ -186,7 +188,6 @@ def check_decode_inputs(
     _require(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
     _require(seq_lens.is_contiguous(), "seq_lens must be contiguous")
     if workspace_buffer is not None:
-        _require(isinstance(workspace_buffer, torch.Tensor), "workspace_buffer must be a torch.Tensor", TypeError)
         _require(workspace_buffer.is_contiguous(), "workspace_buffer must be contiguous")
 
     # output
@@ -194,7 +195,6 @@ def check_decode_inputs(
     if out is None:
         out_view = torch.empty(full_shape, dtype=torch.bfloat16, device=device)
     else:
-        _require(isinstance(out, torch.Tensor), "out must be a torch.Tensor", TypeError)
         _require(out.dtype == torch.bfloat16, f"out must be bfloat16, got {out.dtype}", TypeError)
         allowed = [full_shape] + ([(batch, heads, shapes.KV_LORA_RANK)] if q_len == 1 else [])
         _require(tuple(out.shape) in allowed, f"out must have shape {' or '.join(map(str, allowed))}, "

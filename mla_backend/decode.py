@@ -12,7 +12,6 @@ optional natural-log LSE. CPU tensors run the float64 reference.
 from __future__ import annotations
 
 import functools
-import logging
 import math
 from typing import List, Optional, Tuple, Union
 
@@ -22,7 +21,6 @@ from .checks import DecodeProblem, check_decode_inputs, check_page_ids
 from .config import BackendName, BackendUnavailableError, MLABackendConfig, resolve_backend
 from .reference import mla_decode_reference
 
-log = logging.getLogger("mla_backend")
 
 Scale = Union[float, torch.Tensor]
 # One [B, q_len, H, 576] tensor (FlashInfer's form), or the (q_nope [.., 512], q_pe [.., 64]) pair
@@ -51,11 +49,6 @@ def _finish(problem: DecodeProblem, lse: torch.Tensor, return_lse: bool):
     return (out, lse) if return_lse else out
 
 
-@functools.lru_cache(maxsize=None)
-def _warn_fallback(reason: str) -> None:
-    log.warning("mla_backend: %s; running the float64 reference on the GPU (correct, slow)", reason)
-
-
 def _decode(problem: DecodeProblem, workspace_buffer, config: MLABackendConfig, kernel: str,
             enable_pdl: Optional[bool], return_lse: bool):
     if problem.device.type == "cpu":
@@ -69,10 +62,8 @@ def _decode(problem: DecodeProblem, workspace_buffer, config: MLABackendConfig, 
 
         lse = run_xqa_decode(problem, workspace_buffer, config, enable_pdl, return_lse)
         return _finish(problem, lse, return_lse)
-    if kernel == "trtllm-gen":
-        return _run_flashinfer_trtllm_gen(problem, workspace_buffer, enable_pdl, return_lse)
-    _, lse = _run_reference(problem)
-    return _finish(problem, lse, return_lse)
+    assert kernel == "trtllm-gen", kernel
+    return _run_flashinfer_trtllm_gen(problem, workspace_buffer, enable_pdl, return_lse)
 
 
 def _run_flashinfer_trtllm_gen(problem: DecodeProblem, workspace_buffer, enable_pdl, return_lse):
@@ -133,9 +124,11 @@ def trtllm_batch_decode_with_kv_cache_mla(
     kernel = "reference"
     if problem.device.type == "cuda":
         resolution = resolve_backend(config, config.capability(torch.cuda.get_device_capability(problem.device)))
+        if resolution.kernel == "fallback":  # as FlashInfer does on a GPU it has no kernel for
+            raise BackendUnavailableError(
+                f"no MLA decode kernel here: {resolution.reason}. The vLLM plugin serves such GPUs with vLLM's "
+                "Triton MLA; the op runs the float64 reference on CPU tensors")
         kernel = resolution.kernel
-        if kernel == "fallback":
-            _warn_fallback(resolution.reason)
     return _decode(problem, workspace_buffer, config, kernel, enable_pdl, return_lse)
 
 

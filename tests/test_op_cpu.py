@@ -5,7 +5,7 @@ import torch
 
 from mla_backend import trtllm_batch_decode_with_kv_cache_mla, xqa_batch_decode_with_kv_cache_mla
 from mla_backend.inputs import make_paged_problem, vllm_bf16_query_layout
-from mla_backend.reference import mla_decode_reference
+from oracle import assert_rounded_from, naive_decode, naive_decode_problem
 
 WORKSPACE = torch.empty(1 << 10, dtype=torch.uint8)
 
@@ -26,17 +26,15 @@ def problem():
 
 @pytest.mark.parametrize("op", [trtllm_batch_decode_with_kv_cache_mla, xqa_batch_decode_with_kv_cache_mla])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
-def test_cpu_op_returns_reference_in_bf16_with_lse(op, dtype):
+def test_cpu_op_equals_the_oracle_rounded_to_bf16_with_lse(op, dtype):
     problem = make_paged_problem([37, 0, 64, 1], q_len=2, heads=4, page_size=16, dtype=dtype, seed=4,
                                  four_dim_cache=True)
     scale = torch.tensor([0.06], dtype=torch.float32)
     out, lse = call(problem, op, bmm1_scale=scale, bmm2_scale=1.5, return_lse=True)
-    want_out, want_lse = mla_decode_reference(problem.query, problem.kv_cache, problem.block_tables,
-                                              problem.seq_lens, 0.06, 1.5)
+    want_out, want_lse = naive_decode_problem(problem, 0.06, 1.5)
     assert out.dtype == torch.bfloat16 and out.shape == (4, 2, 4, 512)
     assert lse.dtype == torch.float32 and lse.shape == (4, 2, 4)
-    torch.testing.assert_close(out, want_out.to(torch.bfloat16))
-    torch.testing.assert_close(lse, want_lse.float())
+    assert_rounded_from(out, lse, want_out, want_lse)
     assert torch.isneginf(lse[1]).all() and not out[1].any()
 
 
@@ -97,6 +95,16 @@ BAD_INPUTS = {
                                  "workspace_buffer must be contiguous"),
     "scale on another device": (dict(bmm1_scale="meta_scale"), ValueError, "bmm1_scale is on meta"),
     "4-D cache dim 1": (dict(kv_cache="two_heads"), ValueError, "4-D kv_cache must have size 1 in dim 1"),
+    "split query nope dim": (dict(query="nope256"), ValueError, r"q_nope must be \[batch, q_len, heads, 512\]"),
+    "split query devices": (dict(query="pe_meta"), ValueError, "q_pe is on meta"),
+    "query type": (dict(query="text"), TypeError, "query must be a torch.Tensor or a"),
+    "kv_cache type": (dict(kv_cache="nested_list"), TypeError, "kv_cache must be a torch.Tensor, got list"),
+    "workspace type": (dict(workspace_buffer="text"), TypeError, "workspace_buffer must be a torch.Tensor"),
+    "out type": (dict(out="text"), TypeError, "out must be a torch.Tensor, got str"),
+    "max_seq_len float": (dict(max_seq_len=64.0), TypeError, "max_seq_len must be a non-negative int"),
+    "max_seq_len negative": (dict(max_seq_len=-1), TypeError, "max_seq_len must be a non-negative int"),
+    "block_tables rows strided": (dict(block_tables="every_other"), ValueError, "block_tables rows must be contig"),
+    "seq_lens strided": (dict(seq_lens="every_other"), ValueError, "seq_lens must be contiguous"),
 }
 
 
@@ -139,6 +147,12 @@ def corrupt(problem, key, how):
         "transposed": lambda: torch.empty(3, 4, 2, 512, dtype=torch.bfloat16).transpose(1, 2),
         "strided_bytes": lambda: torch.empty(2048, dtype=torch.uint8)[::2],
         "meta_scale": lambda: torch.ones(1, device="meta"),
+        "nope256": lambda: (q[..., :256], q[..., 512:]),
+        "pe_meta": lambda: (q[..., :512], q[..., 512:].to("meta")),
+        "text": lambda: "not a tensor",
+        "nested_list": lambda: kv.tolist(),
+        "every_other": lambda: (torch.stack([bt, bt], dim=-1).flatten(1)[:, ::2] if key == "block_tables"
+                                else torch.stack([sl, sl], dim=-1)[:, 0]),
         "two_heads": lambda: kv.view(kv.shape[0], 1, kv.shape[1], 576).expand(-1, 2, -1, -1),
     }
     return makers[how]()
@@ -171,3 +185,98 @@ def test_the_stride_of_a_size_one_dim_does_not_matter():
 def test_junk_page_ids_past_seq_len_are_ignored(problem):
     assert (problem.block_tables[:, -1] < 0).any() or (problem.block_tables[:, -1] > 1000).any()
     call(problem, bmm1_scale=0.1)  # the factory put junk ids past each length: no error
+
+
+def raising_sites() -> set[int]:
+    """Line of every check in checks.py: each ``_require(...)`` call and each ``raise`` outside it."""
+    import ast
+    import inspect
+
+    from mla_backend import checks
+
+    tree = ast.parse(inspect.getsource(checks))
+    sites = set()
+    for func in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name != "_require"):
+        for node in ast.walk(func):
+            if isinstance(node, ast.Raise) or (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "_require"):
+                sites.add(node.lineno)
+    return sites
+
+
+def raising_line(err: BaseException) -> int | None:
+    """The checks.py line that raised (the innermost checks.py frame outside ``_require``), or None
+    for a check made elsewhere (decode.py's own)."""
+    from mla_backend import checks
+
+    lines = [frame.lineno for frame in __import__("traceback").extract_tb(err.__traceback__)
+             if frame.filename == checks.__file__ and frame.name != "_require"]
+    return lines[-1] if lines else None
+
+
+def test_every_check_in_checks_py_is_hit_by_a_bad_input(problem):
+    """A check nothing triggers could be deleted unnoticed; a new check needs a BAD_INPUTS case."""
+    hit = set()
+    for change, exc, _ in BAD_INPUTS.values():
+        overrides = {k: corrupt(problem, k, v) if isinstance(v, str) else v for k, v in change.items()}
+        try:
+            call(problem, **overrides)
+        except exc as err:
+            hit.add(raising_line(err))
+    missing = sorted(raising_sites() - hit)
+    assert not missing, f"checks.py lines no bad input reaches: {missing}"
+
+
+@pytest.mark.parametrize("damage", ["out x 1.01", "out one row", "lse + 1e-4", "lse one -inf"])
+def test_the_oracle_comparison_fails_on_a_damaged_result(damage):
+    problem = make_paged_problem([37, 64], q_len=2, heads=4, page_size=16, seed=11)
+    out, lse = call(problem, bmm1_scale=0.06, return_lse=True)
+    want_out, want_lse = naive_decode_problem(problem, 0.06, 1.0)
+    assert_rounded_from(out, lse, want_out, want_lse)
+    if damage == "out x 1.01":
+        out = (out.double() * 1.01).to(torch.bfloat16)
+    elif damage == "out one row":
+        out = out.clone()
+        out[1, 0, 2] = out[1, 0, 3]
+    elif damage == "lse + 1e-4":
+        lse = lse + 1e-4
+    else:
+        lse = lse.clone()
+        lse[0, 0, 0] = float("-inf")
+    with pytest.raises(AssertionError):
+        assert_rounded_from(out, lse, want_out, want_lse)
+
+
+def test_trtllm_gen_route_hands_flashinfer_the_whole_query_and_converts_its_base_2_lse(monkeypatch):
+    """The trtllm-gen route runs only on SM100 with FlashInfer; its plumbing runs here against a
+    stand-in for flashinfer.mla that computes the contract in FlashInfer's conventions."""
+    import math
+    import sys
+    import types
+
+    from mla_backend import decode
+    from mla_backend.checks import check_decode_inputs
+
+    seen = {}
+
+    def fake_trtllm(query, kv_cache, workspace, qk_nope, kv_lora, rope, block_tables, seq_lens, max_seq_len,
+                    out, bmm1_scale, bmm2_scale, enable_pdl, backend, return_lse):
+        seen.update(contiguous=query.is_contiguous(), shape=tuple(query.shape), nope=qk_nope, backend=backend,
+                    pdl=enable_pdl, dims=(kv_lora, rope))
+        want_out, want_lse = naive_decode(query, kv_cache, block_tables, seq_lens, bmm1_scale, bmm2_scale)
+        out.copy_(want_out)
+        return (out, want_lse / math.log(2.0)) if return_lse else out
+
+    flashinfer = types.ModuleType("flashinfer")
+    flashinfer.mla = types.SimpleNamespace(trtllm_batch_decode_with_kv_cache_mla=fake_trtllm)
+    monkeypatch.setitem(sys.modules, "flashinfer", flashinfer)
+    monkeypatch.setitem(sys.modules, "flashinfer.mla", flashinfer.mla)
+    problem = make_paged_problem([37, 64], q_len=2, heads=4, page_size=16, seed=12)
+    nope, pe = vllm_bf16_query_layout(problem.query)
+    checked = check_decode_inputs((nope, pe), problem.kv_cache, WORKSPACE, 192, 512, 64, problem.block_tables,
+                                  problem.seq_lens, problem.max_seq_len, None, 0.06, 1.0, None)
+    out, lse = decode._run_flashinfer_trtllm_gen(checked, WORKSPACE, True, True)
+    assert seen == dict(contiguous=True, shape=(2, 2, 4, 576), nope=192, backend="trtllm-gen", pdl=True,
+                        dims=(512, 64))
+    want_out, want_lse = naive_decode_problem(problem, 0.06, 1.0)
+    assert_rounded_from(out, lse, want_out, want_lse)
+    assert decode._run_flashinfer_trtllm_gen(checked, WORKSPACE, None, False) is checked.out

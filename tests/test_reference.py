@@ -1,4 +1,4 @@
-"""The float64 reference against an independent per-(request, token, head) loop."""
+"""The float64 reference against the independent oracle (tests/oracle.py)."""
 
 import math
 
@@ -7,32 +7,7 @@ import torch
 
 from mla_backend import mla_decode_reference
 from mla_backend.inputs import make_paged_problem
-
-
-def naive_decode(problem, bmm1, bmm2):
-    """Token-by-token through the block table, no page slicing: an independent indexing path."""
-    q = problem.query.double()
-    cache = problem.kv_cache.reshape(-1, problem.kv_cache.shape[-2], 576).double()
-    page = cache.shape[1]
-    batch, q_len, heads, _ = q.shape
-    out = torch.zeros(batch, q_len, heads, 512, dtype=torch.float64)
-    lse = torch.full((batch, q_len, heads), -math.inf, dtype=torch.float64)
-    for b in range(batch):
-        n = int(problem.seq_lens[b])
-        rows = [cache[int(problem.block_tables[b, pos // page]), pos % page] for pos in range(n)]
-        for t in range(q_len):
-            visible = n - q_len + t + 1
-            for h in range(heads):
-                if visible <= 0:
-                    continue
-                logits = [float(q[b, t, h] @ rows[p]) * bmm1 for p in range(visible)]
-                m = max(logits)
-                weights = [math.exp(x - m) for x in logits]
-                total = sum(weights)
-                acc = sum(w * rows[p][:512] for p, w in enumerate(weights))
-                out[b, t, h] = acc / total * bmm2
-                lse[b, t, h] = m + math.log(total)
-    return out, lse
+from oracle import naive_decode_problem
 
 
 @pytest.mark.parametrize("q_len", [1, 2, 3, 4])
@@ -43,7 +18,7 @@ def test_reference_matches_naive_loop(q_len, page_size):
     bmm1, bmm2 = 0.07, 1.7
     out, lse = mla_decode_reference(problem.query, problem.kv_cache, problem.block_tables,
                                     problem.seq_lens, bmm1, bmm2)
-    want_out, want_lse = naive_decode(problem, bmm1, bmm2)
+    want_out, want_lse = naive_decode_problem(problem, bmm1, bmm2)
     torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(lse, want_lse, rtol=1e-10, atol=1e-10)
 
@@ -52,7 +27,7 @@ def test_reference_fp8_is_computed_on_dequantised_values():
     problem = make_paged_problem([40, 9], 2, heads=3, page_size=16, dtype=torch.float8_e4m3fn, seed=5)
     out, lse = mla_decode_reference(problem.query, problem.kv_cache, problem.block_tables,
                                     problem.seq_lens, 0.05, 1.0)
-    want_out, want_lse = naive_decode(problem, 0.05, 1.0)
+    want_out, want_lse = naive_decode_problem(problem, 0.05, 1.0)
     torch.testing.assert_close(out, want_out, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(lse, want_lse, rtol=1e-10, atol=1e-10)
 
