@@ -1,21 +1,22 @@
-"""One vLLM engine run for the end-to-end checks: greedy generation with logprobs, plus, for our
-backend, a check of forward_mqa's output on the real paged cache against the float64 reference.
+"""One vLLM engine run for the end-to-end checks: greedy generation with logprobs, plus a check of
+the backend's forward_mqa outputs on the real paged cache against the float64 reference
+(decode_check.py), in eager and CUDA-graph mode.
 
 Engines run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the check can wrap the impl."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import torch  # noqa: E402
 
-from mla_backend.reference import ROW_ERROR_TOLERANCE, mla_decode_reference  # noqa: E402
+from decode_check import DecodeChecker  # noqa: E402
 
 KV_DTYPES = {"fp8": torch.float8_e4m3fn, "auto": torch.bfloat16}  # vLLM's --kv-cache-dtype -> torch, bf16 model
 
@@ -40,67 +41,24 @@ class EngineSpec:
         return " ".join(parts)
 
 
-class DecodeChecker:
-    """Wraps an MLA impl's forward_mqa (ours, or a reference backend's): counts query lengths and
-    compares a few eager calls per query length with the float64 reference on the real KV cache."""
+@contextlib.contextmanager
+def after_each_step(callback):
+    """Call ``callback`` after every model step of the in-process engine (its forward has been
+    launched; the next step has not started)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    def __init__(self, impl_cls, checks_per_q_len: int = 3):
-        self.impl_cls = impl_cls
-        self.checks_per_q_len = checks_per_q_len
-        self.q_lens: Counter = Counter()
-        self.checked: Counter = Counter()
-        self.worst: dict[int, float] = {}
-        self.problems: set[str] = set()
-        self._original = None
+    original = GPUModelRunner.execute_model
 
-    def __enter__(self):
-        self._original = original = self.impl_cls.forward_mqa
-        checker = self
+    def execute_model(runner, *args, **kwargs):
+        result = original(runner, *args, **kwargs)
+        callback()
+        return result
 
-        def forward_mqa(impl, q, kv_cache, metadata, layer):
-            out, lse = original(impl, q, kv_cache, metadata, layer)
-            try:
-                checker.observe(impl, q, kv_cache, metadata, layer, out)
-            except Exception as err:  # a checker problem is reported, never hidden
-                checker.problems.add(repr(err)[:200])
-            return out, lse
-
-        self.impl_cls.forward_mqa = forward_mqa
-        return self
-
-    def __exit__(self, *exc):
-        self.impl_cls.forward_mqa = self._original
-
-    def observe(self, impl, q, kv_cache, metadata, layer, out):
-        query = torch.cat(q, dim=-1) if isinstance(q, tuple) else q
-        tokens, heads, dim = query.shape
-        if tokens % metadata.num_decodes:  # a varlen batch (FLASH_ATTN_MLA decodes short prefills)
-            return
-        q_len = tokens // metadata.num_decodes
-        self.q_lens[q_len] += 1
-        # Graph capture cannot sync; warm-up batches (every request only its new tokens) prove nothing.
-        if torch.cuda.is_current_stream_capturing() or metadata.max_seq_len <= q_len \
-                or self.checked[q_len] >= self.checks_per_q_len:
-            return
-        fp8_kv = impl.kv_cache_dtype.startswith("fp8")
-        k_scale = layer._k_scale_float if fp8_kv else 1.0
-        q_scale = layer._q_scale_float if query.dtype == torch.float8_e4m3fn else 1.0
-        decode = metadata.decode
-        want, _ = mla_decode_reference(
-            query.view(metadata.num_decodes, q_len, heads, dim), kv_cache, decode.block_table, decode.seq_lens,
-            impl.scale * q_scale * k_scale, k_scale,
-        )
-        want = want.reshape(tokens, heads, -1)
-        got = out.reshape(tokens, heads, -1).double()
-        norms = want.norm(dim=-1)
-        seen = norms > 0  # rows of empty requests (warm-up and padding) are zero in both
-        if not seen.any():
-            return
-        self.checked[q_len] += 1
-        error = ((got - want).norm(dim=-1)[seen] / norms[seen]).max().item()
-        if not torch.isfinite(got).all():
-            error = float("inf")
-        self.worst[q_len] = max(self.worst.get(q_len, 0.0), error)
+    GPUModelRunner.execute_model = execute_model
+    try:
+        yield
+    finally:
+        GPUModelRunner.execute_model = original
 
 
 def engine_kwargs(spec: EngineSpec, model: str, max_model_len: int, memory_fraction: float) -> dict:
@@ -115,6 +73,7 @@ def engine_kwargs(spec: EngineSpec, model: str, max_model_len: int, memory_fract
     if spec.graphs:  # full graphs for decode without an inductor compile: quick to start
         kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     if spec.spec_tokens:
+        kwargs["disable_log_stats"] = False  # keeps the speculative-decoding counters
         # A random model does not copy its prompt: a 1-token lookup still finds drafts in long prompts.
         kwargs["speculative_config"] = {"method": "ngram_gpu", "num_speculative_tokens": spec.spec_tokens,
                                         "prompt_lookup_min": 1, "prompt_lookup_max": 3}
@@ -124,8 +83,9 @@ def engine_kwargs(spec: EngineSpec, model: str, max_model_len: int, memory_fract
 
 
 def run_engine(spec: EngineSpec, model: str, prompts: list[list[int]], max_tokens: int = 32,
-               logprobs: int = 2, max_model_len: int = 2048) -> dict:
-    """Generate greedily; returns tokens, top-2 logprob gaps, timings and the decode check."""
+               logprobs: int = 2, max_model_len: int = 2048, corrupt: float | None = None) -> dict:
+    """Generate greedily; returns tokens, top-2 logprob gaps, timings and the decode check.
+    ``corrupt`` scales every forward_mqa output (the check must then fail)."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -135,31 +95,40 @@ def run_engine(spec: EngineSpec, model: str, prompts: list[list[int]], max_token
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     load_general_plugins()  # what the engine does first: registers CUSTOM through our entry point
-    checker = DecodeChecker(AttentionBackendEnum[spec.backend].get_class().get_impl_cls())
+    checker = DecodeChecker(AttentionBackendEnum[spec.backend].get_class().get_impl_cls(),
+                            KV_DTYPES[spec.kv_cache_dtype], force_lse=spec.backend == "CUSTOM", corrupt=corrupt)
     started = time.perf_counter()
     try:
         from mla_backend.vllm import backend as ours
 
         ours.ROUTES_CHOSEN.clear()
-        with checker:
+        with checker, after_each_step(checker.after_step):
             llm = LLM(**kwargs)
+            checker.arm()
             result["init_s"] = time.perf_counter() - started
             params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=logprobs, ignore_eos=True)
             begun = time.perf_counter()
             outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
             result["generate_s"] = time.perf_counter() - begun
+            llm_metrics = llm.get_metrics() if spec.spec_tokens else []
             del llm
         result["tokens"] = [list(o.outputs[0].token_ids) for o in outputs]
         result["gaps"] = [[top2_gap(step) for step in o.outputs[0].logprobs] for o in outputs]
         result["routes"] = sorted(ours.ROUTES_CHOSEN)
-        result["q_lens"] = dict(checker.q_lens)
-        result["checked"] = dict(checker.checked)
-        result["max_rel_error"] = checker.worst
-        result["tolerance"] = ROW_ERROR_TOLERANCE[KV_DTYPES[spec.kv_cache_dtype]]
-        result["check_problems"] = sorted(checker.problems)
+        result["decode_check"] = checker.summary()
+        result["spec_decode"] = spec_decode_counts(llm_metrics)
     finally:
         release_engine()
     return result
+
+
+def spec_decode_counts(metrics) -> dict:
+    """vLLM's speculative-decoding counters (drafts, draft tokens, accepted tokens) and the acceptance rate."""
+    counts = {m.name.removeprefix("vllm:spec_decode_"): m.value for m in metrics
+              if m.name.startswith("vllm:spec_decode_num") and isinstance(getattr(m, "value", None), (int, float))}
+    if counts.get("num_draft_tokens"):
+        counts["acceptance_rate"] = counts.get("num_accepted_tokens", 0) / counts["num_draft_tokens"]
+    return counts
 
 
 def run_engine_isolated(spec: EngineSpec, model: str, prompts: list[list[int]]) -> dict:

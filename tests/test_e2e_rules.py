@@ -6,7 +6,24 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from run_e2e import TIE_NATS, agreed_steps, agreement, rule_calibration, runs_of  # noqa: E402
+import torch  # noqa: E402
+from decode_check import MIN_VISIBLE_KEYS, DecodeCall, check_call  # noqa: E402
+from run_e2e import (  # noqa: E402
+    MIN_CHECKED_CALLS,
+    MODEL_LAYERS,
+    TIE_NATS,
+    agreed_steps,
+    agreement,
+    judge,
+    judge_decode_check,
+    judge_speculation,
+    rule_calibration,
+    runs_of,
+)
+
+from mla_backend.inputs import make_paged_problem  # noqa: E402
+from mla_backend.reference import ROW_ERROR_TOLERANCE  # noqa: E402
+from oracle import naive_decode_problem  # noqa: E402
 
 REF = [[1, 2, 3, 4], [5, 6, 7, 8]]
 WIDE = [[1.0] * 4, [1.0] * 4]
@@ -63,3 +80,90 @@ def test_calibration_averages_over_the_reference_runs():
     calibration = rule_calibration(refs, "fp8")
     assert calibration["peer_agreed_steps"] == (6 + 8) / 2
     assert calibration["rule_holds"]  # the peer leaves run 1 exactly where run 2 does: undecided
+
+
+# --- the forward_mqa check (integration/decode_check.py) -------------------------------------------
+
+def recorded_call(lengths, q_len=2, heads=4, damage=None, with_lse=True):
+    """A forward_mqa call as the checker records it, with the oracle's outputs, optionally damaged."""
+    problem = make_paged_problem(lengths, q_len, heads, page_size=16, seed=21)
+    out, lse = naive_decode_problem(problem, 0.06, 1.5)
+    out, lse = out.to(torch.bfloat16), lse.float()
+    if damage == "scale":
+        out = out * 1.05
+    elif damage == "one row":
+        out[0, -1, 1] = out[0, -1, 2]
+    elif damage == "lse":
+        lse = lse + 0.5
+    tokens = len(lengths) * q_len
+    return DecodeCall(layer="model.layers.0.self_attn", query=problem.query.reshape(tokens, heads, 576),
+                      kv_cache=problem.kv_cache, block_table=problem.block_tables, seq_lens=problem.seq_lens,
+                      num_decodes=len(lengths), q_len=q_len, bmm1=0.06, bmm2=1.5, out=out.reshape(tokens, heads, 512),
+                      lse=lse.reshape(tokens, heads) if with_lse else None)
+
+
+def test_check_call_passes_the_right_result_and_counts_rows_with_enough_keys():
+    result = check_call(recorded_call([40, 16, 3]))
+    # request 0: both tokens see >= 16 keys; request 1: only token 1 (16 keys; token 0 sees 15); request 2: none
+    assert result.rows == (2 + 1) * 4
+    assert result.out_error < 1e-2 and result.lse_ok and result.lse_error < 1e-5
+
+
+@pytest.mark.parametrize("damage", ["scale", "one row"])
+def test_check_call_catches_a_wrong_output(damage):
+    assert check_call(recorded_call([40, 33], damage=damage)).out_error > ROW_ERROR_TOLERANCE[torch.float8_e4m3fn]
+
+
+def test_check_call_catches_a_wrong_lse():
+    assert not check_call(recorded_call([40, 33], damage="lse")).lse_ok
+
+
+def test_rows_with_few_keys_are_not_counted_as_checked():
+    """With one key any kernel returns that key's V exactly: such rows prove nothing."""
+    result = check_call(recorded_call([MIN_VISIBLE_KEYS - 1, 2], q_len=1, damage="scale"))
+    assert result.rows == 0
+
+
+def summary(**changes):
+    base = {"q_lens": {1: 40}, "graph_calls": 30, "checked_calls": 8, "checked_graph_calls": 6,
+            "checked_layers": [f"layer{i}" for i in range(MODEL_LAYERS)], "checked_rows": 400,
+            "max_rel_error": {1: 3e-3}, "tolerance": 2e-2, "lse_checked_calls": 8, "lse_ok": True,
+            "max_lse_error": 1e-4, "check_problems": []}
+    return {**base, **changes}
+
+
+SPEC = {"backend": "CUSTOM", "graphs": True, "spec_tokens": 0, "kv_cache_dtype": "fp8"}
+
+
+@pytest.mark.parametrize("change", [
+    {}, {"max_rel_error": {1: 5e-2}}, {"lse_ok": False}, {"checked_graph_calls": 0},
+    {"checked_calls": MIN_CHECKED_CALLS - 1}, {"checked_layers": ["layer0"]}, {"lse_checked_calls": 0},
+    {"check_problems": ["RuntimeError('x')"]}, {"max_rel_error": {}},
+], ids=lambda c: ",".join(c) or "good")
+def test_the_decode_check_verdict_fails_on_each_shortfall(change):
+    ok, note = judge_decode_check(summary(**change), SPEC)
+    assert ok == (not change), note
+
+
+def test_eager_runs_need_no_replays_and_vllm_backends_no_lse():
+    assert judge_decode_check(summary(checked_graph_calls=0), {**SPEC, "graphs": False})[0]
+    assert judge_decode_check(summary(lse_checked_calls=0, max_lse_error=None), {**SPEC, "backend": "FLASHMLA"})[0]
+
+
+@pytest.mark.parametrize("q_lens, drafts, ok", [({1: 5, 4: 30}, 12, True), ({1: 35}, 12, False),
+                                                ({1: 5, 4: 30}, 0, False)])
+def test_speculation_needs_real_calls_with_1_plus_k_tokens_and_drafts(q_lens, drafts, ok):
+    result = {"spec": {**SPEC, "spec_tokens": 3}, "decode_check": summary(q_lens=q_lens),
+              "spec_decode": {"num_drafts": drafts, "num_draft_tokens": 3 * drafts, "num_accepted_tokens": drafts}}
+    assert judge_speculation(result)[0] == ok
+
+
+def test_fallback_runs_are_judged_against_triton_mla_not_a_peer_of_it():
+    run = lambda tokens: {"tokens": tokens, "gaps": WIDE}  # noqa: E731
+    refs = {"FLASHMLAfp8": run(REF), "TRITON_MLAfp8": run([[1, 2, 3, 4], [5, 6, 0, 0]])}
+    spec = {**SPEC, "graphs": False}
+    result = {"spec": spec, "tokens": [[1, 2, 3, 4], [5, 6, 0, 0]], "routes": ["fallback"],
+              "decode_check": summary(checked_graph_calls=0)}
+    assert judge(result, refs, "fallback")[0]
+    result["tokens"] = REF  # what FLASHMLA says, but not what the Triton kernel says
+    assert not judge(result, refs, "fallback")[0]
