@@ -9,7 +9,13 @@ import pytest
 import torch
 
 import mla_backend.decode as decode_module
-from mla_backend import MLABackendConfig, mla_decode_reference, xqa_batch_decode_with_kv_cache_mla
+from mla_backend import (
+    BackendUnavailableError,
+    MLABackendConfig,
+    mla_decode_reference,
+    trtllm_batch_decode_with_kv_cache_mla,
+    xqa_batch_decode_with_kv_cache_mla,
+)
 from mla_backend.inputs import make_paged_problem, vllm_bf16_query_layout
 from mla_backend.reference import ROW_ERROR_TOLERANCE
 
@@ -25,6 +31,22 @@ WORKSPACE_BYTES = 256 << 20
 @pytest.fixture(scope="module")
 def workspace():
     return torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+
+
+@pytest.fixture(autouse=True)
+def poisoned_allocations():
+    """Every tensor torch allocates (the op's LSE, its out when none is passed, the reference's
+    scratch) starts as NaN (floats) or all ones (integers): a kernel that leaves an output unwritten
+    cannot pass on memory an earlier, correct call left behind."""
+    import torch.utils.deterministic
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.utils.deterministic.fill_uninitialized_memory)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    torch.utils.deterministic.fill_uninitialized_memory = before[2]
 
 
 def run_and_check(problem, workspace, dtype, bmm1=SM_SCALE, bmm2=1.3, tensor_scales=False, out_3d=False,
@@ -252,3 +274,189 @@ def test_sm120_q_layout_passes_the_same_tests_on_sm90():
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-m", "gpu", "-p", "no:cacheprovider",
                              __file__, "-k", "not sm120_q_layout"], env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+def test_allocations_are_poisoned_while_the_gpu_tests_run():
+    assert torch.isnan(torch.empty(1000, device="cuda")).all()
+    assert torch.isnan(torch.empty(3, 5, dtype=torch.bfloat16, device="cuda")).all()
+
+
+def test_a_kernel_that_writes_nothing_fails_the_check(workspace, monkeypatch):
+    """The checks above catch a kernel that leaves out and LSE unwritten, even right after a correct
+    call on the same shapes (whose results the allocator could hand back)."""
+    problem = make_paged_problem([300, 40], 1, 16, page_size=64, device="cuda", seed=4)
+    run_and_check(problem, workspace, torch.bfloat16)  # loads the library, leaves correct results behind
+    monkeypatch.setattr(torch.ops.mla_backend, "decode", lambda *args: None)
+    with pytest.raises(AssertionError, match="NaN"):
+        run_and_check(problem, workspace, torch.bfloat16)
+    out = xqa_batch_decode_with_kv_cache_mla(problem.query, problem.kv_cache, workspace, 128, 512, 64,
+                                             problem.block_tables, problem.seq_lens, problem.max_seq_len,
+                                             return_lse=True)[1]
+    assert torch.isnan(out).all(), "the op's own LSE allocation is poisoned too"
+
+
+# --- every head count x query length x page size ---------------------------------------------------
+
+SWEEP_HEADS = [1, 3, 8, 16, 20, 32, 64, 128]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
+@pytest.mark.parametrize("page_size", [16, 32, 64, 128])
+@pytest.mark.parametrize("heads", SWEEP_HEADS)
+@pytest.mark.parametrize("q_len", range(1, 9))
+def test_sweep_heads_q_len_pages(workspace, dtype, page_size, heads, q_len):
+    lengths = [q_len, q_len + 16, 300 + q_len, 2 * page_size + 1]
+    problem = make_paged_problem(lengths, q_len, heads, page_size=page_size, dtype=dtype, device="cuda",
+                                 seed=heads * 100 + q_len * 10 + page_size // 16)
+    run_and_check(problem, workspace, dtype, tensor_scales=(heads + q_len) % 2 == 0)
+
+
+# --- CUDA graphs replayed with new inputs, as vLLM replays them --------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
+@pytest.mark.parametrize("heads, q_len", [(16, 1), (128, 2), (20, 4)])
+def test_graph_replayed_with_new_inputs_matches_the_reference(workspace, dtype, heads, q_len):
+    """Capture once on static buffers, then for each step copy in new queries, longer seq_lens and
+    a reshuffled block table (what vLLM's model runner does) and replay: each replay is checked
+    against the float64 reference on that step's inputs."""
+    capacity = 4096
+    static = make_paged_problem([capacity, capacity, capacity], q_len, heads, page_size=64, dtype=dtype,
+                                device="cuda", seed=31)
+    out = torch.empty(3, q_len, heads, 512, dtype=torch.bfloat16, device="cuda")
+
+    def step():
+        return xqa_batch_decode_with_kv_cache_mla(
+            static.query, static.kv_cache, workspace, 128, 512, 64, static.block_tables, static.seq_lens,
+            capacity, out=out, bmm1_scale=SM_SCALE, bmm2_scale=1.3, return_lse=True)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, lse = step()
+    for seed, lengths in enumerate(([q_len, 700, 33], [2000, 701, 4096], [17, 0, 1500])):
+        fresh = make_paged_problem(lengths, q_len, heads, page_size=64, dtype=dtype, device="cuda", seed=40 + seed)
+        static.query.copy_(fresh.query)
+        static.seq_lens.copy_(fresh.seq_lens)
+        static.block_tables.copy_(torch.randperm(static.kv_cache.shape[0], device="cuda")[:static.block_tables.numel()]
+                                  .view_as(static.block_tables).int())
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want, want_lse = mla_decode_reference(static.query, static.kv_cache, static.block_tables, static.seq_lens,
+                                              SM_SCALE, 1.3)
+        seen = want.norm(dim=-1) > 0
+        assert not torch.isnan(out).any() and torch.all(out[~seen] == 0)
+        rel = (out.double() - want).norm(dim=-1)[seen] / want.norm(dim=-1)[seen]
+        assert rel.max() <= ROW_ERROR_TOLERANCE[dtype], f"step {seed}: max row rel err {rel.max():.3e}"
+        finite = torch.isfinite(want_lse)
+        assert torch.equal(torch.isneginf(lse), ~finite)
+        assert (lse[finite].double() - want_lse[finite]).abs().max() <= 1e-2
+
+
+# --- programmatic dependent launch is really on ---------------------------------------------------
+
+def graph_edge_types(graph: torch.cuda.CUDAGraph) -> list[int]:
+    """The dependency type of every edge of a captured graph (0 default, 1 programmatic), read with
+    the driver's cuGraphGetEdges_v2."""
+    import ctypes
+
+    class EdgeData(ctypes.Structure):
+        _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte),
+                    ("reserved", ctypes.c_ubyte * 5)]
+
+    driver = ctypes.CDLL("libcuda.so.1")
+    get_edges = driver.cuGraphGetEdges_v2
+    handle = ctypes.c_void_p(graph.raw_cuda_graph())
+    count = ctypes.c_size_t(0)
+    assert get_edges(handle, None, None, None, ctypes.byref(count)) == 0
+    sources, targets = (ctypes.c_void_p * count.value)(), (ctypes.c_void_p * count.value)()
+    data = (EdgeData * count.value)()
+    assert get_edges(handle, sources, targets, data, ctypes.byref(count)) == 0
+    return [edge.type for edge in data]
+
+
+@pytest.mark.parametrize("pdl", [True, False])
+def test_pdl_launches_become_programmatic_graph_edges(workspace, pdl):
+    """enable_pdl=True must launch with programmatic stream serialization: captured after another
+    kernel, such a launch becomes a programmatic edge of the graph; with False, none does. Split-KV
+    (two kernels of ours) and the result are checked too."""
+    problem = make_paged_problem([6000, 100], 1, 128, page_size=64, dtype=torch.float8_e4m3fn, device="cuda", seed=3)
+    config = MLABackendConfig.from_sources({"num_kv_splits": 4})
+    args = (problem.query, problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens,
+            problem.max_seq_len)
+    bump = torch.zeros(1, device="cuda")
+    trtllm_batch_decode_with_kv_cache_mla(*args, bmm1_scale=SM_SCALE, enable_pdl=pdl, config=config)  # load
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(graph):
+        bump.add_(1)  # a kernel before ours, as in a model's forward
+        out = trtllm_batch_decode_with_kv_cache_mla(*args, bmm1_scale=SM_SCALE, enable_pdl=pdl, config=config)
+    types = graph_edge_types(graph)
+    if pdl:  # into the decode kernel and into the merge kernel
+        assert types.count(1) >= 2, f"edge types {types}"
+    else:
+        assert 1 not in types, f"edge types {types}"
+    graph.replay()
+    torch.cuda.synchronize()
+    want, _ = mla_decode_reference(problem.query, problem.kv_cache, problem.block_tables, problem.seq_lens, SM_SCALE)
+    rel = (out.double() - want).norm(dim=-1) / want.norm(dim=-1)
+    assert rel.max() <= ROW_ERROR_TOLERANCE[torch.float8_e4m3fn]
+
+
+# --- the public op with each backend value -------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["auto", "xqa"])
+def test_public_op_serves_auto_and_xqa_with_the_kernels(workspace, backend):
+    problem = make_paged_problem([900, 37], 2, 32, page_size=32, dtype=torch.float8_e4m3fn, device="cuda", seed=8)
+    out = torch.full((2, 2, 32, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    got, lse = trtllm_batch_decode_with_kv_cache_mla(
+        problem.query, problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens,
+        problem.max_seq_len, out=out, bmm1_scale=SM_SCALE, bmm2_scale=1.3, backend=backend, return_lse=True)
+    want, want_lse = mla_decode_reference(problem.query, problem.kv_cache, problem.block_tables, problem.seq_lens,
+                                          SM_SCALE, 1.3)
+    assert got is out
+    rel = (got.double() - want).norm(dim=-1) / want.norm(dim=-1)
+    assert rel.max() <= ROW_ERROR_TOLERANCE[torch.float8_e4m3fn]
+    assert (lse.double() - want_lse).abs().max() <= 1e-2
+
+
+def test_public_op_refuses_trtllm_gen_where_it_cannot_run(workspace):
+    capability = torch.cuda.get_device_capability()
+    if capability in ((10, 0), (10, 3)):
+        pytest.skip("trtllm-gen can run on this GPU")
+    problem = make_paged_problem([100], 1, 16, page_size=64, device="cuda")
+    with pytest.raises(BackendUnavailableError, match=f"this GPU is {capability[0]}.{capability[1]}"):
+        trtllm_batch_decode_with_kv_cache_mla(
+            problem.query, problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens,
+            problem.max_seq_len, backend="trtllm-gen")
+
+
+@pytest.mark.parametrize("op", ["trtllm", "xqa"])
+def test_public_op_on_a_gpu_without_kernels_raises(workspace, monkeypatch, op):
+    """device_capability 8.0: as on an A100, no bundled kernel; the op says so instead of running slowly."""
+    config = MLABackendConfig.from_sources({"device_capability": "8.0"})
+    monkeypatch.setattr(decode_module, "default_config", lambda: config)
+    problem = make_paged_problem([100], 1, 16, page_size=64, device="cuda")
+    args = (problem.query, problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens,
+            problem.max_seq_len)
+    call = trtllm_batch_decode_with_kv_cache_mla if op == "trtllm" else xqa_batch_decode_with_kv_cache_mla
+    with pytest.raises(BackendUnavailableError, match="8.0"):
+        call(*args)
+
+
+def test_workspace_bound_written_out(monkeypatch):
+    """Split-KV needs batch x splits x rows x (512 + 1) fp32 partials; one byte less is refused."""
+    config = MLABackendConfig.from_sources({"num_kv_splits": 3})
+    monkeypatch.setattr(decode_module, "default_config", lambda: config)
+    problem = make_paged_problem([3000, 100], 2, 16, page_size=64, device="cuda", seed=2)
+    need = 2 * 3 * (2 * 16) * (512 + 1) * 4
+    args = (problem.query, problem.kv_cache)
+    rest = (128, 512, 64, problem.block_tables, problem.seq_lens, problem.max_seq_len)
+    with pytest.raises(ValueError, match=f"needs {need}"):
+        xqa_batch_decode_with_kv_cache_mla(*args, torch.empty(need - 1, dtype=torch.uint8, device="cuda"), *rest)
+    run_and_check(problem, torch.empty(need, dtype=torch.uint8, device="cuda"), torch.bfloat16)
