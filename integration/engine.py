@@ -131,14 +131,14 @@ def spec_decode_counts(metrics) -> dict:
     return counts
 
 
-def run_engine_isolated(spec: EngineSpec, model: str, prompts: list[list[int]]) -> dict:
+def run_engine_isolated(spec: EngineSpec, model: str, prompts: list[list[int]], max_model_len: int = 2048) -> dict:
     """run_engine in a fresh process: a compiled engine (torch.compile'd n-gram proposer) keeps
     memory that makes the next engine's memory profiler in the same process fail."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(run_engine, spec, model, prompts).result()
+        return pool.submit(run_engine, spec, model, prompts, max_model_len=max_model_len).result()
 
 
 def top2_gap(step_logprobs: dict) -> float:
