@@ -105,6 +105,8 @@ BAD_INPUTS = {
     "max_seq_len negative": (dict(max_seq_len=-1), TypeError, "max_seq_len must be a non-negative int"),
     "block_tables rows strided": (dict(block_tables="every_other"), ValueError, "block_tables rows must be contig"),
     "seq_lens strided": (dict(seq_lens="every_other"), ValueError, "seq_lens must be contiguous"),
+    "max_seq_len one past the table": (dict(max_seq_len=81), ValueError, "exceeds what block_tables can address"),
+    "bad id in a partial last page": (dict(block_tables="bad_last_page"), ValueError, "names page 10000"),
 }
 
 
@@ -147,6 +149,8 @@ def corrupt(problem, key, how):
         "transposed": lambda: torch.empty(3, 4, 2, 512, dtype=torch.bfloat16).transpose(1, 2),
         "strided_bytes": lambda: torch.empty(2048, dtype=torch.uint8)[::2],
         "meta_scale": lambda: torch.ones(1, device="meta"),
+        "bad_last_page": lambda: bt.clone().index_put_((torch.tensor([0]), torch.tensor([2])),
+                                                       torch.tensor([10_000], dtype=torch.int32)),
         "nope256": lambda: (q[..., :256], q[..., 512:]),
         "pe_meta": lambda: (q[..., :512], q[..., 512:].to("meta")),
         "text": lambda: "not a tensor",
@@ -271,12 +275,13 @@ def test_trtllm_gen_route_hands_flashinfer_the_whole_query_and_converts_its_base
     monkeypatch.setitem(sys.modules, "flashinfer", flashinfer)
     monkeypatch.setitem(sys.modules, "flashinfer.mla", flashinfer.mla)
     problem = make_paged_problem([37, 64], q_len=2, heads=4, page_size=16, seed=12)
-    nope, pe = vllm_bf16_query_layout(problem.query)
-    checked = check_decode_inputs((nope, pe), problem.kv_cache, WORKSPACE, 192, 512, 64, problem.block_tables,
-                                  problem.seq_lens, problem.max_seq_len, None, 0.06, 1.0, None)
-    out, lse = decode._run_flashinfer_trtllm_gen(checked, WORKSPACE, True, True)
-    assert seen == dict(contiguous=True, shape=(2, 2, 4, 576), nope=192, backend="trtllm-gen", pdl=True,
-                        dims=(512, 64))
     want_out, want_lse = naive_decode_problem(problem, 0.06, 1.0)
-    assert_rounded_from(out, lse, want_out, want_lse)
-    assert decode._run_flashinfer_trtllm_gen(checked, WORKSPACE, None, False) is checked.out
+    strided = torch.cat([problem.query, problem.query], dim=-1)[..., :576]  # rows 16-byte aligned, not contiguous
+    for query in (vllm_bf16_query_layout(problem.query), strided):
+        checked = check_decode_inputs(query, problem.kv_cache, WORKSPACE, 192, 512, 64, problem.block_tables,
+                                      problem.seq_lens, problem.max_seq_len, None, 0.06, 1.0, None)
+        out, lse = decode._run_flashinfer_trtllm_gen(checked, WORKSPACE, True, True)
+        assert seen == dict(contiguous=True, shape=(2, 2, 4, 576), nope=192, backend="trtllm-gen", pdl=True,
+                            dims=(512, 64))
+        assert_rounded_from(out, lse, want_out, want_lse)
+        assert decode._run_flashinfer_trtllm_gen(checked, WORKSPACE, None, False) is checked.out

@@ -22,6 +22,12 @@ def test_short_sequences_are_not_split_below_128_tokens():
     assert choose_num_splits(1, 16, True, 300, slots=264, workspace_capacity=BIG) == 3
 
 
+def test_workspace_holds_fp32_partials_and_their_lse():
+    """Written out: batch x splits x rows x (512 outputs + 1 LSE) x 4 bytes; one split needs none."""
+    assert workspace_bytes(2, 32, 3) == 2 * 3 * 32 * (512 + 1) * 4
+    assert workspace_bytes(7, 128, 1) == 0
+
+
 def test_workspace_bounds_the_split():
     need_for_4 = workspace_bytes(1, 128, 4)
     assert choose_num_splits(1, 128, True, 32768, slots=132, workspace_capacity=need_for_4) == 4

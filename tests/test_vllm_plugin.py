@@ -150,8 +150,21 @@ def test_decode_context_parallelism_is_accepted(clean_registry):
     """Our LSE is what DCP merges; vLLM 0.30+ asks the impl (supports_dcp, default False there)."""
     plugin.register()
     assert backend.MLABackendImpl.supports_dcp is True
+    # vLLM asks for the decode LSE only where the impl can return it (need_to_return_lse_for_decode)
+    assert backend.MLABackendImpl.can_return_lse_for_decode is True
     if "use_dcp" in AttentionSelectorConfig._fields:  # selection checks it (vLLM 0.33)
         assert invalid_reasons(DeviceCapability(9, 0), use_dcp=True) == []
+
+
+def test_builder_lets_vllm_send_speculative_batches_to_decode_under_full_graphs():
+    """UNIFORM: vLLM raises its decode threshold to 1 + k and sends uniform verification batches to
+    forward_mqa; UNIFORM_BATCH: it captures full CUDA graphs for them (the e2e spec run checks both)."""
+    from vllm.model_executor.layers.attention.mla_attention import QueryLenSupport
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    builder = backend.MLABackendMetadataBuilder
+    assert builder.query_len_support == QueryLenSupport.UNIFORM
+    assert builder._cudagraph_support == AttentionCGSupport.UNIFORM_BATCH
 
 
 def test_kernel_block_sizes_take_the_newer_signature():
@@ -167,6 +180,9 @@ def test_model_shapes_are_checked(deepseek_model_config, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(deepseek_model_config.model_arch_config, "total_num_attention_heads", 256)
         assert "1..128 query heads" in backend.model_problem(config)
+    with monkeypatch.context() as m:  # DCP all-gathers the query heads: 16 x 16 reach forward_mqa
+        m.setattr(config.parallel_config, "decode_context_parallel_size", 16)
+        assert "this setup gives 256" in backend.model_problem(config)
     for attribute, value, words in [("kv_lora_rank", 256, "kv_lora_rank 512"),
                                     ("qk_rope_head_dim", 32, "qk_rope_head_dim 64"),
                                     ("qk_nope_head_dim", 64, "qk_nope_head_dim in")]:
@@ -289,6 +305,21 @@ def test_bf16_query_pair_goes_to_the_kernel_as_a_pair_when_it_can(aligned, monke
                            0.1, 1.0)
     assert_rounded_from(out, None, want, None)
     assert isinstance(seen[0], tuple) == aligned  # not readable in place: concatenated once
+
+
+def test_fallback_route_gets_the_whole_query(monkeypatch):
+    """vLLM hands bf16 queries over as (ql_nope, q_pe); the Triton route takes one [tokens, H, 576] tensor."""
+    monkeypatch.setattr(backend, "detected_capability", lambda: (8, 0))
+    monkeypatch.setattr(backend.current_platform, "num_compute_units", lambda device_id=0: 132, raising=False)
+    seen = []
+    monkeypatch.setattr(backend.fallback, "triton_mla_decode", lambda q, *args: seen.append(q) or (q, None))
+    impl = make_impl("auto")
+    problem = make_paged_problem([37, 130], 1, 16, 16, seed=2)
+    q = problem.query.reshape(2, 16, 576)
+    metadata = SimpleNamespace(num_decodes=2, max_seq_len=problem.max_seq_len,
+                               decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens))
+    impl.forward_mqa((q[..., :512], q[..., 512:]), problem.kv_cache, metadata, SimpleNamespace(_k_scale=None))
+    assert isinstance(seen[0], torch.Tensor) and torch.equal(seen[0], q)
 
 
 def test_impl_reserves_the_decode_workspace_when_vllm_asks(monkeypatch):

@@ -1,0 +1,219 @@
+"""Mutation testing of the CPU suite: break the code one line at a time and check a test notices.
+
+    python dev/mutations.py              # every mutation, two at a time; a table at the end
+    python dev/mutations.py --only 3,17  # some of them
+
+Each mutation replaces one exact snippet (it must occur exactly once) in a copy of the checkout;
+the CPU tests then run against that copy (``-x``, the compile and wheel tests left out). A
+mutation survives when they all pass. Run it before a release, not in CI (about 20 minutes on two
+cores); docs/validation.md lists the set and the last result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTEST = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not gpu and not wheel",
+          "tests", "--ignore", "tests/test_build.py", "--ignore", "tests/test_wheel.py"]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    path: str
+    old: str
+    new: str
+    what: str
+
+
+M = Mutation
+MUTATIONS = [
+    # input checks
+    M("mla_backend/checks.py", "_require(sinks is None,", "_require(True,", "sinks accepted"),
+    M("mla_backend/checks.py", "1 <= q_len <= shapes.MAX_Q_LEN", "1 <= q_len <= shapes.MAX_Q_LEN + 1", "q_len 9 accepted"),
+    M("mla_backend/checks.py", "1 <= heads <= shapes.MAX_HEADS", "0 <= heads <= shapes.MAX_HEADS", "zero heads accepted"),
+    M("mla_backend/checks.py", "page_size in shapes.PAGE_SIZES", "page_size > 0", "any page size accepted"),
+    M("mla_backend/checks.py", "max_seq_len <= max_pages * page_size,", "max_seq_len <= (max_pages + 1) * page_size,",
+      "max_seq_len bound off by a page"),
+    M("mla_backend/checks.py", "block_tables.dtype == torch.int32", "block_tables.dtype in (torch.int32, torch.int64)",
+      "int64 block tables accepted"),
+    M("mla_backend/checks.py", "int(ids.min()) < 0 or ", "", "negative page ids accepted"),
+    M("mla_backend/checks.py", "0 <= seq_len <= problem.max_seq_len", "seq_len <= problem.max_seq_len",
+      "negative seq_lens accepted"),
+    M("mla_backend/checks.py", "used = -(-seq_len // problem.page_size)", "used = seq_len // problem.page_size",
+      "last partial page not validated"),
+    M("mla_backend/checks.py", "t.shape[:-1]) if n > 1)", "t.shape[:-1]) if n > 0)", "size-1 dims' strides checked"),
+    M("mla_backend/checks.py", "if t.data_ptr() % 16:", "if t.data_ptr() % 2:", "query alignment 2 bytes"),
+    M("mla_backend/checks.py", '_require(out.is_contiguous(), "out must be contiguous")', "", "strided out accepted"),
+    M("mla_backend/checks.py", "if q_len == 1 else []", "if q_len >= 1 else []", "3-D out for q_len > 1"),
+    M("mla_backend/checks.py", "scale.numel() == 1", "scale.numel() >= 1", "multi-element scale accepted"),
+    M("mla_backend/checks.py", "kv_cache.shape[1] == 1", "kv_cache.shape[1] >= 1", "4-D cache with 2 heads"),
+    M("mla_backend/checks.py", "cache.stride(2) == 1 and cache.stride(1) == shapes.HEAD_DIM", "cache.stride(2) == 1",
+      "padded cache rows accepted"),
+    # the op
+    M("mla_backend/decode.py", "view(problem.batch, problem.q_len, problem.heads) * LN2",
+      "view(problem.batch, problem.q_len, problem.heads)", "trtllm-gen LSE left in base 2"),
+    M("mla_backend/decode.py", "problem.query.contiguous(), problem.cache", "problem.query, problem.cache",
+      "trtllm-gen given a strided query"),
+    M("mla_backend/decode.py", "problem.bmm1_scale, problem.bmm2_scale,\n    )", "problem.bmm1_scale, 1.0,\n    )",
+      "bmm2 scale dropped (CPU path)"),
+    M("mla_backend/decode.py", "return (out, lse) if return_lse else out", "return out",
+      "LSE not returned"),
+    M("mla_backend/decode.py", "out = problem.out_given if problem.out_given is not None else problem.out",
+      "out = problem.out", "caller's out not returned as passed"),
+    M("mla_backend/decode.py", "if sparse_mla_top_k != 0:", "if sparse_mla_top_k > 1 << 20:", "sparse MLA accepted"),
+    # the float64 reference
+    M("mla_backend/reference.py", "max(0, seq_len - q_len + i + 1)", "max(0, seq_len - q_len + i)",
+      "causal mask off by one"),
+    M("mla_backend/reference.py", 'keys[:, :kv_lora_rank]) * s2', 'keys[:, :kv_lora_rank]) * s2 * 1.01',
+      "output 1% high"),
+    M("mla_backend/reference.py", 'torch.einsum("thd,ld->thl", q, keys) * s1',
+      'torch.einsum("thd,ld->thl", q, keys[:, :576]) * s1 * 1.02', "logits 2% high"),
+    # config and routing
+    M("mla_backend/config.py", 'lowered in {"1", "true", "yes", "on"}', 'lowered in {"1", "true", "on"}',
+      "'yes' not a true switch"),
+    M("mla_backend/config.py", "frozen=True, strict=True", "frozen=True", "Python/JSON values coerced"),
+    M("mla_backend/config.py", 'extra="forbid"', 'extra="ignore"', "unknown settings ignored"),
+    M("mla_backend/config.py", "None, ge=1, le=MAX_KV_SPLITS", "None, ge=0, le=MAX_KV_SPLITS", "zero splits accepted"),
+    M("mla_backend/config.py", "    if trtllm_ok:\n", "    if capability in TRTLLM_GEN_CAPABILITIES:\n",
+      "auto picks trtllm-gen without FlashInfer"),
+    M("mla_backend/config.py", "        if not xqa_ok:\n", "        if False:\n", "xqa forced anywhere"),
+    M("mla_backend/config.py", "values.update(dict(overrides or {}))", "values = {**dict(overrides or {}), **values}",
+      "environment beats explicit settings"),
+    M("mla_backend/config.py", "k not in ENV_FIELDS and k not in BUILD_ENV", "k not in ENV_FIELDS",
+      "MLA_BACKEND_ARCHS rejected as a typo"),
+    M("mla_backend/config.py", 'raw.strip() != ""', 'raw != ""', "blank variable not unset"),
+    M("mla_backend/targets.py", '    (12, 1): "sm_121a",  # GB10 (DGX Spark)\n', "", "SM 12.1 dropped"),
+    M("mla_backend/targets.py", "frozenset({(10, 0), (10, 3)})", "frozenset({(10, 0), (10, 3), (12, 0)})",
+      "trtllm-gen claimed on SM 12.0"),
+    # launcher arithmetic
+    M("mla_backend/xqa.py", "batch * num_splits * rows * (KV_LORA_RANK + 1) * 4",
+      "batch * num_splits * rows * KV_LORA_RANK * 4", "workspace misses the LSE"),
+    M("mla_backend/xqa.py", "MIN_TILES_PER_SPLIT = 4", "MIN_TILES_PER_SPLIT = 1", "splits below 128 tokens"),
+    M("mla_backend/xqa.py", "limit = max(1, min(useful, fits, MAX_KV_SPLITS))", "limit = max(1, min(useful, MAX_KV_SPLITS))",
+      "split count ignores the workspace"),
+    # vLLM adapter
+    M("mla_backend/vllm/backend.py", "can_return_lse_for_decode: bool = True", "can_return_lse_for_decode: bool = False",
+      "LSE not offered to DCP"),
+    M("mla_backend/vllm/backend.py", "supports_dcp: bool = True", "supports_dcp: bool = False", "DCP refused"),
+    M("mla_backend/vllm/backend.py", "AttentionCGSupport.UNIFORM_BATCH", "AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE",
+      "no full graphs for speculative batches"),
+    M("mla_backend/vllm/backend.py", "query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.UNIFORM",
+      "query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.SINGLE_ONLY", "speculative batches not decoded"),
+    M("mla_backend/vllm/backend.py", "return self.scale * layer._q_scale_float * layer._k_scale_float, layer._k_scale_float",
+      "return self.scale * layer._q_scale_float * layer._k_scale_float, 1.0", "fp8 V scale dropped"),
+    M("mla_backend/vllm/backend.py", 'self.supports_quant_query_input = self.route.kernel != "fallback"',
+      "self.supports_quant_query_input = True", "fp8 query sent to the Triton fallback"),
+    M("mla_backend/vllm/backend.py", "heads = model_config.get_num_attention_heads(parallel) * parallel.decode_context_parallel_size",
+      "heads = model_config.get_num_attention_heads(parallel)", "DCP's gathered heads not counted"),
+    M("mla_backend/vllm/backend.py", "        return list(shapes.PAGE_SIZES)", "        return [64]", "page sizes 16/32/128 refused"),
+    M("mla_backend/vllm/backend.py", '            return f"mla_backend: {err}"', "            return None",
+      "bad setting accepted at selection"),
+    M("mla_backend/vllm/backend.py", "if len(parts) == 2 and (self.route.kernel != \"xqa\" or any(",
+      "if len(parts) == 2 and (any(", "split query sent to a route that needs it whole"),
+    M("mla_backend/vllm/backend.py", "        if tokens % requests:", "        if False:", "ragged query lengths accepted"),
+    M("mla_backend/vllm/fallback.py", "torch.arange(1 - q_len, 1,", "torch.arange(-q_len, 0,",
+      "fallback's per-token lengths off by one"),
+    M("mla_backend/vllm/compat.py", 'return getattr(attn_metadata, "causal", True) is False',
+      "return False", "non-causal blocks decoded as causal"),
+    # end-to-end judge
+    M("integration/run_e2e.py", "    if step is None and len(a) != len(b):", "    if False:", "short output counts as identical"),
+    M("integration/run_e2e.py", "        if differ < first_tie:", "        if differ < first_tie - 1:",
+      "divergence one step before a tie passes"),
+    M("integration/run_e2e.py", 'ok = worst <= check["tolerance"] and check["lse_ok"]', 'ok = worst <= check["tolerance"]',
+      "wrong LSE passes"),
+    M("integration/run_e2e.py", '"graph calls": 1 if spec["graphs"] else 0', '"graph calls": 0',
+      "graph mode passes with no replay checked"),
+    M("integration/run_e2e.py", ' and counts.get("num_drafts", 0) > 0', "", "speculation passes without drafts"),
+    M("integration/run_e2e.py", 'triton = refs["TRITON_MLA" + kv]', 'triton = refs["FLASHMLA" + kv]',
+      "fallback judged against FlashMLA"),
+    M("integration/decode_check.py", "MIN_VISIBLE_KEYS = 16", "MIN_VISIBLE_KEYS = 1", "1-key rows count as checked"),
+    M("integration/decode_check.py", "lse_ok = bool((delta <= allowed).all())", "lse_ok = True", "LSE never wrong"),
+]
+
+
+def tracked_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return [line for line in out.splitlines() if not line.startswith("notes/")]
+
+
+def make_copy() -> Path:
+    copy = Path(tempfile.mkdtemp(prefix="mla_mutant_"))
+    for name in tracked_files():
+        target = copy / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, target)
+    return copy
+
+
+def run_tests(copy: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(copy), HF_HUB_OFFLINE="1")
+    return subprocess.run(PYTEST, cwd=copy, env=env, capture_output=True, text=True)
+
+
+def first_failure(output: str) -> str:
+    for line in output.splitlines():
+        if line.startswith(("FAILED", "ERROR")):
+            return line.split(" - ")[0].removeprefix("FAILED ").removeprefix("ERROR ")
+    return "(no test named)"
+
+
+def try_mutation(mutation: Mutation, copy: Path) -> tuple[bool, str]:
+    target = copy / mutation.path
+    original = target.read_text()
+    count = original.count(mutation.old)
+    if count != 1:
+        raise SystemExit(f"mutation {mutation.what!r}: snippet found {count} times in {mutation.path}")
+    target.write_text(original.replace(mutation.old, mutation.new))
+    try:
+        result = run_tests(copy)
+    finally:
+        target.write_text(original)
+    return result.returncode != 0, first_failure(result.stdout)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", help="comma-separated mutation numbers (1-based)")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    chosen = [int(i) for i in args.only.split(",")] if args.only else range(1, len(MUTATIONS) + 1)
+    copies = [make_copy() for _ in range(args.workers)]
+    baseline = run_tests(copies[0])
+    if baseline.returncode != 0:
+        print(baseline.stdout[-3000:])
+        raise SystemExit("the unmutated copy fails its tests: fix that first")
+    free = list(copies)
+
+    def job(number: int):
+        copy = free.pop()
+        try:
+            return number, *try_mutation(MUTATIONS[number - 1], copy)
+        finally:
+            free.append(copy)
+
+    with ThreadPoolExecutor(max_workers=args.workers) as pool:
+        results = list(pool.map(job, chosen))
+    survivors = 0
+    print("| # | file | mutation | result |\n| --- | --- | --- | --- |")
+    for number, killed, test in results:
+        mutation = MUTATIONS[number - 1]
+        survivors += not killed
+        print(f"| {number} | `{mutation.path}` | {mutation.what} | "
+              f"{'killed by `' + test + '`' if killed else '**survived**'} |")
+    print(f"\n{len(results)} mutations, {len(results) - survivors} killed, {survivors} survived")
+    for copy in copies:
+        shutil.rmtree(copy, ignore_errors=True)
+    return 1 if survivors > 3 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
