@@ -32,19 +32,19 @@ def load_module(name: str):
     return importlib.import_module(f"_mla_build.{name}")
 
 
-def requested_arches(kernel_build, editable: bool) -> list[str]:
+def requested_arches(targets, editable: bool) -> list[str]:
     raw = os.environ.get("MLA_BACKEND_ARCHS")
     if raw is None:
-        return [] if editable else list(kernel_build.SHIPPED_ARCHES)
+        return [] if editable else list(targets.SHIPPED_ARCHES)
     raw = raw.strip().lower()
     if raw == "none":
         return []
     if raw == "all":
-        return list(kernel_build.SHIPPED_ARCHES)
+        return list(targets.SHIPPED_ARCHES)
     arches = [a.strip() for a in raw.split(",") if a.strip()]
-    unknown = sorted(set(arches) - set(kernel_build.SHIPPED_ARCHES))
+    unknown = sorted(set(arches) - set(targets.SHIPPED_ARCHES))
     if unknown:
-        sys.exit(f"MLA_BACKEND_ARCHS: unknown architecture(s) {unknown}; choose from {kernel_build.SHIPPED_ARCHES}")
+        sys.exit(f"MLA_BACKEND_ARCHS: unknown architecture(s) {unknown}; choose from {targets.SHIPPED_ARCHES}")
     return arches
 
 
@@ -61,7 +61,7 @@ class BuildKernels(Command):
 
     def run(self):
         kernel_build, toolkit = load_module("kernel_build"), load_module("toolkit")
-        arches = requested_arches(kernel_build, self.editable_mode)
+        arches = requested_arches(load_module("targets"), self.editable_mode)
         if not arches:
             print("mla_backend: no prebuilt kernels in this build (they compile on first use)")
             return
@@ -83,8 +83,10 @@ class BuildKernels(Command):
         manifest = {
             "torch_abi_target": ".".join(map(str, kernel_build.TORCH_ABI_TARGET)),
             "cuda": ".".join(map(str, found.version)),
-            "libraries": {arch: {"file": kernel_build.library_filename(arch),
-                                 "stamp": kernel_build.source_stamp(csrc, arch)} for arch in arches},
+            "libraries": {
+                arch: {"file": kernel_build.library_filename(arch), "stamp": kernel_build.source_stamp(csrc, arch)}
+                for arch in arches
+            },
         }
         (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 

@@ -16,14 +16,13 @@
 namespace mla {
 namespace {
 
-using torch::stable::Tensor;
 using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
 
-#define MLA_CUDA_CHECK(call)                                                                   \
-  do {                                                                                         \
-    const cudaError_t mla_status = (call);                                                     \
-    STD_TORCH_CHECK(mla_status == cudaSuccess, "mla_backend: ", #call, " failed: ",             \
-                    cudaGetErrorString(mla_status));                                           \
+#define MLA_CUDA_CHECK(call)                                                                                         \
+  do {                                                                                                               \
+    const cudaError_t mla_status = (call);                                                                           \
+    STD_TORCH_CHECK(mla_status == cudaSuccess, "mla_backend: ", #call, " failed: ", cudaGetErrorString(mla_status)); \
   } while (0)
 
 template <class Kernel>
@@ -87,7 +86,9 @@ struct LaunchDecode {
   cudaStream_t stream;
   bool pdl;
   template <bool FP8, int ROW_GROUPS, int RF>
-  void operator()() const { launch_decode<FP8, ROW_GROUPS, RF>(params, batch, stream, pdl); }
+  void operator()() const {
+    launch_decode<FP8, ROW_GROUPS, RF>(params, batch, stream, pdl);
+  }
 };
 
 const float* optional_scale(const std::optional<Tensor>& t) {
@@ -100,11 +101,11 @@ const float* optional_scale(const std::optional<Tensor>& t) {
 // other strides (of dims longer than 1) and the start 16-byte aligned, for the kernel's 16-byte loads.
 void check_q_part(const Tensor& t, int64_t dim, const char* name) {
   STD_TORCH_CHECK(t.is_cuda() && t.dim() == 4 && t.size(3) == dim && t.stride(3) == 1, name, ": [B, q_len, H, ", dim,
-              "] CUDA tensor with contiguous rows");
+                  "] CUDA tensor with contiguous rows");
   STD_TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, ": start must be 16-byte aligned");
   for (int d = 0; d < 3; ++d) {
     STD_TORCH_CHECK(t.size(d) == 1 || t.stride(d) * t.element_size() % 16 == 0, name,
-                ": strides must be multiples of 16 bytes");
+                    ": strides must be multiples of 16 bytes");
   }
 }
 
@@ -116,8 +117,8 @@ void set_q_strides(long long (&dst)[3], const Tensor& t) {
 // Stable boxing passes tensors by value (reference-counted handles).
 void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor seq_lens, Tensor out,
             std::optional<Tensor> lse, Tensor workspace, int64_t max_seq_len, int64_t num_splits, int64_t row_groups,
-            int64_t rf, double bmm1, std::optional<Tensor> bmm1_tensor, double bmm2,
-            std::optional<Tensor> bmm2_tensor, bool pdl) {
+            int64_t rf, double bmm1, std::optional<Tensor> bmm1_tensor, double bmm2, std::optional<Tensor> bmm2_tensor,
+            bool pdl) {
   check_q_part(q_nope, kDimV, "q_nope");
   check_q_part(q_pe, kRopeDim, "q_pe");
   STD_TORCH_CHECK(q_pe.scalar_type() == q_nope.scalar_type() && q_pe.size(0) == q_nope.size(0) &&
@@ -126,15 +127,19 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor s
   const Tensor& q = q_nope;
   const bool fp8 = q.scalar_type() == ScalarType::Float8_e4m3fn;
   STD_TORCH_CHECK(fp8 || q.scalar_type() == ScalarType::BFloat16, "q must be bf16 or fp8 e4m3");
-  STD_TORCH_CHECK(kv.scalar_type() == q.scalar_type() && kv.dim() == 3 && kv.size(2) == kHeadDim &&
-                  kv.stride(2) == 1 && kv.stride(1) == kHeadDim, "kv: [pages, page, 576], rows contiguous");
-  STD_TORCH_CHECK(reinterpret_cast<uintptr_t>(kv.data_ptr()) % 16 == 0 && (kv.size(0) == 1 || kv.stride(0) * kv.element_size() % 16 == 0),
-              "kv: start and page stride must be 16-byte aligned (16-byte copies)");
+  STD_TORCH_CHECK(kv.scalar_type() == q.scalar_type() && kv.dim() == 3 && kv.size(2) == kHeadDim && kv.stride(2) == 1 &&
+                      kv.stride(1) == kHeadDim,
+                  "kv: [pages, page, 576], rows contiguous");
+  STD_TORCH_CHECK(reinterpret_cast<uintptr_t>(kv.data_ptr()) % 16 == 0 &&
+                      (kv.size(0) == 1 || kv.stride(0) * kv.element_size() % 16 == 0),
+                  "kv: start and page stride must be 16-byte aligned (16-byte copies)");
   const int64_t page_size = kv.size(1);
   STD_TORCH_CHECK(page_size >= 16 && (page_size & (page_size - 1)) == 0, "page size must be a power of two >= 16");
-  STD_TORCH_CHECK(block_tables.scalar_type() == ScalarType::Int && block_tables.stride(1) == 1, "block_tables: int32 rows");
+  STD_TORCH_CHECK(block_tables.scalar_type() == ScalarType::Int && block_tables.stride(1) == 1,
+                  "block_tables: int32 rows");
   STD_TORCH_CHECK(seq_lens.scalar_type() == ScalarType::Int && seq_lens.is_contiguous(), "seq_lens: int32");
-  STD_TORCH_CHECK(out.scalar_type() == ScalarType::BFloat16 && out.is_contiguous() && out.numel() == q.numel(), "out: bf16 [B, q_len, H, 512]");
+  STD_TORCH_CHECK(out.scalar_type() == ScalarType::BFloat16 && out.is_contiguous() && out.numel() == q.numel(),
+                  "out: bf16 [B, q_len, H, 512]");
   STD_TORCH_CHECK(num_splits >= 1 && num_splits <= kMaxSplits, "num_splits must be 1..", kMaxSplits);
   const int64_t batch = q.size(0), rows = q.size(1) * q.size(2);
 
@@ -149,7 +154,8 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor s
   p.out = reinterpret_cast<__nv_bfloat16*>(out.data_ptr());
   p.lse = nullptr;
   if (lse.has_value()) {
-    STD_TORCH_CHECK(lse->scalar_type() == ScalarType::Float && lse->is_contiguous() && lse->numel() == batch * rows, "lse: fp32 [B, q_len, H]");
+    STD_TORCH_CHECK(lse->scalar_type() == ScalarType::Float && lse->is_contiguous() && lse->numel() == batch * rows,
+                    "lse: fp32 [B, q_len, H]");
     p.lse = static_cast<float*>(lse->data_ptr());
   }
   p.bmm1_ptr = optional_scale(bmm1_tensor);
@@ -166,12 +172,14 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor s
   p.max_pages = static_cast<int>(block_tables.size(1));
   p.bt_stride = static_cast<int>(block_tables.stride(0));
   p.num_splits = static_cast<int>(num_splits);
-  p.max_seq_len = static_cast<int>(std::clamp<int64_t>(max_seq_len, 0, static_cast<int64_t>(p.max_pages) << p.page_shift));
+  p.max_seq_len =
+      static_cast<int>(std::clamp<int64_t>(max_seq_len, 0, static_cast<int64_t>(p.max_pages) << p.page_shift));
   if (num_splits > 1) {
     const int64_t partials = batch * num_splits * rows;
     const int64_t need = partials * (kDimV + 1) * static_cast<int64_t>(sizeof(float));
-    STD_TORCH_CHECK(workspace.is_cuda() && workspace.is_contiguous() && workspace.numel() * static_cast<int64_t>(workspace.element_size()) >= need,
-                "workspace too small for ", num_splits, " KV splits: need ", need, " bytes");
+    STD_TORCH_CHECK(workspace.is_cuda() && workspace.is_contiguous() &&
+                        workspace.numel() * static_cast<int64_t>(workspace.element_size()) >= need,
+                    "workspace too small for ", num_splits, " KV splits: need ", need, " bytes");
     // Sized for fp32 partials; FP8 problems store f16 partials and use the first half of them.
     p.part_o = workspace.data_ptr();
     p.part_lse = static_cast<float*>(workspace.data_ptr()) + partials * kDimV;
@@ -194,7 +202,8 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor s
 
 STABLE_TORCH_LIBRARY(mla_backend, m) {
   m.def(
-      "decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor seq_lens, Tensor(a!) out, Tensor(b!)? lse, "
+      "decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor seq_lens, Tensor(a!) out, Tensor(b!)? "
+      "lse, "
       "Tensor(c!) workspace, int max_seq_len, int num_splits, int row_groups, int rf, float bmm1, Tensor? bmm1_tensor, "
       "float bmm2, Tensor? bmm2_tensor, bool pdl) -> ()");
   m.def("ctas_per_sm(bool fp8, int row_groups, int rf) -> int");

@@ -38,28 +38,28 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kMaxGrowthLog2 = 8.f;  // online softmax: growth of a row maximum absorbed without rescaling
 
 struct DecodeParams {
-  const uint8_t* q_nope;     // [B, q_len, H, 512] latent part of Q, rows contiguous
-  const uint8_t* q_pe;       // [B, q_len, H, 64] rope part (a separate tensor or a view of one Q)
+  const uint8_t* q_nope;       // [B, q_len, H, 512] latent part of Q, rows contiguous
+  const uint8_t* q_pe;         // [B, q_len, H, 64] rope part (a separate tensor or a view of one Q)
   long long q_nope_stride[3];  // bytes between requests, query tokens, heads (multiples of 16)
   long long q_pe_stride[3];
-  const uint8_t* kv;         // pages of [page_size, 576]
-  const int* block_tables;   // [B, bt_stride]
-  const int* seq_lens;       // [B]
-  __nv_bfloat16* out;        // [B, q_len, H, 512]
-  float* lse;                // [B, q_len, H] natural log, or nullptr
-  void* part_o;              // [B, splits, rows, 512] split partials (normalised), when splits > 1:
-                             // f16 for FP8 KV (|O| <= 448, the e4m3 maximum), else fp32
-  float* part_lse;           // [B, splits, rows] log2 domain
-  const float* bmm1_ptr;     // device scale or nullptr
+  const uint8_t* kv;        // pages of [page_size, 576]
+  const int* block_tables;  // [B, bt_stride]
+  const int* seq_lens;      // [B]
+  __nv_bfloat16* out;       // [B, q_len, H, 512]
+  float* lse;               // [B, q_len, H] natural log, or nullptr
+  void* part_o;             // [B, splits, rows, 512] split partials (normalised), when splits > 1:
+                            // f16 for FP8 KV (|O| <= 448, the e4m3 maximum), else fp32
+  float* part_lse;          // [B, splits, rows] log2 domain
+  const float* bmm1_ptr;    // device scale or nullptr
   const float* bmm2_ptr;
   float bmm1, bmm2;
-  long long page_stride;     // bytes between pages
-  int q_len, heads, rows;    // rows = q_len * heads
-  int heads_recip;           // ceil(2^20 / heads): row / heads == (row * heads_recip) >> 20 for rows < 1024
-  int page_shift;            // log2(page_size)
-  int max_pages;             // block-table columns: never read past them
-  int max_seq_len;           // the host's bound on seq_lens (<= max_pages * page_size): a guess
-                             // that lets page ids be fetched before seq_len arrives
+  long long page_stride;   // bytes between pages
+  int q_len, heads, rows;  // rows = q_len * heads
+  int heads_recip;         // ceil(2^20 / heads): row / heads == (row * heads_recip) >> 20 for rows < 1024
+  int page_shift;          // log2(page_size)
+  int max_pages;           // block-table columns: never read past them
+  int max_seq_len;         // the host's bound on seq_lens (<= max_pages * page_size): a guess
+                           // that lets page ids be fetched before seq_len arrives
   int bt_stride;
   int num_splits;
 };
@@ -125,7 +125,9 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int s
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d));
@@ -137,20 +139,22 @@ __device__ __forceinline__ void st_shared_v2(uint32_t addr, uint32_t a, uint32_t
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
 }
 
 // D += A.B with fp32 accumulators; A row-major (4 regs), B column-major (2 regs). The wrappers
 // differ only in the instruction: e4m3 16x8x32 (QMMA), bf16 and f16 16x8x16 (HMMA).
-#define MLA_DEFINE_MMA(name, instruction)                                                              \
+#define MLA_DEFINE_MMA(name, instruction)                                                                 \
   __device__ __forceinline__ void name(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { \
-    asm volatile(instruction " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"               \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                       \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                      \
+    asm volatile(instruction " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                   \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                         \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                         \
   }
 MLA_DEFINE_MMA(mma_e4m3, "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32")
 MLA_DEFINE_MMA(mma_bf16, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
@@ -161,7 +165,8 @@ MLA_DEFINE_MMA(mma_f16, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")
 // apart in PTX lets F2FP read the upper half directly (R.H1) instead of after a shift.
 __device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t packed, uint32_t& lo, uint32_t& hi) {
   asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-      : "=r"(lo), "=r"(hi) : "r"(packed));
+      : "=r"(lo), "=r"(hi)
+      : "r"(packed));
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -222,7 +227,9 @@ __device__ __forceinline__ float read_scale(const float* ptr, float value) {
 // KV tiles: thread i loads token i / kThreadsPerToken of a tile, so it looks up one page per tile.
 // The page id is fetched a tile ahead (page_of), keeping the block-table read off the critical path.
 template <class C>
-__device__ __forceinline__ int kv_pos(int tile) { return tile * kBlockN + threadIdx.x / C::kThreadsPerToken; }
+__device__ __forceinline__ int kv_pos(int tile) {
+  return tile * kBlockN + threadIdx.x / C::kThreadsPerToken;
+}
 
 template <class C>
 __device__ __forceinline__ int page_of(const DecodeParams& p, const int* bt_row, int tile, int seq_len) {
@@ -389,7 +396,8 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   };
   const bool has_rope = wd < C::kRopeChunks;
   const uint32_t p_smem = q_smem + C::kQBytes;
-  float* corr_smem = reinterpret_cast<float*>(smem + C::kStages * C::kStageBytes + C::kScoreBytes + C::kQBytes + C::kPBytes);
+  float* corr_smem =
+      reinterpret_cast<float*>(smem + C::kStages * C::kStageBytes + C::kScoreBytes + C::kQBytes + C::kPBytes);
   uint32_t qf[C::kQInSmem ? 1 : RF][C::kQkChunks][4];
   if constexpr (!C::kQInSmem) {
 #pragma unroll
@@ -442,7 +450,9 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   // Ring positions (byte offsets) of the tile read now and of the tile loaded now, rotated by
   // compare-and-wrap rather than a modulo.
   uint32_t read_off = 0, fill_off = (C::kStages - 1) * C::kStageBytes;
-  auto advance = [](uint32_t off) { return off + C::kStageBytes == C::kStages * C::kStageBytes ? 0u : off + C::kStageBytes; };
+  auto advance = [](uint32_t off) {
+    return off + C::kStageBytes == C::kStages * C::kStageBytes ? 0u : off + C::kStageBytes;
+  };
   auto load_ahead = [&](int tile) {  // tile + kStages - 1 into the stage freed last
     const int next = tile + C::kStages - 1;
     if (next < tile_end) load_kv_tile<C>(kv_smem + fill_off, p, next, next_page);
@@ -475,7 +485,8 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
       uint32_t qa[RF][4];
 #pragma unroll
       for (int f = 0; f < RF; ++f) {
-        if constexpr (C::kQInSmem) ldmatrix_a(qa[f], q_smem, C::kSmemQRowBytes, f, chunk_byte(i));
+        if constexpr (C::kQInSmem)
+          ldmatrix_a(qa[f], q_smem, C::kSmemQRowBytes, f, chunk_byte(i));
         else
 #pragma unroll
           for (int r = 0; r < 4; ++r) qa[f][r] = qf[f][i][r];
@@ -587,7 +598,10 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const float4 v = *reinterpret_cast<const float4*>(scores + q * C::kTileRows * kBlockN + score_index(row, tok0));
-        x[0] += v.x; x[1] += v.y; x[2] += v.z; x[3] += v.w;
+        x[0] += v.x;
+        x[1] += v.y;
+        x[2] += v.z;
+        x[3] += v.w;
       }
       // Causal limit of the row (log2 domain from here on).
       const int limit = masked_tile ? first_masked + token_of_row(p, blockIdx.x * C::kTileRows + row) : seq_len;
@@ -621,7 +635,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
       if ((lane & 7) == 0) corr_smem[row] = correction;  // exactly 1 unless rescaled
     }
     if constexpr (kPipelined) cp_async_wait<C::kStages - 2>();  // the next tile, for its QK^T
-    __syncthreads();  // P and the rescale factors complete
+    __syncthreads();                                            // P and the rescale factors complete
 
     // ---- rescale this warp's accumulators where a row's reference maximum was raised; P as A fragments.
     {
@@ -689,8 +703,8 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
       const float2 stats = row_stats[local_row(f, h)];
       const float inv = stats.x, lse2 = stats.y;
       const float out_scale = single ? inv * bmm2 : inv;
-      const long long out_row = single ? (long long)b * p.rows + row
-                                       : ((long long)b * p.num_splits + split) * p.rows + row;
+      const long long out_row =
+          single ? (long long)b * p.rows + row : ((long long)b * p.num_splits + split) * p.rows + row;
 #pragma unroll
       for (int q = 0; q < (FP8 ? 8 : 16); ++q) {
         // FP8 tiles pair up (even dims, odd dims) into 4 consecutive dims; BF16 tiles hold 2.
@@ -699,10 +713,14 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
         if constexpr (FP8) {
           const float* ev = acc[f][2 * q];
           const float* od = acc[f][2 * q + 1];
-          v[0] = ev[2 * h]; v[1] = od[2 * h]; v[2] = ev[2 * h + 1]; v[3] = od[2 * h + 1];
+          v[0] = ev[2 * h];
+          v[1] = od[2 * h];
+          v[2] = ev[2 * h + 1];
+          v[3] = od[2 * h + 1];
           dim = wd * 128 + q * 16 + 4 * t;
         } else {
-          v[0] = acc[f][q][2 * h]; v[1] = acc[f][q][2 * h + 1];
+          v[0] = acc[f][q][2 * h];
+          v[1] = acc[f][q][2 * h + 1];
           dim = wd * 128 + q * 8 + 2 * t;
         }
         constexpr int kVec = FP8 ? 4 : 2;
@@ -711,19 +729,24 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
           uint32_t packed[2];
 #pragma unroll
           for (int i = 0; i < kVec / 2; ++i) packed[i] = pack2<false>(v[2 * i] * out_scale, v[2 * i + 1] * out_scale);
-          if constexpr (kVec == 4) *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
-          else *reinterpret_cast<uint32_t*>(dst) = packed[0];
+          if constexpr (kVec == 4)
+            *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
+          else
+            *reinterpret_cast<uint32_t*>(dst) = packed[0];
         } else if constexpr (FP8) {  // half the merge traffic of fp32
           __half* dst = static_cast<__half*>(p.part_o) + out_row * kDimV + dim;
-          *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<true>(v[0] * inv, v[1] * inv), pack2<true>(v[2] * inv, v[3] * inv));
+          *reinterpret_cast<uint2*>(dst) =
+              make_uint2(pack2<true>(v[0] * inv, v[1] * inv), pack2<true>(v[2] * inv, v[3] * inv));
         } else {
           float* dst = static_cast<float*>(p.part_o) + out_row * kDimV + dim;
           *reinterpret_cast<float2*>(dst) = make_float2(v[0] * inv, v[1] * inv);
         }
       }
       if (wd == 0 && t == 0) {
-        if (!single) p.part_lse[out_row] = lse2;
-        else if (p.lse != nullptr) p.lse[out_row] = lse2 * kLn2;
+        if (!single)
+          p.part_lse[out_row] = lse2;
+        else if (p.lse != nullptr)
+          p.lse[out_row] = lse2 * kLn2;
       }
     }
 }
@@ -789,7 +812,12 @@ __global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const _
   for (int w = 0; w < kMergeThreads / 32; ++w) weight_sum += reduce[w];
 
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  auto add = [&](float w, const float4& v) { acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w; };
+  auto add = [&](float w, const float4& v) {
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
+  };
 #pragma unroll
   for (int i = 0; i < kMergeBatch; ++i) {
     const int s = warp + i * kMergeGroups;
@@ -803,11 +831,15 @@ __global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const _
 #pragma unroll
   for (int g = 0; g < kMergeGroups - 1; ++g) {
     const float4 v = partial[g][lane];
-    acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
   }
   const float scale = weight_sum > 0.f ? read_scale(p.bmm2_ptr, p.bmm2) / weight_sum : 0.f;
   const long long out_row = (long long)b * p.rows + row;
-  const uint2 packed = make_uint2(pack2<false>(acc.x * scale, acc.y * scale), pack2<false>(acc.z * scale, acc.w * scale));
+  const uint2 packed =
+      make_uint2(pack2<false>(acc.x * scale, acc.y * scale), pack2<false>(acc.z * scale, acc.w * scale));
   *reinterpret_cast<uint2*>(p.out + out_row * kDimV + dim) = packed;
   if (blockIdx.z == 0 && lane == 0 && p.lse != nullptr)
     p.lse[out_row] = weight_sum > 0.f ? (best + __log2f(weight_sum)) * kLn2 : -INFINITY;

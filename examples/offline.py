@@ -1,6 +1,6 @@
 """Offline generation through vLLM with mla_backend serving MLA decode.
 
-    python examples/offline.py deepseek-ai/DeepSeek-V2-Lite-Chat
+python examples/offline.py deepseek-ai/DeepSeek-V2-Lite-Chat
 """
 
 import sys

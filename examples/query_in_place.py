@@ -24,5 +24,7 @@ for heads, batch, seq in [(128, 32, 2048), (16, 32, 2048), (128, 1, 8192), (128,
 
     assert torch.equal(concatenated(), in_place())
     t_cat, t_pair = time_graph([concatenated]), time_graph([in_place])
-    print(f"bf16 H{heads} B{batch} seq {seq}: cat + op {t_cat:.1f} us, pair in place {t_pair:.1f} us, "
-          f"saved {t_cat - t_pair:.1f} us")
+    print(
+        f"bf16 H{heads} B{batch} seq {seq}: cat + op {t_cat:.1f} us, pair in place {t_pair:.1f} us, "
+        f"saved {t_cat - t_pair:.1f} us"
+    )

@@ -24,7 +24,7 @@ from mla_backend.reference import ROW_ERROR_TOLERANCE, mla_decode_reference
 
 MIN_VISIBLE_KEYS = 16
 LSE_ABS_TOLERANCE = 1e-2  # plus LSE_REL_TOLERANCE x |lse|: vLLM's Triton MLA returns the LSE in bf16
-LSE_REL_TOLERANCE = 2.0 ** -8
+LSE_REL_TOLERANCE = 2.0**-8
 MAX_PROBES = 4096  # graph-captured calls the counters cover (layers x captured batch sizes)
 
 
@@ -59,8 +59,9 @@ def check_call(call: DecodeCall) -> CallCheck:
     tokens, heads, dim = call.query.shape
     query = call.query.view(requests, q_len, heads, dim)
     seq_lens = call.seq_lens[:requests]
-    want, want_lse = mla_decode_reference(query, call.kv_cache, call.block_table[:requests], seq_lens,
-                                          call.bmm1, call.bmm2)
+    want, want_lse = mla_decode_reference(
+        query, call.kv_cache, call.block_table[:requests], seq_lens, call.bmm1, call.bmm2
+    )
     visible = seq_lens.to(torch.int64)[:, None] - q_len + 1 + torch.arange(q_len, device=seq_lens.device)
     rows = (visible >= MIN_VISIBLE_KEYS)[:, :, None].expand(requests, q_len, heads).reshape(tokens, heads)
     want, want_lse = want.reshape(tokens, heads, -1), want_lse.reshape(tokens, heads)
@@ -86,8 +87,14 @@ class DecodeChecker:
     ``force_lse``: ask the impl for its LSE (as decode context parallelism does) so it is checked too.
     """
 
-    def __init__(self, impl_cls, kv_dtype: torch.dtype, max_calls: int = 48, force_lse: bool = False,
-                 corrupt: float | None = None):
+    def __init__(
+        self,
+        impl_cls,
+        kv_dtype: torch.dtype,
+        max_calls: int = 48,
+        force_lse: bool = False,
+        corrupt: float | None = None,
+    ):
         self.impl_cls = impl_cls
         self.kv_dtype = kv_dtype
         self.max_calls = max_calls
@@ -154,16 +161,23 @@ class DecodeChecker:
             self.q_lens[tokens // requests] += 1
             return
         call = DecodeCall(
-            layer=getattr(layer, "layer_name", "?"), query=query.clone(), kv_cache=kv_cache,
-            block_table=decode.block_table.clone(), seq_lens=decode.seq_lens.clone(), num_decodes=requests,
-            q_len=tokens // requests, bmm1=impl.scale * q_scale * k_scale, bmm2=k_scale, out=out.clone(),
+            layer=getattr(layer, "layer_name", "?"),
+            query=query.clone(),
+            kv_cache=kv_cache,
+            block_table=decode.block_table.clone(),
+            seq_lens=decode.seq_lens.clone(),
+            num_decodes=requests,
+            q_len=tokens // requests,
+            bmm1=impl.scale * q_scale * k_scale,
+            bmm2=k_scale,
+            out=out.clone(),
             lse=None if lse is None else lse.clone(),
         )
         if capturing:  # the clones above are part of the graph: each replay refills them
             index = len(self._probes)
             if index >= MAX_PROBES:
                 raise RuntimeError(f"more than {MAX_PROBES} graph-captured decode calls")
-            self._counters[index:index + 1].add_(1)
+            self._counters[index : index + 1].add_(1)
             self._probes.append((call, index))
         else:
             self.q_lens[call.q_len] += 1
@@ -192,9 +206,17 @@ class DecodeChecker:
                 self.problems.add(repr(err)[:200])
                 continue
             if result.rows:
-                self.checks.append({"layer": call.layer, "q_len": call.q_len, "rows": result.rows,
-                                    "out_error": result.out_error, "lse_error": result.lse_error,
-                                    "lse_ok": result.lse_ok, "graph": call in replayed})
+                self.checks.append(
+                    {
+                        "layer": call.layer,
+                        "q_len": call.q_len,
+                        "rows": result.rows,
+                        "out_error": result.out_error,
+                        "lse_error": result.lse_error,
+                        "lse_ok": result.lse_ok,
+                        "graph": call in replayed,
+                    }
+                )
 
     def summary(self) -> dict:
         tolerance = ROW_ERROR_TOLERANCE[self.kv_dtype]
@@ -203,11 +225,16 @@ class DecodeChecker:
             worst[check["q_len"]] = max(worst.get(check["q_len"], 0.0), check["out_error"])
         lse_checked = [c for c in self.checks if c["lse_error"] is not None]
         return {
-            "q_lens": dict(self.q_lens), "graph_calls": self.graph_calls, "checked_calls": len(self.checks),
+            "q_lens": dict(self.q_lens),
+            "graph_calls": self.graph_calls,
+            "checked_calls": len(self.checks),
             "checked_graph_calls": sum(c["graph"] for c in self.checks),
             "checked_layers": sorted({c["layer"] for c in self.checks}),
-            "checked_rows": sum(c["rows"] for c in self.checks), "max_rel_error": worst, "tolerance": tolerance,
-            "lse_checked_calls": len(lse_checked), "lse_ok": all(c["lse_ok"] for c in lse_checked),
+            "checked_rows": sum(c["rows"] for c in self.checks),
+            "max_rel_error": worst,
+            "tolerance": tolerance,
+            "lse_checked_calls": len(lse_checked),
+            "lse_ok": all(c["lse_ok"] for c in lse_checked),
             "max_lse_error": max((c["lse_error"] for c in lse_checked), default=None),
             "check_problems": sorted(self.problems),
         }

@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, field, replace
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import torch  # noqa: E402
-
 from decode_check import DecodeChecker  # noqa: E402
 
 KV_DTYPES = {"fp8": torch.float8_e4m3fn, "auto": torch.bfloat16}  # vLLM's --kv-cache-dtype -> torch, bf16 model
@@ -33,8 +32,12 @@ class EngineSpec:
 
     @property
     def name(self) -> str:
-        parts = [self.backend, "fp8" if self.kv_cache_dtype == "fp8" else "bf16", f"b{self.block_size}",
-                 "graph" if self.graphs else "eager"]
+        parts = [
+            self.backend,
+            "fp8" if self.kv_cache_dtype == "fp8" else "bf16",
+            f"b{self.block_size}",
+            "graph" if self.graphs else "eager",
+        ]
         if self.spec_tokens:
             parts.append(f"ngram{self.spec_tokens}")
         parts += [f"{k}={v}" for k, v in self.mla_backend.items()]
@@ -64,9 +67,17 @@ def after_each_step(callback):
 def engine_kwargs(spec: EngineSpec, model: str, max_model_len: int, memory_fraction: float) -> dict:
     """vLLM LLM(...) arguments for one engine of the matrix."""
     kwargs = dict(
-        model=model, skip_tokenizer_init=True, dtype="bfloat16", seed=0, max_model_len=max_model_len,
-        max_num_seqs=spec.max_num_seqs, gpu_memory_utilization=memory_fraction, kv_cache_dtype=spec.kv_cache_dtype,
-        block_size=spec.block_size, attention_backend=spec.backend, enforce_eager=not spec.graphs,
+        model=model,
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        seed=0,
+        max_model_len=max_model_len,
+        max_num_seqs=spec.max_num_seqs,
+        gpu_memory_utilization=memory_fraction,
+        kv_cache_dtype=spec.kv_cache_dtype,
+        block_size=spec.block_size,
+        attention_backend=spec.backend,
+        enforce_eager=not spec.graphs,
         additional_config={"mla_backend": spec.mla_backend} if spec.mla_backend else {},
         enable_prefix_caching=False,
     )
@@ -75,15 +86,26 @@ def engine_kwargs(spec: EngineSpec, model: str, max_model_len: int, memory_fract
     if spec.spec_tokens:
         kwargs["disable_log_stats"] = False  # keeps the speculative-decoding counters
         # A random model does not copy its prompt: a 1-token lookup still finds drafts in long prompts.
-        kwargs["speculative_config"] = {"method": "ngram_gpu", "num_speculative_tokens": spec.spec_tokens,
-                                        "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+        kwargs["speculative_config"] = {
+            "method": "ngram_gpu",
+            "num_speculative_tokens": spec.spec_tokens,
+            "prompt_lookup_min": 1,
+            "prompt_lookup_max": 3,
+        }
         if spec.graphs:  # the GPU n-gram proposer is a torch.compile'd module
             kwargs["compilation_config"] = {"mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE"}
     return kwargs
 
 
-def run_engine(spec: EngineSpec, model: str, prompts: list[list[int]], max_tokens: int = 32,
-               logprobs: int = 2, max_model_len: int = 2048, corrupt: float | None = None) -> dict:
+def run_engine(
+    spec: EngineSpec,
+    model: str,
+    prompts: list[list[int]],
+    max_tokens: int = 32,
+    logprobs: int = 2,
+    max_model_len: int = 2048,
+    corrupt: float | None = None,
+) -> dict:
     """Generate greedily; returns tokens, top-2 logprob gaps, timings and the decode check.
     ``corrupt`` scales every forward_mqa output (the check must then fail)."""
     from vllm import LLM, SamplingParams
@@ -95,8 +117,12 @@ def run_engine(spec: EngineSpec, model: str, prompts: list[list[int]], max_token
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     load_general_plugins()  # what the engine does first: registers CUSTOM through our entry point
-    checker = DecodeChecker(AttentionBackendEnum[spec.backend].get_class().get_impl_cls(),
-                            KV_DTYPES[spec.kv_cache_dtype], force_lse=spec.backend == "CUSTOM", corrupt=corrupt)
+    checker = DecodeChecker(
+        AttentionBackendEnum[spec.backend].get_class().get_impl_cls(),
+        KV_DTYPES[spec.kv_cache_dtype],
+        force_lse=spec.backend == "CUSTOM",
+        corrupt=corrupt,
+    )
     started = time.perf_counter()
     try:
         from mla_backend.vllm import backend as ours
@@ -124,8 +150,11 @@ def run_engine(spec: EngineSpec, model: str, prompts: list[list[int]], max_token
 
 def spec_decode_counts(metrics) -> dict:
     """vLLM's speculative-decoding counters (drafts, draft tokens, accepted tokens) and the acceptance rate."""
-    counts = {m.name.removeprefix("vllm:spec_decode_"): m.value for m in metrics
-              if m.name.startswith("vllm:spec_decode_num") and isinstance(getattr(m, "value", None), (int, float))}
+    counts = {
+        m.name.removeprefix("vllm:spec_decode_"): m.value
+        for m in metrics
+        if m.name.startswith("vllm:spec_decode_num") and isinstance(getattr(m, "value", None), (int, float))
+    }
     if counts.get("num_draft_tokens"):
         counts["acceptance_rate"] = counts.get("num_accepted_tokens", 0) / counts["num_draft_tokens"]
     return counts

@@ -76,8 +76,9 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return step
 
 
-def agreement(ours: list[list[int]], ref: list[list[int]], ref_gaps: list[list[float]],
-              *others: list[list[int]]) -> dict:
+def agreement(
+    ours: list[list[int]], ref: list[list[int]], ref_gaps: list[list[float]], *others: list[list[int]]
+) -> dict:
     """Per prompt: the first step where tokens differ and the first tie of the reference: a top-2
     gap below TIE_NATS, or a step where the reference and another run of vLLM's (its second
     backend, or the same backend run again) differ: vLLM itself is undecided there."""
@@ -95,25 +96,32 @@ def agreement(ours: list[list[int]], ref: list[list[int]], ref_gaps: list[list[f
         divergent.append((i, differ, first_tie))
         if differ < first_tie:
             failures.append((i, differ, first_tie))
-    return {"identical": len(ours) - len(divergent), "divergent": divergent, "failures": failures,
-            "ok": not failures}
+    return {"identical": len(ours) - len(divergent), "divergent": divergent, "failures": failures, "ok": not failures}
 
 
 def correctness_specs() -> list[EngineSpec]:
-    return [EngineSpec("CUSTOM", kv, block, graphs) for kv in ("fp8", "auto") for block in (16, 64)
-            for graphs in (True, False)]
+    return [
+        EngineSpec("CUSTOM", kv, block, graphs)
+        for kv in ("fp8", "auto")
+        for block in (16, 64)
+        for graphs in (True, False)
+    ]
 
 
 def spec_decode_specs() -> list[EngineSpec]:
     # Graph mode only: in vLLM 0.26 the GPU n-gram proposer drafted nothing under enforce_eager.
-    return [EngineSpec("CUSTOM", "fp8", 64, True, spec_tokens=SPEC_TOKENS),
-            EngineSpec("CUSTOM", "auto", 16, True, spec_tokens=SPEC_TOKENS)]
+    return [
+        EngineSpec("CUSTOM", "fp8", 64, True, spec_tokens=SPEC_TOKENS),
+        EngineSpec("CUSTOM", "auto", 16, True, spec_tokens=SPEC_TOKENS),
+    ]
 
 
 def fallback_specs() -> list[EngineSpec]:
     override = {"device_capability": "8.0"}  # documented: choose kernels as if this were an SM 8.0 GPU
-    return [EngineSpec("CUSTOM", "fp8", 16, True, mla_backend=override),
-            EngineSpec("CUSTOM", "auto", 64, False, mla_backend=override)]
+    return [
+        EngineSpec("CUSTOM", "fp8", 16, True, mla_backend=override),
+        EngineSpec("CUSTOM", "auto", 64, False, mla_backend=override),
+    ]
 
 
 def selftest_specs() -> list[EngineSpec]:
@@ -152,9 +160,12 @@ def rule_calibration(refs: dict[str, dict], kv: str) -> dict:
     reference's runs when it ran more than once: FLASHMLA+spec does not repeat itself exactly)."""
     peer, ref_runs = refs[PEERS[kv][0] + kv], runs_of(refs, PEERS[kv][1] + kv)
     repeats = [run["tokens"] for run in ref_runs[1:]]
-    return {"peer": PEERS[kv][0], "ref": PEERS[kv][1],
-            "rule_holds": agreement(peer["tokens"], ref_runs[0]["tokens"], ref_runs[0]["gaps"], *repeats)["ok"],
-            "peer_agreed_steps": mean_agreed_steps(peer["tokens"], ref_runs)}
+    return {
+        "peer": PEERS[kv][0],
+        "ref": PEERS[kv][1],
+        "rule_holds": agreement(peer["tokens"], ref_runs[0]["tokens"], ref_runs[0]["gaps"], *repeats)["ok"],
+        "peer_agreed_steps": mean_agreed_steps(peer["tokens"], ref_runs),
+    }
 
 
 def judge(result: dict, refs: dict[str, dict], expect_route: str) -> tuple[bool, list[str]]:
@@ -168,8 +179,10 @@ def judge(result: dict, refs: dict[str, dict], expect_route: str) -> tuple[bool,
         verdict = agreement(result["tokens"], triton["tokens"], triton["gaps"])
         result.setdefault("agreement", {})["TRITON_MLA"] = verdict
         ok &= verdict["ok"]
-        notes.append(f"TRITON_MLA: {verdict['identical']}/{len(result['tokens'])} identical"
-                     + ("" if verdict["ok"] else f", tie rule broken {verdict['failures']}"))
+        notes.append(
+            f"TRITON_MLA: {verdict['identical']}/{len(result['tokens'])} identical"
+            + ("" if verdict["ok"] else f", tie rule broken {verdict['failures']}")
+        )
         return finish_judging(result, expect_route, ok, notes)
     calibration = rule_calibration(refs, kv)
     for ref_name in REFERENCES[kv]:
@@ -184,8 +197,10 @@ def judge(result: dict, refs: dict[str, dict], expect_route: str) -> tuple[bool,
             note += "" if verdict["ok"] else f", tie rule broken {verdict['failures']}"
         else:
             ok &= verdict["agreed_steps"] >= calibration["peer_agreed_steps"]
-            note += (f", {verdict['agreed_steps']:g} steps agreed vs {calibration['peer_agreed_steps']:g} for vLLM's "
-                     f"{calibration['peer']} (which breaks the tie rule itself)")
+            note += (
+                f", {verdict['agreed_steps']:g} steps agreed vs {calibration['peer_agreed_steps']:g} for vLLM's "
+                f"{calibration['peer']} (which breaks the tie rule itself)"
+            )
         notes.append(note)
     return finish_judging(result, expect_route, ok, notes)
 
@@ -209,18 +224,31 @@ def judge_decode_check(check: dict, spec: dict) -> tuple[bool, str]:
     """forward_mqa vs float64 on real decode calls: enough of them, on every layer, through graph
     replays when graphs are on, within the row tolerance; our backend's LSE too."""
     worst = max(check["max_rel_error"].values(), default=None)
-    wanted = {"calls": MIN_CHECKED_CALLS, "layers": MODEL_LAYERS,
-              "graph calls": 1 if spec["graphs"] else 0, "LSE calls": 1 if spec["backend"] == "CUSTOM" else 0}
-    have = {"calls": check["checked_calls"], "layers": len(check["checked_layers"]),
-            "graph calls": check["checked_graph_calls"], "LSE calls": check["lse_checked_calls"]}
+    wanted = {
+        "calls": MIN_CHECKED_CALLS,
+        "layers": MODEL_LAYERS,
+        "graph calls": 1 if spec["graphs"] else 0,
+        "LSE calls": 1 if spec["backend"] == "CUSTOM" else 0,
+    }
+    have = {
+        "calls": check["checked_calls"],
+        "layers": len(check["checked_layers"]),
+        "graph calls": check["checked_graph_calls"],
+        "LSE calls": check["lse_checked_calls"],
+    }
     short = [f"{name} {have[name]} < {n}" for name, n in wanted.items() if have[name] < n]
     if short or check["check_problems"] or worst is None:
         return False, f"forward_mqa not checked enough: {short} {check['check_problems']}"
     ok = worst <= check["tolerance"] and check["lse_ok"]
-    lse = f", LSE max err {check['max_lse_error']:.1e}{'' if check['lse_ok'] else ' OVER'}" \
-        if check["max_lse_error"] is not None else ""
-    return ok, (f"forward_mqa max rel err {worst:.1e} (tol {check['tolerance']:.0e}; {have['calls']} calls, "
-                f"{have['graph calls']} replayed, {check['checked_rows']} rows of >= 16 keys){lse}")
+    lse = (
+        f", LSE max err {check['max_lse_error']:.1e}{'' if check['lse_ok'] else ' OVER'}"
+        if check["max_lse_error"] is not None
+        else ""
+    )
+    return ok, (
+        f"forward_mqa max rel err {worst:.1e} (tol {check['tolerance']:.0e}; {have['calls']} calls, "
+        f"{have['graph calls']} replayed, {check['checked_rows']} rows of >= 16 keys){lse}"
+    )
 
 
 def judge_speculation(result: dict) -> tuple[bool, str]:
@@ -230,12 +258,15 @@ def judge_speculation(result: dict) -> tuple[bool, str]:
     counts = result.get("spec_decode", {})
     ok = q_lens.get(1 + result["spec"]["spec_tokens"], 0) > 0 and counts.get("num_drafts", 0) > 0
     rate = counts.get("acceptance_rate")
-    return ok, (f"real decode calls by q_len {dict(sorted(q_lens.items()))}, drafts {counts.get('num_drafts', 0)}"
-                + (f", acceptance {rate:.0%}" if rate is not None else ""))
+    return ok, (
+        f"real decode calls by q_len {dict(sorted(q_lens.items()))}, drafts {counts.get('num_drafts', 0)}"
+        + (f", acceptance {rate:.0%}" if rate is not None else "")
+    )
 
 
-def reference_runs(model: str, prompts: list[list[int]], rows: list, kvs: set[str], spec_tokens: int = 0,
-                   repeats: int = 1) -> dict[str, dict]:
+def reference_runs(
+    model: str, prompts: list[list[int]], rows: list, kvs: set[str], spec_tokens: int = 0, repeats: int = 1
+) -> dict[str, dict]:
     """vLLM's own backends (the references and the calibration peers) for both KV dtypes, keyed by
     backend name + KV dtype; the references ``repeats`` times (``key#2`` ...). Speculative
     (compiled) engines each run in their own process."""
@@ -246,14 +277,23 @@ def reference_runs(model: str, prompts: list[list[int]], rows: list, kvs: set[st
             runs = repeats if name in REFERENCES[kv] else 1
             for run in range(runs):
                 key = name + kv + (f"#{run + 1}" if run else "")
-                refs[key] = (run_engine_isolated(spec, model, prompts, SPEC_MAX_MODEL_LEN) if spec_tokens
-                             else run_engine(spec, model, prompts))
+                refs[key] = (
+                    run_engine_isolated(spec, model, prompts, SPEC_MAX_MODEL_LEN)
+                    if spec_tokens
+                    else run_engine(spec, model, prompts)
+                )
             ref = refs[name + kv]
             check = ref["decode_check"]
             errors = ", ".join(f"q_len {k}: {v:.1e}" for k, v in check["max_rel_error"].items())
-            rows.append((ref["name"], "reference", f"its forward_mqa vs float64: {errors or 'not checked'} "
-                         f"({check['checked_calls']} calls, {check['checked_graph_calls']} replayed) "
-                         f"{check['check_problems'] or ''}"))
+            rows.append(
+                (
+                    ref["name"],
+                    "reference",
+                    f"its forward_mqa vs float64: {errors or 'not checked'} "
+                    f"({check['checked_calls']} calls, {check['checked_graph_calls']} replayed) "
+                    f"{check['check_problems'] or ''}",
+                )
+            )
     return refs
 
 
@@ -265,8 +305,12 @@ def main() -> int:
     parser.add_argument("--out", default="e2e_results")
     parser.add_argument("--model-dir", default="/tmp/mla_backend_models")
     parser.add_argument("--prompt-seeds", default="0", help="prompt sets (12 prompts each), e.g. 0,1")
-    parser.add_argument("--reference-runs", type=int, default=1,
-                        help="runs of each reference engine; where they differ, vLLM is undecided (a tie)")
+    parser.add_argument(
+        "--reference-runs",
+        type=int,
+        default=1,
+        help="runs of each reference engine; where they differ, vLLM is undecided (a tie)",
+    )
     args = parser.parse_args()
     parts, kvs = set(args.parts.split(",")), set(args.kv.split(","))
     out = Path(args.out)
@@ -281,16 +325,21 @@ def main() -> int:
             throughput.append(decode_tokens_per_s(EngineSpec(name, "fp8", 64, True), model, 32, 2048, 128))
         base = throughput[0]["tokens_per_s"]
         for t in throughput:
-            rows.append((t["name"], "throughput", f"{t['tokens_per_s']:.0f} tok/s (ours/this = "
-                         f"{base / t['tokens_per_s']:.2f}x) batch 32, ctx 2048, 128 new"))
+            rows.append(
+                (
+                    t["name"],
+                    "throughput",
+                    f"{t['tokens_per_s']:.0f} tok/s (ours/this = "
+                    f"{base / t['tokens_per_s']:.2f}x) batch 32, ctx 2048, 128 new",
+                )
+            )
 
     refs, spec_refs = {}, {}
     if parts & {"correctness", "fallback"}:
         refs = reference_runs(model, prompts, rows, kvs, repeats=args.reference_runs)
     if "spec" in parts:
         spec_prompts = [p for seed in args.prompt_seeds.split(",") for p in make_spec_prompts(int(seed))]
-        spec_refs = reference_runs(model, spec_prompts, rows, kvs, spec_tokens=SPEC_TOKENS,
-                                   repeats=args.reference_runs)
+        spec_refs = reference_runs(model, spec_prompts, rows, kvs, spec_tokens=SPEC_TOKENS, repeats=args.reference_runs)
     ours = []
     if "correctness" in parts:
         ours += [(s, "xqa") for s in correctness_specs()]
@@ -322,9 +371,13 @@ def main() -> int:
         rows.append((spec.name, "PASS" if ok else "FAIL", "; ".join(notes)))
         print(f"[e2e h{args.heads}] {spec.name}: {'PASS' if ok else 'FAIL'} {'; '.join(notes)}", flush=True)
 
-    (out / f"e2e_h{args.heads}_{'_'.join(sorted(parts))}_{'_'.join(sorted(kvs))}.json").write_text(json.dumps(
-        {"heads": args.heads, "refs": refs, "spec_refs": spec_refs, "ours": results, "throughput": throughput},
-        indent=1, default=str))
+    (out / f"e2e_h{args.heads}_{'_'.join(sorted(parts))}_{'_'.join(sorted(kvs))}.json").write_text(
+        json.dumps(
+            {"heads": args.heads, "refs": refs, "spec_refs": spec_refs, "ours": results, "throughput": throughput},
+            indent=1,
+            default=str,
+        )
+    )
     print(f"\n== e2e, {args.heads} heads ({torch.cuda.get_device_name()}) ==")
     for name, status, notes in rows:
         print(f"{status:10s} {name:40s} {notes}")

@@ -63,8 +63,17 @@ def time_graph(calls, replays: int = 15) -> float:
 
 
 def ours(problem, workspace):
-    args = (problem.query, problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens,
-            problem.max_seq_len)
+    args = (
+        problem.query,
+        problem.kv_cache,
+        workspace,
+        128,
+        512,
+        64,
+        problem.block_tables,
+        problem.seq_lens,
+        problem.max_seq_len,
+    )
     return lambda: xqa_batch_decode_with_kv_cache_mla(*args, bmm1_scale=SM_SCALE)
 
 
@@ -72,8 +81,10 @@ def bench_shape(dtype, heads, batch, seq, q_len, workspace, page_size=64) -> lis
     elem = 1 if dtype == torch.float8_e4m3fn else 2
     kv_bytes = batch * seq * 576 * elem
     copies = max(1, min(32, math.ceil(L2_FLUSH_BYTES / kv_bytes)))
-    problems = [make_paged_problem([seq] * batch, q_len, heads, page_size, dtype, "cuda", seed=i, extra_pages=0)
-                for i in range(copies)]
+    problems = [
+        make_paged_problem([seq] * batch, q_len, heads, page_size, dtype, "cuda", seed=i, extra_pages=0)
+        for i in range(copies)
+    ]
     moved = kv_bytes + batch * q_len * heads * (576 * elem + 512 * 2)
     flops = 2 * heads * q_len * seq * (576 + 512) * batch
     name = "fp8" if elem == 1 else "bf16"
@@ -85,7 +96,9 @@ def bench_shape(dtype, heads, batch, seq, q_len, workspace, page_size=64) -> lis
             us = time_graph([make(p) for p in problems])
             rows.append(Row(impl, name, heads, batch, seq, q_len, us, moved / us / 1e3, flops / us / 1e6))
         except Exception as err:  # a peer missing or refusing the shape is reported, not fatal
-            rows.append(Row(impl, name, heads, batch, seq, q_len, None, None, None, f"{type(err).__name__}: {err}"[:120]))
+            rows.append(
+                Row(impl, name, heads, batch, seq, q_len, None, None, None, f"{type(err).__name__}: {err}"[:120])
+            )
     del problems
     torch.cuda.empty_cache()
     return rows
@@ -95,8 +108,10 @@ def print_table(rows: list[Row]) -> None:
     by_key: dict[tuple, dict[str, Row]] = {}
     for r in rows:
         by_key.setdefault((r.dtype, r.heads, r.batch, r.seq, r.q_len), {})[r.impl] = r
-    print(f"{'dtype':5} {'H':>4} {'B':>4} {'seq':>6} {'q':>2} | {'ours us':>9} {'GB/s':>6} {'TF/s':>6} | "
-          f"{'flashmla us':>11} {'x':>5} | {'triton us':>9} {'x':>5}")
+    print(
+        f"{'dtype':5} {'H':>4} {'B':>4} {'seq':>6} {'q':>2} | {'ours us':>9} {'GB/s':>6} {'TF/s':>6} | "
+        f"{'flashmla us':>11} {'x':>5} | {'triton us':>9} {'x':>5}"
+    )
     for key, impls in by_key.items():
         mine = impls.get("mla_backend")
 
@@ -107,10 +122,15 @@ def print_table(rows: list[Row]) -> None:
             width = 11 if name == "flashmla" else 9
             return f"{r.us:>{width}.1f} {r.us / mine.us:>5.2f}"
 
-        ours_cols = (f"{mine.us:>9.1f} {mine.gbps:>6.0f} {mine.tflops:>6.1f}" if mine and mine.us
-                     else f"{'fail':>9} {'':>6} {'':>6}")
-        print(f"{key[0]:5} {key[1]:>4} {key[2]:>4} {key[3]:>6} {key[4]:>2} | {ours_cols} | {peer('flashmla')} | "
-              f"{peer('triton_mla')}")
+        ours_cols = (
+            f"{mine.us:>9.1f} {mine.gbps:>6.0f} {mine.tflops:>6.1f}"
+            if mine and mine.us
+            else f"{'fail':>9} {'':>6} {'':>6}"
+        )
+        print(
+            f"{key[0]:5} {key[1]:>4} {key[2]:>4} {key[3]:>6} {key[4]:>2} | {ours_cols} | {peer('flashmla')} | "
+            f"{peer('triton_mla')}"
+        )
     print("x = peer time / our time (>1: we are faster)")
 
 
@@ -125,8 +145,9 @@ def plot(rows: list[Row], path: str) -> None:
         for impl in ("mla_backend", "flashmla", "triton_mla"):
             pts = [r for r in rows if r.impl == impl and r.dtype == dtype and r.us]
             ax.plot(range(len(pts)), [r.gbps for r in pts], marker="o", label=impl)
-            ax.set_xticks(range(len(pts)), [f"H{r.heads} B{r.batch} {r.seq // 1024}k" for r in pts],
-                          rotation=90, fontsize=6)
+            ax.set_xticks(
+                range(len(pts)), [f"H{r.heads} B{r.batch} {r.seq // 1024}k" for r in pts], rotation=90, fontsize=6
+            )
         ax.set_title(f"MLA decode, {dtype} KV ({torch.cuda.get_device_name()})")
         ax.set_ylabel("GB/s (q + KV + out)")
         ax.legend()
@@ -142,10 +163,13 @@ def main(quick: bool = False, out_prefix: str = "bench_decode", dtypes=("fp8", "
     rows: list[Row] = []
     for name in dtypes:
         dtype = torch.float8_e4m3fn if name == "fp8" else torch.bfloat16
-        for heads, batch, seq in (QUICK_GRID if quick else FULL_GRID):
+        for heads, batch, seq in QUICK_GRID if quick else FULL_GRID:
             rows += bench_shape(dtype, heads, batch, seq, q_len, workspace)
-            print(" ".join(f"{r.impl}={r.us and round(r.us, 1)}" for r in rows[-len(PEERS) - 1:]),
-                  f"({name} H{heads} B{batch} seq{seq})", flush=True)
+            print(
+                " ".join(f"{r.impl}={r.us and round(r.us, 1)}" for r in rows[-len(PEERS) - 1 :]),
+                f"({name} H{heads} B{batch} seq{seq})",
+                flush=True,
+            )
     with open(f"{out_prefix}.json", "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "rows": [asdict(r) for r in rows]}, f, indent=1)
     plot(rows, f"{out_prefix}.png")

@@ -67,8 +67,11 @@ def check_scale(name: str, scale, device: torch.device) -> float | torch.Tensor:
         _require(scale.numel() == 1, f"{name} tensor must have one element, got shape {tuple(scale.shape)}")
         _require(scale.device == device, f"{name} is on {scale.device} but query is on {device}")
         return scale
-    _require(isinstance(scale, (int, float)) and not isinstance(scale, bool),
-             f"{name} must be a float or a one-element float32 tensor, got {type(scale).__name__}", TypeError)
+    _require(
+        isinstance(scale, (int, float)) and not isinstance(scale, bool),
+        f"{name} must be a float or a one-element float32 tensor, got {type(scale).__name__}",
+        TypeError,
+    )
     return float(scale)
 
 
@@ -76,25 +79,40 @@ def split_query(query) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
     """(q_nope, q_pe, the caller's whole tensor or None) from one [B, q_len, H, 576] tensor or a
     (q_nope [B, q_len, H, 512], q_pe [B, q_len, H, 64]) pair."""
     if isinstance(query, (tuple, list)):
-        _require(len(query) == 2 and all(isinstance(t, torch.Tensor) for t in query),
-                 "a split query must be a pair of tensors (q_nope, q_pe)", TypeError)
+        _require(
+            len(query) == 2 and all(isinstance(t, torch.Tensor) for t in query),
+            "a split query must be a pair of tensors (q_nope, q_pe)",
+            TypeError,
+        )
         q_nope, q_pe = query
-        _require(q_nope.dim() == 4 and q_nope.shape[-1] == shapes.KV_LORA_RANK,
-                 f"q_nope must be [batch, q_len, heads, {shapes.KV_LORA_RANK}], got shape {tuple(q_nope.shape)}")
-        _require(q_pe.dim() == 4 and q_pe.shape[-1] == shapes.ROPE_DIM,
-                 f"q_pe must be [batch, q_len, heads, {shapes.ROPE_DIM}], got shape {tuple(q_pe.shape)}")
-        _require(q_pe.shape[:3] == q_nope.shape[:3],
-                 f"q_nope {tuple(q_nope.shape)} and q_pe {tuple(q_pe.shape)} must agree in batch, q_len, heads")
-        _require(q_pe.dtype == q_nope.dtype, f"q_pe dtype {q_pe.dtype} must match q_nope dtype {q_nope.dtype}",
-                 TypeError)
+        _require(
+            q_nope.dim() == 4 and q_nope.shape[-1] == shapes.KV_LORA_RANK,
+            f"q_nope must be [batch, q_len, heads, {shapes.KV_LORA_RANK}], got shape {tuple(q_nope.shape)}",
+        )
+        _require(
+            q_pe.dim() == 4 and q_pe.shape[-1] == shapes.ROPE_DIM,
+            f"q_pe must be [batch, q_len, heads, {shapes.ROPE_DIM}], got shape {tuple(q_pe.shape)}",
+        )
+        _require(
+            q_pe.shape[:3] == q_nope.shape[:3],
+            f"q_nope {tuple(q_nope.shape)} and q_pe {tuple(q_pe.shape)} must agree in batch, q_len, heads",
+        )
+        _require(
+            q_pe.dtype == q_nope.dtype, f"q_pe dtype {q_pe.dtype} must match q_nope dtype {q_nope.dtype}", TypeError
+        )
         _require(q_pe.device == q_nope.device, f"q_pe is on {q_pe.device} but q_nope is on {q_nope.device}")
         return q_nope, q_pe, None
-    _require(isinstance(query, torch.Tensor),
-             f"query must be a torch.Tensor or a (q_nope, q_pe) pair, got {type(query).__name__}", TypeError)
+    _require(
+        isinstance(query, torch.Tensor),
+        f"query must be a torch.Tensor or a (q_nope, q_pe) pair, got {type(query).__name__}",
+        TypeError,
+    )
     _require(query.dim() == 4, f"query must be [batch, q_len, heads, 576], got shape {tuple(query.shape)}")
-    _require(query.shape[-1] == shapes.HEAD_DIM,
-             f"query last dim must be {shapes.HEAD_DIM} (512 nope + 64 rope), got {query.shape[-1]}")
-    return query[..., :shapes.KV_LORA_RANK], query[..., shapes.KV_LORA_RANK:], query
+    _require(
+        query.shape[-1] == shapes.HEAD_DIM,
+        f"query last dim must be {shapes.HEAD_DIM} (512 nope + 64 rope), got {query.shape[-1]}",
+    )
+    return query[..., : shapes.KV_LORA_RANK], query[..., shapes.KV_LORA_RANK :], query
 
 
 def query_layout_problem(name: str, t: torch.Tensor) -> str | None:
@@ -126,21 +144,35 @@ def check_decode_inputs(
     sinks,
 ) -> DecodeProblem:
     q_nope, q_pe, query_given = split_query(query)
-    for name, t in (("kv_cache", kv_cache), ("block_tables", block_tables), ("seq_lens", seq_lens),
-                    ("workspace_buffer", workspace_buffer), ("out", out)):
-        _require(isinstance(t, torch.Tensor) or (t is None and name in ("workspace_buffer", "out")),
-                 f"{name} must be a torch.Tensor, got {type(t).__name__}", TypeError)
+    for name, t in (
+        ("kv_cache", kv_cache),
+        ("block_tables", block_tables),
+        ("seq_lens", seq_lens),
+        ("workspace_buffer", workspace_buffer),
+        ("out", out),
+    ):
+        _require(
+            isinstance(t, torch.Tensor) or (t is None and name in ("workspace_buffer", "out")),
+            f"{name} must be a torch.Tensor, got {type(t).__name__}",
+            TypeError,
+        )
     _require(sinks is None, "sinks are not supported by MLA decode (DeepSeek-V3-class models have none)")
     _require(kv_lora_rank == shapes.KV_LORA_RANK, f"kv_lora_rank must be {shapes.KV_LORA_RANK}, got {kv_lora_rank}")
     _require(qk_rope_head_dim == shapes.ROPE_DIM, f"qk_rope_head_dim must be {shapes.ROPE_DIM}, got {qk_rope_head_dim}")
-    _require(qk_nope_head_dim in shapes.QK_NOPE_HEAD_DIMS,
-             f"qk_nope_head_dim must be one of {shapes.QK_NOPE_HEAD_DIMS}, got {qk_nope_head_dim}")
+    _require(
+        qk_nope_head_dim in shapes.QK_NOPE_HEAD_DIMS,
+        f"qk_nope_head_dim must be one of {shapes.QK_NOPE_HEAD_DIMS}, got {qk_nope_head_dim}",
+    )
 
     # dtypes
-    _require(q_nope.dtype in shapes.DTYPES,
-             f"query dtype must be bfloat16 or float8_e4m3fn, got {q_nope.dtype}", TypeError)
-    _require(kv_cache.dtype == q_nope.dtype,
-             f"kv_cache dtype {kv_cache.dtype} must match query dtype {q_nope.dtype}", TypeError)
+    _require(
+        q_nope.dtype in shapes.DTYPES, f"query dtype must be bfloat16 or float8_e4m3fn, got {q_nope.dtype}", TypeError
+    )
+    _require(
+        kv_cache.dtype == q_nope.dtype,
+        f"kv_cache dtype {kv_cache.dtype} must match query dtype {q_nope.dtype}",
+        TypeError,
+    )
     _require(block_tables.dtype == torch.int32, f"block_tables must be int32, got {block_tables.dtype}", TypeError)
     _require(seq_lens.dtype == torch.int32, f"seq_lens must be int32, got {seq_lens.dtype}", TypeError)
 
@@ -148,29 +180,45 @@ def check_decode_inputs(
     batch, q_len, heads, _ = q_nope.shape
     _require(1 <= q_len <= shapes.MAX_Q_LEN, f"q_len (query.shape[1]) must be 1..{shapes.MAX_Q_LEN}, got {q_len}")
     _require(1 <= heads <= shapes.MAX_HEADS, f"number of heads must be 1..{shapes.MAX_HEADS}, got {heads}")
-    _require(kv_cache.dim() in (3, 4),
-             f"kv_cache must be [pages, page_size, 576] or [pages, 1, page_size, 576], got {tuple(kv_cache.shape)}")
+    _require(
+        kv_cache.dim() in (3, 4),
+        f"kv_cache must be [pages, page_size, 576] or [pages, 1, page_size, 576], got {tuple(kv_cache.shape)}",
+    )
     if kv_cache.dim() == 4:
         _require(kv_cache.shape[1] == 1, f"4-D kv_cache must have size 1 in dim 1, got {tuple(kv_cache.shape)}")
     cache = shapes.pages_view(kv_cache)
     num_pages, page_size, kv_dim = cache.shape
     _require(kv_dim == shapes.HEAD_DIM, f"kv_cache last dim must be {shapes.HEAD_DIM}, got {kv_dim}")
     _require(page_size in shapes.PAGE_SIZES, f"page size must be one of {shapes.PAGE_SIZES}, got {page_size}")
-    _require(block_tables.dim() == 2 and block_tables.shape[0] == batch,
-             f"block_tables must be [batch={batch}, max_pages], got {tuple(block_tables.shape)}")
-    _require(seq_lens.dim() == 1 and seq_lens.shape[0] == batch,
-             f"seq_lens must be [batch={batch}], got {tuple(seq_lens.shape)}")
+    _require(
+        block_tables.dim() == 2 and block_tables.shape[0] == batch,
+        f"block_tables must be [batch={batch}, max_pages], got {tuple(block_tables.shape)}",
+    )
+    _require(
+        seq_lens.dim() == 1 and seq_lens.shape[0] == batch,
+        f"seq_lens must be [batch={batch}], got {tuple(seq_lens.shape)}",
+    )
     max_pages = block_tables.shape[1]
-    _require(isinstance(max_seq_len, int) and not isinstance(max_seq_len, bool) and max_seq_len >= 0,
-             f"max_seq_len must be a non-negative int, got {max_seq_len!r}", TypeError)
-    _require(max_seq_len <= max_pages * page_size,
-             f"max_seq_len {max_seq_len} exceeds what block_tables can address "
-             f"({max_pages} pages x {page_size} tokens = {max_pages * page_size})")
+    _require(
+        isinstance(max_seq_len, int) and not isinstance(max_seq_len, bool) and max_seq_len >= 0,
+        f"max_seq_len must be a non-negative int, got {max_seq_len!r}",
+        TypeError,
+    )
+    _require(
+        max_seq_len <= max_pages * page_size,
+        f"max_seq_len {max_seq_len} exceeds what block_tables can address "
+        f"({max_pages} pages x {page_size} tokens = {max_pages * page_size})",
+    )
 
     # devices
     device = q_nope.device
-    for name, t in (("kv_cache", kv_cache), ("block_tables", block_tables), ("seq_lens", seq_lens),
-                    ("workspace_buffer", workspace_buffer), ("out", out)):
+    for name, t in (
+        ("kv_cache", kv_cache),
+        ("block_tables", block_tables),
+        ("seq_lens", seq_lens),
+        ("workspace_buffer", workspace_buffer),
+        ("out", out),
+    ):
         if t is not None:
             _require(t.device == device, f"{name} is on {t.device} but query is on {device}")
 
@@ -179,12 +227,16 @@ def check_decode_inputs(
     for name, part in parts.items():
         problem = query_layout_problem(name, part)
         _require(problem is None, str(problem))
-    _require(cache.stride(2) == 1 and cache.stride(1) == shapes.HEAD_DIM,
-             f"kv_cache token rows must be contiguous (strides ..., {shapes.HEAD_DIM}, 1), got {cache.stride()}")
+    _require(
+        cache.stride(2) == 1 and cache.stride(1) == shapes.HEAD_DIM,
+        f"kv_cache token rows must be contiguous (strides ..., {shapes.HEAD_DIM}, 1), got {cache.stride()}",
+    )
     page_stride_bytes = cache.stride(0) * cache.element_size()
-    _require(cache.data_ptr() % 16 == 0 and (cache.shape[0] == 1 or page_stride_bytes % 16 == 0),
-             f"kv_cache must start at a 16-byte aligned address and its page stride must be a multiple of 16 bytes "
-             f"(the kernels copy 16-byte chunks), got page stride {page_stride_bytes} bytes")
+    _require(
+        cache.data_ptr() % 16 == 0 and (cache.shape[0] == 1 or page_stride_bytes % 16 == 0),
+        f"kv_cache must start at a 16-byte aligned address and its page stride must be a multiple of 16 bytes "
+        f"(the kernels copy 16-byte chunks), got page stride {page_stride_bytes} bytes",
+    )
     _require(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
     _require(seq_lens.is_contiguous(), "seq_lens must be contiguous")
     if workspace_buffer is not None:
@@ -197,14 +249,23 @@ def check_decode_inputs(
     else:
         _require(out.dtype == torch.bfloat16, f"out must be bfloat16, got {out.dtype}", TypeError)
         allowed = [full_shape] + ([(batch, heads, shapes.KV_LORA_RANK)] if q_len == 1 else [])
-        _require(tuple(out.shape) in allowed, f"out must have shape {' or '.join(map(str, allowed))}, "
-                 f"got {tuple(out.shape)}")
+        _require(
+            tuple(out.shape) in allowed, f"out must have shape {' or '.join(map(str, allowed))}, got {tuple(out.shape)}"
+        )
         _require(out.is_contiguous(), "out must be contiguous")
         out_view = out.view(full_shape)
 
     return DecodeProblem(
-        q_nope=q_nope, q_pe=q_pe, query_given=query_given, cache=cache, block_tables=block_tables,
-        seq_lens=seq_lens, max_seq_len=max_seq_len, qk_nope_head_dim=qk_nope_head_dim, out=out_view, out_given=out,
+        q_nope=q_nope,
+        q_pe=q_pe,
+        query_given=query_given,
+        cache=cache,
+        block_tables=block_tables,
+        seq_lens=seq_lens,
+        max_seq_len=max_seq_len,
+        qk_nope_head_dim=qk_nope_head_dim,
+        out=out_view,
+        out_given=out,
         bmm1_scale=check_scale("bmm1_scale", bmm1_scale, device),
         bmm2_scale=check_scale("bmm2_scale", bmm2_scale, device),
     )
@@ -217,8 +278,10 @@ def check_page_ids(problem: DecodeProblem) -> None:
     lengths = problem.seq_lens.tolist()
     num_pages = problem.cache.shape[0]
     for b, seq_len in enumerate(lengths):
-        _require(0 <= seq_len <= problem.max_seq_len,
-                 f"seq_lens[{b}] = {seq_len} is outside 0..max_seq_len ({problem.max_seq_len})")
+        _require(
+            0 <= seq_len <= problem.max_seq_len,
+            f"seq_lens[{b}] = {seq_len} is outside 0..max_seq_len ({problem.max_seq_len})",
+        )
         used = -(-seq_len // problem.page_size)
         ids = problem.block_tables[b, :used]
         if used and (int(ids.min()) < 0 or int(ids.max()) >= num_pages):

@@ -19,11 +19,16 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--context", type=int, default=2048)
     demo.add_argument("--new-tokens", type=int, default=128)
     build = sub.add_parser("build", help="build the CUDA kernels ahead of time (no GPU needed)")
-    build.add_argument("--arch", default=None,
-                       help="comma-separated targets, e.g. sm_90a,sm_120a (default: the visible GPU's)")
+    build.add_argument(
+        "--arch", default=None, help="comma-separated targets, e.g. sm_90a,sm_120a (default: the visible GPU's)"
+    )
     build.add_argument("--strict", action="store_true", help="fail on any register spill (CI)")
-    build.add_argument("--fp8-qk", choices=get_args(Fp8QkName), default="auto",
-                       help="FP8 QK^T variant (the fp8_qk setting); e4m3 on sm_90a builds the SM120 code path")
+    build.add_argument(
+        "--fp8-qk",
+        choices=get_args(Fp8QkName),
+        default="auto",
+        help="FP8 QK^T variant (the fp8_qk setting); e4m3 on sm_90a builds the SM120 code path",
+    )
     bench = sub.add_parser("bench", help="time the decode kernel against the peers importable here")
     bench.add_argument("--quick", action="store_true", help="a few shapes only")
     bench.add_argument("--out", default="bench_decode", help="prefix of the JSON and PNG written")

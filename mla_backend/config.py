@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -51,27 +52,32 @@ class MLABackendConfig(BaseModel):
         "auto", description="Kernel family: auto (pick by GPU), xqa (bundled), trtllm-gen (FlashInfer, SM100)."
     )
     num_kv_splits: int | None = Field(
-        None, ge=1, le=MAX_KV_SPLITS,
+        None,
+        ge=1,
+        le=MAX_KV_SPLITS,
         description="Split each request's KV over this many CTAs; None picks from SM count, batch and length.",
     )
     enable_pdl: bool | None = Field(
         None, description="Programmatic dependent launch; None enables it where the GPU supports it (SM90+)."
     )
     validate_page_ids: bool = Field(
-        False, description="On GPU tensors, check seq_lens and page ids on the host before each launch "
+        False,
+        description="On GPU tensors, check seq_lens and page ids on the host before each launch "
         "(a device sync: for debugging). CPU tensors are always checked.",
     )
     cache_dir: str | None = Field(
         None, description="Where the JIT build keeps compiled kernels; None means ~/.cache/mla_backend."
     )
     device_capability: str | None = Field(
-        None, pattern=r"^\d+\.\d+$",
+        None,
+        pattern=r"^\d+\.\d+$",
         description="Choose the kernel as if the GPU had this compute capability, e.g. '8.0' to exercise "
         "the portable fallback on a GPU the bundled kernels serve. None uses the real one.",
     )
 
     fp8_qk: Fp8QkName = Field(
-        "auto", description="How the FP8 kernels multiply Q by K: e4m3 mma.sync (native QMMA on SM 8.9/12.x, "
+        "auto",
+        description="How the FP8 kernels multiply Q by K: e4m3 mma.sync (native QMMA on SM 8.9/12.x, "
         "emulated on SM90), or f16 (Q widened once; sm_90a only). auto: f16 on sm_90a, e4m3 elsewhere. "
         "e4m3 on an H100/H200 runs the SM120 code path there, for testing.",
     )
@@ -88,7 +94,7 @@ class MLABackendConfig(BaseModel):
         cls,
         overrides: Mapping[str, Any] | None = None,
         environ: Mapping[str, str] | None = None,
-    ) -> "MLABackendConfig":
+    ) -> MLABackendConfig:
         """Merge environment variables and explicit overrides, then validate."""
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
@@ -100,22 +106,18 @@ class MLABackendConfig(BaseModel):
             k for k in environ if k.startswith(ENV_PREFIX + "_") and k not in ENV_FIELDS and k not in BUILD_ENV
         )
         if unknown:
-            raise ValueError(
-                f"unknown environment variable(s) {unknown}; mla_backend reads {sorted(ENV_FIELDS)}"
-            )
+            raise ValueError(f"unknown environment variable(s) {unknown}; mla_backend reads {sorted(ENV_FIELDS)}")
         values.update(dict(overrides or {}))
         return cls.model_validate(values)
 
     @classmethod
     def from_additional_config(
         cls, additional_config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
-    ) -> "MLABackendConfig":
+    ) -> MLABackendConfig:
         """Read the ``mla_backend`` section of vLLM's ``--additional-config``."""
         section = (additional_config or {}).get("mla_backend", {})
         if not isinstance(section, Mapping):
-            raise ValueError(
-                f'additional_config["mla_backend"] must be a JSON object, got {type(section).__name__}'
-            )
+            raise ValueError(f'additional_config["mla_backend"] must be a JSON object, got {type(section).__name__}')
         return cls.from_sources(section, environ)
 
 
@@ -129,8 +131,9 @@ def _parse_env(var: str, raw: str) -> Any:
             return False
         if lowered == "auto" and var == "MLA_BACKEND_ENABLE_PDL":
             return None
-        raise ValueError(f"{var}={raw!r}: expected one of 1/0/true/false" +
-                         ("/auto" if var == "MLA_BACKEND_ENABLE_PDL" else ""))
+        raise ValueError(
+            f"{var}={raw!r}: expected one of 1/0/true/false" + ("/auto" if var == "MLA_BACKEND_ENABLE_PDL" else "")
+        )
     if var == "MLA_BACKEND_NUM_KV_SPLITS":
         if raw.lower() == "auto":
             return None

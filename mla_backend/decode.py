@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import List, Optional, Tuple, Union
 
 import torch
 
@@ -21,11 +20,10 @@ from .checks import DecodeProblem, check_decode_inputs, check_page_ids
 from .config import BackendName, BackendUnavailableError, MLABackendConfig, resolve_backend
 from .reference import mla_decode_reference
 
-
-Scale = Union[float, torch.Tensor]
+Scale = float | torch.Tensor
 # One [B, q_len, H, 576] tensor (FlashInfer's form), or the (q_nope [.., 512], q_pe [.., 64]) pair
 # read in place: the kernels take any strides with contiguous, 16-byte aligned rows.
-Query = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]
+Query = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 LN2 = math.log(2.0)
 
 
@@ -37,8 +35,12 @@ def default_config() -> MLABackendConfig:
 
 def _run_reference(problem: DecodeProblem):
     out, lse = mla_decode_reference(
-        problem.query, problem.cache, problem.block_tables, problem.seq_lens,
-        problem.bmm1_scale, problem.bmm2_scale,
+        problem.query,
+        problem.cache,
+        problem.block_tables,
+        problem.seq_lens,
+        problem.bmm1_scale,
+        problem.bmm2_scale,
     )
     problem.out.copy_(out)
     return problem.out, lse.to(torch.float32)
@@ -49,8 +51,14 @@ def _finish(problem: DecodeProblem, lse: torch.Tensor, return_lse: bool):
     return (out, lse) if return_lse else out
 
 
-def _decode(problem: DecodeProblem, workspace_buffer, config: MLABackendConfig, kernel: str,
-            enable_pdl: Optional[bool], return_lse: bool):
+def _decode(
+    problem: DecodeProblem,
+    workspace_buffer,
+    config: MLABackendConfig,
+    kernel: str,
+    enable_pdl: bool | None,
+    return_lse: bool,
+):
     if problem.device.type == "cpu":
         check_page_ids(problem)
         _, lse = _run_reference(problem)
@@ -70,9 +78,21 @@ def _run_flashinfer_trtllm_gen(problem: DecodeProblem, workspace_buffer, enable_
     import flashinfer.mla
 
     result = flashinfer.mla.trtllm_batch_decode_with_kv_cache_mla(
-        problem.query.contiguous(), problem.cache, workspace_buffer, problem.qk_nope_head_dim, 512, 64,
-        problem.block_tables, problem.seq_lens, problem.max_seq_len, out=problem.out, bmm1_scale=problem.bmm1_scale,
-        bmm2_scale=problem.bmm2_scale, enable_pdl=enable_pdl, backend="trtllm-gen", return_lse=return_lse,
+        problem.query.contiguous(),
+        problem.cache,
+        workspace_buffer,
+        problem.qk_nope_head_dim,
+        512,
+        64,
+        problem.block_tables,
+        problem.seq_lens,
+        problem.max_seq_len,
+        out=problem.out,
+        bmm1_scale=problem.bmm1_scale,
+        bmm2_scale=problem.bmm2_scale,
+        enable_pdl=enable_pdl,
+        backend="trtllm-gen",
+        return_lse=return_lse,
     )
     if not return_lse:
         return _finish(problem, None, False)
@@ -93,15 +113,15 @@ def trtllm_batch_decode_with_kv_cache_mla(
     seq_lens: torch.Tensor,
     max_seq_len: int,
     sparse_mla_top_k: int = 0,
-    out: Optional[torch.Tensor] = None,
+    out: torch.Tensor | None = None,
     bmm1_scale: Scale = 1.0,
     bmm2_scale: Scale = 1.0,
-    sinks: Optional[List[torch.Tensor]] = None,
-    skip_softmax_threshold_scale_factor: Optional[float] = None,
-    enable_pdl: Optional[bool] = None,
+    sinks: list[torch.Tensor] | None = None,
+    skip_softmax_threshold_scale_factor: float | None = None,
+    enable_pdl: bool | None = None,
     backend: BackendName = "auto",
     return_lse: bool = False,
-    config: Optional[MLABackendConfig] = None,
+    config: MLABackendConfig | None = None,
 ):
     """FlashInfer's ``trtllm_batch_decode_with_kv_cache_mla``, dispatched by the config resolver.
 
@@ -115,8 +135,19 @@ def trtllm_batch_decode_with_kv_cache_mla(
     if skip_softmax_threshold_scale_factor is not None:
         raise ValueError("skip_softmax_threshold_scale_factor is not supported (exact softmax only)")
     problem = check_decode_inputs(
-        query, kv_cache, workspace_buffer, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim,
-        block_tables, seq_lens, max_seq_len, out, bmm1_scale, bmm2_scale, sinks,
+        query,
+        kv_cache,
+        workspace_buffer,
+        qk_nope_head_dim,
+        kv_lora_rank,
+        qk_rope_head_dim,
+        block_tables,
+        seq_lens,
+        max_seq_len,
+        out,
+        bmm1_scale,
+        bmm2_scale,
+        sinks,
     )
     config = config or default_config()
     if backend != "auto":
@@ -127,7 +158,8 @@ def trtllm_batch_decode_with_kv_cache_mla(
         if resolution.kernel == "fallback":  # as FlashInfer does on a GPU it has no kernel for
             raise BackendUnavailableError(
                 f"no MLA decode kernel here: {resolution.reason}. The vLLM plugin serves such GPUs with vLLM's "
-                "Triton MLA; the op runs the float64 reference on CPU tensors")
+                "Triton MLA; the op runs the float64 reference on CPU tensors"
+            )
         kernel = resolution.kernel
     return _decode(problem, workspace_buffer, config, kernel, enable_pdl, return_lse)
 
@@ -142,11 +174,11 @@ def xqa_batch_decode_with_kv_cache_mla(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     max_seq_len: int,
-    out: Optional[torch.Tensor] = None,
+    out: torch.Tensor | None = None,
     bmm1_scale: Scale = 1.0,
     bmm2_scale: Scale = 1.0,
-    sinks: Optional[List[torch.Tensor]] = None,
-    enable_pdl: Optional[bool] = None,
+    sinks: list[torch.Tensor] | None = None,
+    enable_pdl: bool | None = None,
     return_lse: bool = False,
 ):
     """FlashInfer's ``xqa_batch_decode_with_kv_cache_mla`` on the bundled kernels, plus ``return_lse``.
@@ -155,13 +187,26 @@ def xqa_batch_decode_with_kv_cache_mla(
     and ``query`` may be the (q_nope, q_pe) pair.
     """
     problem = check_decode_inputs(
-        query, kv_cache, workspace_buffer, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim,
-        block_tables, seq_lens, max_seq_len, out, bmm1_scale, bmm2_scale, sinks,
+        query,
+        kv_cache,
+        workspace_buffer,
+        qk_nope_head_dim,
+        kv_lora_rank,
+        qk_rope_head_dim,
+        block_tables,
+        seq_lens,
+        max_seq_len,
+        out,
+        bmm1_scale,
+        bmm2_scale,
+        sinks,
     )
     config = default_config()
     if problem.device.type == "cuda":
-        resolve_backend(config.model_copy(update={"backend": "xqa"}),
-                        config.capability(torch.cuda.get_device_capability(problem.device)))
+        resolve_backend(
+            config.model_copy(update={"backend": "xqa"}),
+            config.capability(torch.cuda.get_device_capability(problem.device)),
+        )
     return _decode(problem, workspace_buffer, config, "xqa", enable_pdl, return_lse)
 
 

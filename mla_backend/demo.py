@@ -43,8 +43,10 @@ def random_prompts(batch: int, length: int, vocab: int, seed: int = 1):
     from vllm.inputs import TokensPrompt
 
     generator = torch.Generator().manual_seed(seed)
-    return [TokensPrompt(prompt_token_ids=torch.randint(0, vocab, (length,), generator=generator).tolist())
-            for _ in range(batch)]
+    return [
+        TokensPrompt(prompt_token_ids=torch.randint(0, vocab, (length,), generator=generator).tolist())
+        for _ in range(batch)
+    ]
 
 
 def run_on_gpu(batch: int, context: int, new_tokens: int, heads: int) -> int:
@@ -56,14 +58,25 @@ def run_on_gpu(batch: int, context: int, new_tokens: int, heads: int) -> int:
 
     model = save_tiny_deepseek_v3(Path(tempfile.gettempdir()) / f"mla_backend_demo_h{heads}", heads=heads)
     print(f"model: seeded DeepSeek-V3, {heads} heads, 2 dense layers, kv_lora_rank 512, rope 64 ({model})")
-    llm = LLM(model=str(model), skip_tokenizer_init=True, dtype="bfloat16", attention_backend="CUSTOM",
-              kv_cache_dtype="fp8", block_size=64, max_num_seqs=batch, max_model_len=context + new_tokens + 16,
-              gpu_memory_utilization=0.3, enable_prefix_caching=False,
-              # full CUDA graphs for decode without an inductor compile: starts in seconds
-              compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})
+    llm = LLM(
+        model=str(model),
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        attention_backend="CUSTOM",
+        kv_cache_dtype="fp8",
+        block_size=64,
+        max_num_seqs=batch,
+        max_model_len=context + new_tokens + 16,
+        gpu_memory_utilization=0.3,
+        enable_prefix_caching=False,
+        # full CUDA graphs for decode without an inductor compile: starts in seconds
+        compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"},
+    )
     rate = decode_throughput(llm, random_prompts(batch, context, TINY_DEFAULTS["vocab_size"]), new_tokens)
-    print(f"decode: {rate:,.0f} tokens/s (batch {batch}, context {context}, {new_tokens} new tokens, fp8 KV, "
-          f"CUDA graphs) on {torch.cuda.get_device_name()}")
+    print(
+        f"decode: {rate:,.0f} tokens/s (batch {batch}, context {context}, {new_tokens} new tokens, fp8 KV, "
+        f"CUDA graphs) on {torch.cuda.get_device_name()}"
+    )
     print(f"MLA decode served by: {', '.join(sorted(backend.ROUTES_CHOSEN)) or 'nothing (no decode ran)'}")
     return 0
 
@@ -76,10 +89,19 @@ def run_on_cpu() -> int:
     print("no CUDA GPU visible: running the op on CPU tensors (the float64 reference path) instead of vLLM")
     p = make_paged_problem([70, 300], q_len=2, heads=16, page_size=64, seed=0)
     out, lse = trtllm_batch_decode_with_kv_cache_mla(
-        p.query, p.kv_cache, None, 128, 512, 64, p.block_tables, p.seq_lens, p.max_seq_len,
-        bmm1_scale=576 ** -0.5, return_lse=True,
+        p.query,
+        p.kv_cache,
+        None,
+        128,
+        512,
+        64,
+        p.block_tables,
+        p.seq_lens,
+        p.max_seq_len,
+        bmm1_scale=576**-0.5,
+        return_lse=True,
     )
-    want, _ = mla_decode_reference(p.query, p.kv_cache, p.block_tables, p.seq_lens, 576 ** -0.5)
+    want, _ = mla_decode_reference(p.query, p.kv_cache, p.block_tables, p.seq_lens, 576**-0.5)
     error = ((out.double() - want).norm() / want.norm()).item()
     print(f"op: out {tuple(out.shape)} {out.dtype}, lse {tuple(lse.shape)}; relative error vs float64 {error:.1e}")
     return 0

@@ -33,7 +33,7 @@ def report() -> list[str]:
     lines = [
         f"torch          {torch.__version__} (CUDA {torch.version.cuda})",
         f"CUDA toolkit   {toolkit_line()}",
-        f"prebuilt       {', '.join(sorted(prebuilt_manifest())) or 'none in this install (kernels build on first use)'}",
+        f"prebuilt       {', '.join(sorted(prebuilt_manifest())) or 'none here (kernels build on first use)'}",
         f"flashinfer     {'importable' if flashinfer_available() else 'not installed'}",
         f"vllm           {'importable' if importable('vllm') else 'not installed'}",
     ]
@@ -52,8 +52,10 @@ def report() -> list[str]:
             serves = f"{resolution.kernel}: {resolution.reason}"
         except BackendUnavailableError as err:
             resolution, serves = None, f"ERROR: {err}"
-        lines.append(f"GPU {index}          {props.name}, SM {props.major}.{props.minor}, "
-                     f"{props.multi_processor_count} SMs -> {serves}")
+        lines.append(
+            f"GPU {index}          {props.name}, SM {props.major}.{props.minor}, "
+            f"{props.multi_processor_count} SMs -> {serves}"
+        )
         if resolution is not None and resolution.kernel == "xqa":
             lines.append(f"kernels {index}      {kernels_line(index, config)}")
     return lines

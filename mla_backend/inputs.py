@@ -54,7 +54,7 @@ def make_paged_problem(
     table.copy_(junk[torch.randint(len(JUNK_PAGE_IDS), (batch, max_pages), generator=gen)])
     cursor = 0
     for b, n in enumerate(pages_per_req):
-        table[b, :n] = order[cursor:cursor + n].to(torch.int32)
+        table[b, :n] = order[cursor : cursor + n].to(torch.int32)
         cursor += n
     cache_shape = (total_pages, 1, page_size, HEAD_DIM) if four_dim_cache else (total_pages, page_size, HEAD_DIM)
     kv_cache = _random_fp(cache_shape, dtype, device, gen, kv_scale)
@@ -79,5 +79,7 @@ def vllm_bf16_query_layout(query: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     nope.copy_(flat[..., :KV_LORA_RANK].transpose(0, 1))
     projection = torch.randn(tokens, heads, nope_head_dim + ROPE_DIM, device=query.device).to(query.dtype)
     projection[..., nope_head_dim:] = flat[..., KV_LORA_RANK:]
-    return (nope.transpose(0, 1).view(batch, q_len, heads, KV_LORA_RANK),
-            projection[..., nope_head_dim:].view(batch, q_len, heads, ROPE_DIM))
+    return (
+        nope.transpose(0, 1).view(batch, q_len, heads, KV_LORA_RANK),
+        projection[..., nope_head_dim:].view(batch, q_len, heads, ROPE_DIM),
+    )

@@ -28,7 +28,6 @@ import torch
 
 from .config import MLABackendConfig
 from .kernel_build import (
-    SHIPPED_ARCHES,
     SOURCES,
     arch_for_capability,
     compile_library,
@@ -37,6 +36,7 @@ from .kernel_build import (
     library_filename,
     source_stamp,
 )
+from .targets import SHIPPED_ARCHES
 from .toolkit import ToolkitNotFoundError, find_toolkit
 
 log = logging.getLogger("mla_backend")
@@ -93,7 +93,9 @@ def build_dir(arch: str, cache_dir: str | None = None, fp8_qk: str = "auto") -> 
     return root / (arch if is_default_variant(arch, fp8_qk) else f"{arch}-fp8qk-{variant}")
 
 
-def build_cached(arch: str, cache_dir: str | None = None, strict: bool = False, fp8_qk: str = "auto") -> tuple[Path, bool]:
+def build_cached(
+    arch: str, cache_dir: str | None = None, strict: bool = False, fp8_qk: str = "auto"
+) -> tuple[Path, bool]:
     """The cached library for ``arch``, compiled first unless a build of these exact sources and
     flags is there; returns (path, whether it was compiled now). Needs a CUDA toolkit to compile."""
     directory = build_dir(arch, cache_dir, fp8_qk)
@@ -108,8 +110,10 @@ def build_cached(arch: str, cache_dir: str | None = None, strict: bool = False, 
             return library, False
         toolkit = find_toolkit()
         if not toolkit.supports(arch):
-            raise KernelsUnavailableError(f"the CUDA {toolkit.version[0]}.{toolkit.version[1]} toolkit at "
-                                          f"{toolkit.root} cannot compile for {arch}: install a newer one")
+            raise KernelsUnavailableError(
+                f"the CUDA {toolkit.version[0]}.{toolkit.version[1]} toolkit at "
+                f"{toolkit.root} cannot compile for {arch}: install a newer one"
+            )
         start = time.perf_counter()
         log.info("mla_backend: building kernels for %s with %s", arch, toolkit.nvcc)
         stamp_file.unlink(missing_ok=True)
@@ -132,7 +136,8 @@ def locate(arch: str, cache_dir: str | None = None, fp8_qk: str = "auto") -> tup
         raise KernelsUnavailableError(
             f"mla_backend has no prebuilt kernels for {arch}{variant} (this install ships: "
             f"{', '.join(shipped_arches)}) and cannot build them: {err}; then run "
-            f"`python -m mla_backend build --arch {arch}`") from None
+            f"`python -m mla_backend build --arch {arch}`"
+        ) from None
     return library, "fresh build" if compiled else "cache"
 
 
@@ -143,7 +148,7 @@ def loaded_library() -> LoadedLibrary | None:
     return _loaded[0] if _loaded else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ensure_loaded(device_index: int, cache_dir: str | None = None, fp8_qk: str = "auto") -> LoadedLibrary:
     """Load the kernels for the GPU ``device_index`` (building them if nothing prebuilt fits)."""
     capability = torch.cuda.get_device_capability(device_index)
@@ -154,9 +159,11 @@ def ensure_loaded(device_index: int, cache_dir: str | None = None, fp8_qk: str =
     variant = fp8_qk_variant(arch, fp8_qk)
     if _loaded:
         if (_loaded[0].arch, _loaded[0].fp8_qk) != (arch, variant):
-            raise RuntimeError(f"mla_backend: kernels {(_loaded[0].arch, _loaded[0].fp8_qk)} are loaded in this process "
-                               f"and {(arch, variant)} cannot join them (the torch library namespace registers "
-                               "once): use another process")
+            raise RuntimeError(
+                f"mla_backend: kernels {(_loaded[0].arch, _loaded[0].fp8_qk)} are loaded in this process "
+                f"and {(arch, variant)} cannot join them (the torch library namespace registers "
+                "once): use another process"
+            )
         return _loaded[0]
     path, origin = locate(arch, cache_dir, fp8_qk)
     torch.ops.load_library(str(path))
@@ -183,11 +190,14 @@ def build_cli(arch_list: str | None, strict: bool = False, fp8_qk: str = "auto")
         print(f"mla_backend build: {err}", file=sys.stderr)
         return 1
     # One process per architecture: nvcc is single-threaded, and builds of one arch serialise on its lock.
-    code = ("import logging, sys; logging.basicConfig(level=logging.INFO, format='%(message)s'); "
-            "from mla_backend.jit import build_cached; "
-            "print(build_cached(sys.argv[1], strict=sys.argv[2] == '1', fp8_qk=sys.argv[3])[0])")
-    jobs = {arch: subprocess.Popen([sys.executable, "-c", code, arch, "1" if strict else "0", fp8_qk])
-            for arch in arches}
+    code = (
+        "import logging, sys; logging.basicConfig(level=logging.INFO, format='%(message)s'); "
+        "from mla_backend.jit import build_cached; "
+        "print(build_cached(sys.argv[1], strict=sys.argv[2] == '1', fp8_qk=sys.argv[3])[0])"
+    )
+    jobs = {
+        arch: subprocess.Popen([sys.executable, "-c", code, arch, "1" if strict else "0", fp8_qk]) for arch in arches
+    }
     failed = [arch for arch, job in jobs.items() if job.wait() != 0]
     if failed:
         print(f"build failed for {', '.join(failed)}", file=sys.stderr)

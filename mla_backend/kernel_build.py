@@ -12,7 +12,7 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-from .targets import SHIPPED_ARCHES, bundled_arch, served_capabilities
+from .targets import bundled_arch, served_capabilities
 
 SOURCES = ("mla_decode.cu",)
 HEADERS = ("mla_decode_kernel.cuh",)
@@ -24,8 +24,10 @@ TORCH_LIBRARIES = ("torch_cpu", "torch_cuda")  # where the stable shim's symbols
 def arch_for_capability(capability: tuple[int, int]) -> str:
     arch = bundled_arch(capability)
     if arch is None:
-        raise RuntimeError(f"no mla_backend kernel target for compute capability {capability[0]}.{capability[1]} "
-                           f"(kernels exist for SM {served_capabilities()})")
+        raise RuntimeError(
+            f"no mla_backend kernel target for compute capability {capability[0]}.{capability[1]} "
+            f"(kernels exist for SM {served_capabilities()})"
+        )
     return arch
 
 
@@ -37,8 +39,10 @@ def fp8_qk_variant(arch: str, fp8_qk: str = "auto") -> str:
     if fp8_qk == "auto":
         return "f16" if arch == "sm_90a" else "e4m3"
     if fp8_qk == "f16" and arch != "sm_90a":
-        raise ValueError(f"fp8_qk='f16' is built for sm_90a only, not {arch}: its tile needs more shared "
-                         "memory than the 99 KB per block of the other targets")
+        raise ValueError(
+            f"fp8_qk='f16' is built for sm_90a only, not {arch}: its tile needs more shared "
+            "memory than the 99 KB per block of the other targets"
+        )
     return fp8_qk
 
 
@@ -60,8 +64,12 @@ def nvcc_flags(arch: str, strict: bool = False, fp8_qk: str = "auto") -> list[st
     number = arch.removeprefix("sm_")
     flags = [
         f"-gencode=arch=compute_{number},code={arch}",
-        "-O3", "-std=c++17", "-lineinfo", "-DNDEBUG",
-        "-DUSE_CUDA", abi_target_define(),
+        "-O3",
+        "-std=c++17",
+        "-lineinfo",
+        "-DNDEBUG",
+        "-DUSE_CUDA",
+        abi_target_define(),
     ]
     if fp8_qk_variant(arch, fp8_qk) == "f16":
         flags.append("-DMLA_FP8_QK_VIA_F16")
@@ -90,16 +98,26 @@ def torch_paths() -> tuple[Path, Path]:
     return root / "include", root / "lib"
 
 
-def compile_library(csrc: Path, arch: str, output: Path, nvcc: Path, strict: bool = False,
-                    fp8_qk: str = "auto") -> None:
+def compile_library(
+    csrc: Path, arch: str, output: Path, nvcc: Path, strict: bool = False, fp8_qk: str = "auto"
+) -> None:
     """One nvcc call: sources -> a shared library linking only torch's stable shim and static cudart."""
     include, lib = torch_paths()
     output.parent.mkdir(parents=True, exist_ok=True)
     command = [
-        str(nvcc), *nvcc_flags(arch, strict, fp8_qk), "-shared", "-Xcompiler=-fPIC,-fvisibility=hidden",
-        "-cudart=static", f"-I{include}", f"-I{csrc}", *[str(csrc / name) for name in SOURCES],
-        f"-L{lib}", *[f"-l{name}" for name in TORCH_LIBRARIES], "-Xlinker=--no-undefined",
-        "-o", str(output),
+        str(nvcc),
+        *nvcc_flags(arch, strict, fp8_qk),
+        "-shared",
+        "-Xcompiler=-fPIC,-fvisibility=hidden",
+        "-cudart=static",
+        f"-I{include}",
+        f"-I{csrc}",
+        *[str(csrc / name) for name in SOURCES],
+        f"-L{lib}",
+        *[f"-l{name}" for name in TORCH_LIBRARIES],
+        "-Xlinker=--no-undefined",
+        "-o",
+        str(output),
     ]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:

@@ -4,7 +4,7 @@ TRITON_MLA). Each factory returns a no-argument callable that runs one decode, o
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -25,12 +25,30 @@ def flashmla(problem: PagedProblem, sm_scale: float) -> Callable[[], object]:
         tile_md, splits = fm.get_mla_metadata_dense_fp8(problem.seq_lens, q_len * heads, 1)
         one = torch.ones(1, dtype=torch.float32, device=cache.device)
         return lambda: fm.flash_mla_with_kvcache_fp8(
-            problem.query, cache, problem.block_tables, problem.seq_lens, 512, tile_md, splits,
-            softmax_scale=sm_scale, causal=True, descale_q=one, descale_k=one)
+            problem.query,
+            cache,
+            problem.block_tables,
+            problem.seq_lens,
+            512,
+            tile_md,
+            splits,
+            softmax_scale=sm_scale,
+            causal=True,
+            descale_q=one,
+            descale_k=one,
+        )
     sched, _ = fm.get_mla_metadata(problem.seq_lens, q_len * heads, 1, is_fp8_kvcache=False)
     return lambda: fm.flash_mla_with_kvcache(
-        problem.query, cache, problem.block_tables, problem.seq_lens, 512, tile_scheduler_metadata=sched,
-        softmax_scale=sm_scale, causal=True, is_fp8_kvcache=False)
+        problem.query,
+        cache,
+        problem.block_tables,
+        problem.seq_lens,
+        512,
+        tile_scheduler_metadata=sched,
+        softmax_scale=sm_scale,
+        causal=True,
+        is_fp8_kvcache=False,
+    )
 
 
 def triton_mla(problem: PagedProblem, sm_scale: float) -> Callable[[], object]:
@@ -42,16 +60,31 @@ def triton_mla(problem: PagedProblem, sm_scale: float) -> Callable[[], object]:
     device = problem.query.device
     q = problem.query[:, 0].to(torch.bfloat16)  # vLLM feeds bf16 queries to Triton MLA
     cache = problem.kv_cache.unsqueeze(2)
-    splits = min(1 << max(0, (problem.max_seq_len // 512).bit_length() - 1),
-                 2 * torch.cuda.get_device_properties(device).multi_processor_count)
+    splits = min(
+        1 << max(0, (problem.max_seq_len // 512).bit_length() - 1),
+        2 * torch.cuda.get_device_properties(device).multi_processor_count,
+    )
     splits = max(1, splits)
     out = torch.empty(batch, heads, 512, dtype=torch.bfloat16, device=device)
     lse = torch.empty(batch, heads, dtype=torch.bfloat16, device=device)
     logits = torch.empty(batch, heads, splits, 513, dtype=torch.float32, device=device)
     one = torch.ones((), dtype=torch.float32, device=device)
     return lambda: decode_attention_fwd(
-        q, cache, cache[..., :512], out, lse, problem.block_tables, problem.seq_lens, logits, splits,
-        sm_scale, cache.shape[1], k_scale=one, v_scale=one, is_mla=True)
+        q,
+        cache,
+        cache[..., :512],
+        out,
+        lse,
+        problem.block_tables,
+        problem.seq_lens,
+        logits,
+        splits,
+        sm_scale,
+        cache.shape[1],
+        k_scale=one,
+        v_scale=one,
+        is_mla=True,
+    )
 
 
 PEERS = {"flashmla": flashmla, "triton_mla": triton_mla}

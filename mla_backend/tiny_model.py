@@ -13,10 +13,23 @@ from pathlib import Path
 import torch
 
 TINY_DEFAULTS = dict(
-    vocab_size=2048, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
-    q_lora_rank=384, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
-    n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1, max_position_embeddings=8192,
-    initializer_range=0.1, rope_scaling=None, tie_word_embeddings=False,
+    vocab_size=2048,
+    hidden_size=512,
+    intermediate_size=1024,
+    num_hidden_layers=2,
+    q_lora_rank=384,
+    kv_lora_rank=512,
+    qk_rope_head_dim=64,
+    qk_nope_head_dim=128,
+    v_head_dim=128,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_group=1,
+    topk_group=1,
+    max_position_embeddings=8192,
+    initializer_range=0.1,
+    rope_scaling=None,
+    tie_word_embeddings=False,
 )
 
 
@@ -28,7 +41,9 @@ def save_tiny_deepseek_v3(path: str | Path, heads: int = 16, seed: int = 0, **ov
     settings = {**TINY_DEFAULTS, "num_attention_heads": heads, "num_key_value_heads": heads, **overrides}
     settings["first_k_dense_replace"] = settings["num_hidden_layers"]
     stamp = {"seed": seed, **settings}
-    if (path / "mla_backend_stamp.json").exists() and json.loads((path / "mla_backend_stamp.json").read_text()) == stamp:
+    if (path / "mla_backend_stamp.json").exists() and json.loads(
+        (path / "mla_backend_stamp.json").read_text()
+    ) == stamp:
         return path
     torch.manual_seed(seed)
     config = DeepseekV3Config(**settings)

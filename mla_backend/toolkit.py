@@ -16,7 +16,6 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-
 DEFAULT_ROOT = Path("/usr/local/cuda")
 
 
@@ -63,7 +62,7 @@ def nvcc_version(nvcc: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def supported_arch_numbers(nvcc: str) -> frozenset[str]:
     text = subprocess.run([nvcc, "--list-gpu-code"], capture_output=True, text=True, timeout=60).stdout
     return frozenset(code.removeprefix("sm_") for code in text.split() if code.startswith("sm_"))
@@ -76,14 +75,18 @@ def find_toolkit(environ: dict[str, str] | None = None) -> Toolkit:
     if variable is not None:
         root = Path(environ[variable])
         if not is_toolkit(root):
-            raise ToolkitNotFoundError(f"{variable}={root} is not a CUDA toolkit (no bin/nvcc and "
-                                       "include/cuda_runtime.h there): point it at the toolkit's root")
+            raise ToolkitNotFoundError(
+                f"{variable}={root} is not a CUDA toolkit (no bin/nvcc and "
+                "include/cuda_runtime.h there): point it at the toolkit's root"
+            )
     else:
         on_path = shutil.which("nvcc", path=environ.get("PATH", ""))
         root = root_behind(on_path) if on_path else None
         if root is None and is_toolkit(DEFAULT_ROOT):
             root = DEFAULT_ROOT
     if root is None:
-        raise ToolkitNotFoundError("no CUDA toolkit found (no CUDA_HOME, no nvcc on PATH, no /usr/local/cuda): "
-                                   "install the CUDA toolkit 12.8 or newer and set CUDA_HOME to its root")
+        raise ToolkitNotFoundError(
+            "no CUDA toolkit found (no CUDA_HOME, no nvcc on PATH, no /usr/local/cuda): "
+            "install the CUDA toolkit 12.8 or newer and set CUDA_HOME to its root"
+        )
     return Toolkit(root, nvcc_version(str(root / "bin" / "nvcc")))

@@ -37,7 +37,7 @@ def workspace_bytes(batch: int, rows: int, num_splits: int) -> int:
     return 0 if num_splits == 1 else batch * num_splits * rows * (KV_LORA_RANK + 1) * 4
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def resident_slots(device_index: int, fp8: bool, row_groups: int, rf: int) -> int:
     """CTAs of this tile shape the whole GPU runs at once."""
     with torch.cuda.device(device_index):
@@ -60,8 +60,10 @@ def choose_num_splits(batch: int, rows: int, fp8: bool, max_seq_len: int, slots:
     fits = max(1, workspace_capacity // per_split) if per_split else 1
     limit = max(1, min(useful, fits, MAX_KV_SPLITS))
     tiles = max(1, math.ceil(max_seq_len / TOKENS_PER_TILE))
-    cost = {s: math.ceil(ctas * s / slots) * (tiles / s + FIXED_TILES_PER_CTA) + (s > 1) * MERGE_TILES_PER_SPLIT * s
-            for s in range(1, limit + 1)}
+    cost = {
+        s: math.ceil(ctas * s / slots) * (tiles / s + FIXED_TILES_PER_CTA) + (s > 1) * MERGE_TILES_PER_SPLIT * s
+        for s in range(1, limit + 1)
+    }
     best = min(cost.values())
     return min(s for s, c in cost.items() if c <= best * 1.02)
 
@@ -70,8 +72,13 @@ def _scale_args(scale: float | torch.Tensor) -> tuple[float, torch.Tensor | None
     return (1.0, scale) if isinstance(scale, torch.Tensor) else (float(scale), None)
 
 
-def run_xqa_decode(problem: DecodeProblem, workspace: torch.Tensor | None, config: MLABackendConfig,
-                   enable_pdl: bool | None, return_lse: bool) -> torch.Tensor | None:
+def run_xqa_decode(
+    problem: DecodeProblem,
+    workspace: torch.Tensor | None,
+    config: MLABackendConfig,
+    enable_pdl: bool | None,
+    return_lse: bool,
+) -> torch.Tensor | None:
     """Launch the kernel for a validated problem; fills ``problem.out``, returns the LSE or None."""
     from .jit import ensure_loaded
 
@@ -86,8 +93,10 @@ def run_xqa_decode(problem: DecodeProblem, workspace: torch.Tensor | None, confi
         splits = config.num_kv_splits
         need = workspace_bytes(problem.batch, rows, splits)
         if need > capacity:
-            raise ValueError(f"workspace_buffer holds {capacity} bytes but num_kv_splits={splits} needs {need} "
-                             f"(batch {problem.batch} x {rows} rows x {splits} splits x 513 floats)")
+            raise ValueError(
+                f"workspace_buffer holds {capacity} bytes but num_kv_splits={splits} needs {need} "
+                f"(batch {problem.batch} x {rows} rows x {splits} splits x 513 floats)"
+            )
     else:
         slots = resident_slots(index, fp8, row_groups, rf)
         splits = choose_num_splits(problem.batch, rows, fp8, problem.max_seq_len, slots, capacity)
@@ -95,14 +104,32 @@ def run_xqa_decode(problem: DecodeProblem, workspace: torch.Tensor | None, confi
         enable_pdl = config.enable_pdl
     if enable_pdl is None:
         enable_pdl = torch.cuda.get_device_capability(device)[0] >= 9
-    lse = torch.empty(problem.batch, problem.q_len, problem.heads, dtype=torch.float32, device=device) \
-        if return_lse else None
+    lse = (
+        torch.empty(problem.batch, problem.q_len, problem.heads, dtype=torch.float32, device=device)
+        if return_lse
+        else None
+    )
     if workspace is None:
         workspace = torch.empty(0, dtype=torch.uint8, device=device)
     bmm1, bmm1_t = _scale_args(problem.bmm1_scale)
     bmm2, bmm2_t = _scale_args(problem.bmm2_scale)
     torch.ops.mla_backend.decode(
-        problem.q_nope, problem.q_pe, problem.cache, problem.block_tables, problem.seq_lens, problem.out, lse,
-        workspace, problem.max_seq_len, splits, row_groups, rf, bmm1, bmm1_t, bmm2, bmm2_t, bool(enable_pdl),
+        problem.q_nope,
+        problem.q_pe,
+        problem.cache,
+        problem.block_tables,
+        problem.seq_lens,
+        problem.out,
+        lse,
+        workspace,
+        problem.max_seq_len,
+        splits,
+        row_groups,
+        rf,
+        bmm1,
+        bmm1_t,
+        bmm2,
+        bmm2_t,
+        bool(enable_pdl),
     )
     return lse

@@ -12,8 +12,8 @@ import math
 import torch
 
 # The op's CPU path rounds a float64 result once: to bf16 (8 significant bits) for out, to float32 for LSE.
-BF16_ROUNDING = 2.0 ** -8
-FP32_ROUNDING = 2.0 ** -22
+BF16_ROUNDING = 2.0**-8
+FP32_ROUNDING = 2.0**-22
 
 
 def naive_decode(query, kv_cache, block_tables, seq_lens, bmm1: float, bmm2: float):
@@ -46,8 +46,9 @@ def naive_decode_problem(problem, bmm1: float, bmm2: float):
     return naive_decode(problem.query, problem.kv_cache, problem.block_tables, problem.seq_lens, bmm1, bmm2)
 
 
-def assert_rounded_from(out: torch.Tensor, lse: torch.Tensor | None, want_out: torch.Tensor,
-                        want_lse: torch.Tensor | None) -> None:
+def assert_rounded_from(
+    out: torch.Tensor, lse: torch.Tensor | None, want_out: torch.Tensor, want_lse: torch.Tensor | None
+) -> None:
     """out (bf16) and lse (fp32) are the oracle's float64 values rounded once: tight, not kernel tolerances."""
     torch.testing.assert_close(out.double(), want_out.reshape(out.shape), rtol=BF16_ROUNDING, atol=0.0)
     if lse is not None:

@@ -4,8 +4,8 @@ Exits non-zero if any result is wrong, so the sanitizer run also checks correctn
 
 import torch
 
-from mla_backend import MLABackendConfig, mla_decode_reference
 import mla_backend.decode as decode_module
+from mla_backend import MLABackendConfig, mla_decode_reference
 from mla_backend.inputs import make_paged_problem
 
 workspace = torch.zeros(64 << 20, dtype=torch.uint8, device="cuda")
@@ -25,7 +25,8 @@ for splits, dtype, heads, q_len, lengths, split_query in [
         wide = torch.cat([p.query, p.query[..., :16]], dim=-1)
         query = (wide[..., :512], wide[..., 512:576])
     out = decode_module.xqa_batch_decode_with_kv_cache_mla(
-        query, p.kv_cache, workspace, 128, 512, 64, p.block_tables, p.seq_lens, p.max_seq_len, bmm1_scale=0.07)
+        query, p.kv_cache, workspace, 128, 512, 64, p.block_tables, p.seq_lens, p.max_seq_len, bmm1_scale=0.07
+    )
     want, _ = mla_decode_reference(p.query, p.kv_cache, p.block_tables, p.seq_lens, 0.07, 1.0)
     err = ((out.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
     worst = max(worst, err)

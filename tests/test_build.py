@@ -32,16 +32,21 @@ def cuda_tool(name: str) -> str:
 def built(tmp_path_factory):
     cache = tmp_path_factory.mktemp("mla_cache")
     env = dict(os.environ, MLA_BACKEND_CACHE_DIR=str(cache))
-    result = subprocess.run([sys.executable, "-m", "mla_backend", "build", "--arch", ",".join(ARCHES), "--strict"],
-                            env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "mla_backend", "build", "--arch", ",".join(ARCHES), "--strict"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, f"build failed (spills count as failures):\n{result.stdout}\n{result.stderr[-4000:]}"
     return {arch: build_dir(arch, str(cache)) / library_filename(arch) for arch in ARCHES}
 
 
 def sass(library: Path) -> str:
     env = dict(os.environ, NVDISASM_PATH=os.path.dirname(cuda_tool("nvdisasm")))  # cuobjdump calls it
-    result = subprocess.run([cuda_tool("cuobjdump"), "--dump-sass", str(library)], capture_output=True, text=True,
-                            env=env)
+    result = subprocess.run(
+        [cuda_tool("cuobjdump"), "--dump-sass", str(library)], capture_output=True, text=True, env=env
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 

@@ -44,12 +44,24 @@ def test_resolution_matrix(cc, backend, has_fi):
 
 def test_defaults():
     config = MLABackendConfig()
-    assert (config.backend, config.num_kv_splits, config.enable_pdl, config.validate_page_ids) == \
-        ("auto", None, None, False)
+    assert (config.backend, config.num_kv_splits, config.enable_pdl, config.validate_page_ids) == (
+        "auto",
+        None,
+        None,
+        False,
+    )
 
 
-@pytest.mark.parametrize("bad", [{"backend": "flashmla"}, {"num_kv_splits": 0}, {"num_kv_splits": 1000},
-                                 {"enable_pdl": "maybe"}, {"backnd": "xqa"}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"backend": "flashmla"},
+        {"num_kv_splits": 0},
+        {"num_kv_splits": 1000},
+        {"enable_pdl": "maybe"},
+        {"backnd": "xqa"},
+    ],
+)
 def test_bad_values_and_unknown_keys_are_rejected(bad):
     with pytest.raises(ValidationError) as info:
         MLABackendConfig(**bad)
@@ -69,12 +81,15 @@ def test_the_wheel_builds_variable_is_not_a_typo():
     assert MLABackendConfig.from_sources(environ={"MLA_BACKEND_ARCHS": "sm_90a"}) == MLABackendConfig()
 
 
-@pytest.mark.parametrize("env, fragment", [
-    ({"MLA_BACKEND": "cutlass"}, "backend"),
-    ({"MLA_BACKEND_NUM_KV_SPLITS": "many"}, "MLA_BACKEND_NUM_KV_SPLITS"),
-    ({"MLA_BACKEND_ENABLE_PDL": "perhaps"}, "MLA_BACKEND_ENABLE_PDL"),
-    ({"MLA_BACKEND_SPLITS": "4"}, "MLA_BACKEND_SPLITS"),
-])
+@pytest.mark.parametrize(
+    "env, fragment",
+    [
+        ({"MLA_BACKEND": "cutlass"}, "backend"),
+        ({"MLA_BACKEND_NUM_KV_SPLITS": "many"}, "MLA_BACKEND_NUM_KV_SPLITS"),
+        ({"MLA_BACKEND_ENABLE_PDL": "perhaps"}, "MLA_BACKEND_ENABLE_PDL"),
+        ({"MLA_BACKEND_SPLITS": "4"}, "MLA_BACKEND_SPLITS"),
+    ],
+)
 def test_bad_environment_is_rejected_with_its_name(env, fragment):
     with pytest.raises(ValueError) as info:
         MLABackendConfig.from_sources(environ=env)
@@ -82,8 +97,9 @@ def test_bad_environment_is_rejected_with_its_name(env, fragment):
 
 
 def test_additional_config_section():
-    config = MLABackendConfig.from_additional_config({"mla_backend": {"backend": "xqa", "num_kv_splits": 4},
-                                                      "other": 1}, environ={})
+    config = MLABackendConfig.from_additional_config(
+        {"mla_backend": {"backend": "xqa", "num_kv_splits": 4}, "other": 1}, environ={}
+    )
     assert (config.backend, config.num_kv_splits) == ("xqa", 4)
     assert MLABackendConfig.from_additional_config(None, environ={}) == MLABackendConfig()
     with pytest.raises(ValidationError):
@@ -99,11 +115,19 @@ def test_fp8_qk_variant_from_environment_and_its_values():
         MLABackendConfig.from_sources(environ={"MLA_BACKEND_FP8_QK": "fp16"})
 
 
-@pytest.mark.parametrize("field, value", [
-    ("num_kv_splits", "4"), ("num_kv_splits", 4.0), ("num_kv_splits", True),
-    ("enable_pdl", "yes"), ("enable_pdl", 1), ("validate_page_ids", "true"),
-    ("device_capability", 8.0), ("backend", b"xqa"),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("num_kv_splits", "4"),
+        ("num_kv_splits", 4.0),
+        ("num_kv_splits", True),
+        ("enable_pdl", "yes"),
+        ("enable_pdl", 1),
+        ("validate_page_ids", "true"),
+        ("device_capability", 8.0),
+        ("backend", b"xqa"),
+    ],
+)
 def test_python_and_json_values_are_not_coerced(field, value):
     """Policy: values from Python or JSON must have the field's type; no guessing."""
     with pytest.raises(ValidationError, match=field):
@@ -112,31 +136,43 @@ def test_python_and_json_values_are_not_coerced(field, value):
         MLABackendConfig.from_additional_config({"mla_backend": {field: value}}, environ={})
 
 
-@pytest.mark.parametrize("var, raw, field, value", [
-    ("MLA_BACKEND_NUM_KV_SPLITS", " 4 ", "num_kv_splits", 4),
-    ("MLA_BACKEND_NUM_KV_SPLITS", "auto", "num_kv_splits", None),
-    ("MLA_BACKEND_ENABLE_PDL", "yes", "enable_pdl", True),
-    ("MLA_BACKEND_ENABLE_PDL", "OFF", "enable_pdl", False),
-    ("MLA_BACKEND_ENABLE_PDL", "auto", "enable_pdl", None),
-    ("MLA_BACKEND_VALIDATE_PAGE_IDS", "1", "validate_page_ids", True),
-    ("MLA_BACKEND_DEVICE_CAPABILITY", "8.0", "device_capability", "8.0"),
-    ("MLA_BACKEND_CACHE_DIR", "/tmp/k", "cache_dir", "/tmp/k"),
-    ("MLA_BACKEND_FP8_QK", "f16", "fp8_qk", "f16"),
-])
+@pytest.mark.parametrize(
+    "var, raw, field, value",
+    [
+        ("MLA_BACKEND_NUM_KV_SPLITS", " 4 ", "num_kv_splits", 4),
+        ("MLA_BACKEND_NUM_KV_SPLITS", "auto", "num_kv_splits", None),
+        ("MLA_BACKEND_ENABLE_PDL", "yes", "enable_pdl", True),
+        ("MLA_BACKEND_ENABLE_PDL", "OFF", "enable_pdl", False),
+        ("MLA_BACKEND_ENABLE_PDL", "auto", "enable_pdl", None),
+        ("MLA_BACKEND_VALIDATE_PAGE_IDS", "1", "validate_page_ids", True),
+        ("MLA_BACKEND_DEVICE_CAPABILITY", "8.0", "device_capability", "8.0"),
+        ("MLA_BACKEND_CACHE_DIR", "/tmp/k", "cache_dir", "/tmp/k"),
+        ("MLA_BACKEND_FP8_QK", "f16", "fp8_qk", "f16"),
+    ],
+)
 def test_environment_strings_are_parsed_by_their_documented_spellings(var, raw, field, value):
     assert getattr(MLABackendConfig.from_sources(environ={var: raw}), field) == value
 
 
-@pytest.mark.parametrize("env", [{"MLA_BACKEND_NUM_KV_SPLITS": "4.0"}, {"MLA_BACKEND_VALIDATE_PAGE_IDS": "auto"},
-                                 {"MLA_BACKEND_DEVICE_CAPABILITY": "9"}, {"MLA_BACKEND_NUM_KV_SPLITS": "0"}])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"MLA_BACKEND_NUM_KV_SPLITS": "4.0"},
+        {"MLA_BACKEND_VALIDATE_PAGE_IDS": "auto"},
+        {"MLA_BACKEND_DEVICE_CAPABILITY": "9"},
+        {"MLA_BACKEND_NUM_KV_SPLITS": "0"},
+    ],
+)
 def test_environment_strings_outside_the_spellings_are_rejected(env):
     with pytest.raises(ValueError, match=next(iter(env)).removeprefix("MLA_BACKEND_").lower() + "|" + next(iter(env))):
         MLABackendConfig.from_sources(environ=env)
 
 
 def test_an_empty_environment_variable_means_unset():
-    assert MLABackendConfig.from_sources(environ={"MLA_BACKEND": " ", "MLA_BACKEND_NUM_KV_SPLITS": ""}) == \
-        MLABackendConfig()
+    assert (
+        MLABackendConfig.from_sources(environ={"MLA_BACKEND": " ", "MLA_BACKEND_NUM_KV_SPLITS": ""})
+        == MLABackendConfig()
+    )
 
 
 def test_capability_override_is_used_and_the_detected_one_otherwise():

@@ -40,8 +40,11 @@ def poisoned_allocations():
     cannot pass on memory an earlier, correct call left behind."""
     import torch.utils.deterministic
 
-    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-              torch.utils.deterministic.fill_uninitialized_memory)
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory,
+    )
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.utils.deterministic.fill_uninitialized_memory = True
     yield
@@ -49,8 +52,9 @@ def poisoned_allocations():
     torch.utils.deterministic.fill_uninitialized_memory = before[2]
 
 
-def run_and_check(problem, workspace, dtype, bmm1=SM_SCALE, bmm2=1.3, tensor_scales=False, out_3d=False,
-                  tolerance=None, query=None):
+def run_and_check(
+    problem, workspace, dtype, bmm1=SM_SCALE, bmm2=1.3, tensor_scales=False, out_3d=False, tolerance=None, query=None
+):
     """Runs the op on poisoned outputs and checks every row against the float64 reference, within
     ``tolerance`` (default: the kernel tolerance of the dtype). ``query`` replaces problem.query
     in the op's call (another layout of the same values)."""
@@ -60,12 +64,25 @@ def run_and_check(problem, workspace, dtype, bmm1=SM_SCALE, bmm2=1.3, tensor_sca
     shape = (batch, heads, 512) if out_3d else (batch, q_len, heads, 512)
     out = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")  # poison
     got, lse = xqa_batch_decode_with_kv_cache_mla(
-        problem.query if query is None else query, problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens,
-        problem.max_seq_len, out=out, bmm1_scale=s1, bmm2_scale=s2, return_lse=True)
+        problem.query if query is None else query,
+        problem.kv_cache,
+        workspace,
+        128,
+        512,
+        64,
+        problem.block_tables,
+        problem.seq_lens,
+        problem.max_seq_len,
+        out=out,
+        bmm1_scale=s1,
+        bmm2_scale=s2,
+        return_lse=True,
+    )
     assert got is out
     got = got.view(batch, q_len, heads, 512)
-    want, want_lse = mla_decode_reference(problem.query, problem.kv_cache, problem.block_tables,
-                                          problem.seq_lens, bmm1, bmm2)
+    want, want_lse = mla_decode_reference(
+        problem.query, problem.kv_cache, problem.block_tables, problem.seq_lens, bmm1, bmm2
+    )
     assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) or NaN output"
     diff = (got.double() - want).norm(dim=-1)
     scale = want.norm(dim=-1)
@@ -88,8 +105,9 @@ DTYPES = [torch.bfloat16, torch.float8_e4m3fn]
 @pytest.mark.parametrize("q_len", [1, 2, 4])
 def test_ragged_batch_pages_and_q_len(workspace, dtype, page_size, q_len):
     lengths = [max(q_len, n) for n in (17, 1000, 64)]
-    problem = make_paged_problem(lengths, q_len, heads=16, page_size=page_size, dtype=dtype, device="cuda",
-                                 seed=page_size * 10 + q_len)
+    problem = make_paged_problem(
+        lengths, q_len, heads=16, page_size=page_size, dtype=dtype, device="cuda", seed=page_size * 10 + q_len
+    )
     run_and_check(problem, workspace, dtype, tensor_scales=q_len == 2)
 
 
@@ -177,8 +195,9 @@ def test_explicit_split_counts_agree(workspace, monkeypatch, splits):
     # from_sources keeps the environment's settings (MLA_BACKEND_FP8_QK in the SM120-layout run)
     config = MLABackendConfig.from_sources({"num_kv_splits": splits})
     monkeypatch.setattr(decode_module, "default_config", lambda: config)
-    problem = make_paged_problem([1000, 33, 0, 5000], 4, 32, page_size=16, dtype=torch.float8_e4m3fn,
-                                 device="cuda", seed=splits)
+    problem = make_paged_problem(
+        [1000, 33, 0, 5000], 4, 32, page_size=16, dtype=torch.float8_e4m3fn, device="cuda", seed=splits
+    )
     run_and_check(problem, workspace, torch.float8_e4m3fn, bmm1=0.11, bmm2=0.7)
 
 
@@ -194,8 +213,19 @@ def test_page_ids_guessed_from_max_seq_len_any_bound(workspace, monkeypatch, dty
     page_capacity = problem.block_tables.shape[1] * 16
     for bound in (page_capacity, 700, 1, 0):
         out, lse = xqa_batch_decode_with_kv_cache_mla(
-            problem.query, problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens,
-            bound, bmm1_scale=SM_SCALE, bmm2_scale=1.3, return_lse=True)
+            problem.query,
+            problem.kv_cache,
+            workspace,
+            128,
+            512,
+            64,
+            problem.block_tables,
+            problem.seq_lens,
+            bound,
+            bmm1_scale=SM_SCALE,
+            bmm2_scale=1.3,
+            return_lse=True,
+        )
         assert torch.equal(out, want) and torch.equal(lse, want_lse), f"max_seq_len={bound}"
 
 
@@ -205,8 +235,16 @@ def test_workspace_too_small_for_requested_splits(monkeypatch):
     problem = make_paged_problem([300], 1, 16, page_size=16, device="cuda")
     with pytest.raises(ValueError, match="workspace_buffer holds 1024 bytes"):
         xqa_batch_decode_with_kv_cache_mla(
-            problem.query, problem.kv_cache, torch.empty(1024, dtype=torch.uint8, device="cuda"), 128, 512, 64,
-            problem.block_tables, problem.seq_lens, problem.max_seq_len)
+            problem.query,
+            problem.kv_cache,
+            torch.empty(1024, dtype=torch.uint8, device="cuda"),
+            128,
+            512,
+            64,
+            problem.block_tables,
+            problem.seq_lens,
+            problem.max_seq_len,
+        )
 
 
 def test_the_bindings_own_checks_reach_python_as_errors(workspace):
@@ -220,8 +258,25 @@ def test_the_bindings_own_checks_reach_python_as_errors(workspace):
     q = problem.query
     out = torch.full((1, 1, 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     with pytest.raises(RuntimeError, match="block_tables: int32 rows"):
-        torch.ops.mla_backend.decode(q[..., :512], q[..., 512:], problem.kv_cache, problem.block_tables.long(),
-                                     problem.seq_lens, out, None, workspace, 40, 1, 1, 1, 0.1, None, 1.0, None, False)
+        torch.ops.mla_backend.decode(
+            q[..., :512],
+            q[..., 512:],
+            problem.kv_cache,
+            problem.block_tables.long(),
+            problem.seq_lens,
+            out,
+            None,
+            workspace,
+            40,
+            1,
+            1,
+            1,
+            0.1,
+            None,
+            1.0,
+            None,
+            False,
+        )
     assert torch.isnan(out).all(), "nothing may run after a failed check"
 
 
@@ -232,8 +287,19 @@ def test_cuda_graph_replay_is_bit_identical_to_eager(workspace, dtype):
 
     def step():
         return xqa_batch_decode_with_kv_cache_mla(
-            problem.query, problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens,
-            problem.max_seq_len, bmm1_scale=scale, bmm2_scale=1.0, return_lse=True)
+            problem.query,
+            problem.kv_cache,
+            workspace,
+            128,
+            512,
+            64,
+            problem.block_tables,
+            problem.seq_lens,
+            problem.max_seq_len,
+            bmm1_scale=scale,
+            bmm2_scale=1.0,
+            return_lse=True,
+        )
 
     eager_out, eager_lse = step()
     stream = torch.cuda.Stream()
@@ -257,22 +323,50 @@ def test_cuda_graph_replay_is_bit_identical_to_eager(workspace, dtype):
 
 def test_pdl_on_and_off_agree(workspace):
     problem = make_paged_problem([2000, 100], 1, 128, page_size=64, dtype=torch.float8_e4m3fn, device="cuda", seed=3)
-    args = (problem.query, problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens,
-            problem.max_seq_len)
+    args = (
+        problem.query,
+        problem.kv_cache,
+        workspace,
+        128,
+        512,
+        64,
+        problem.block_tables,
+        problem.seq_lens,
+        problem.max_seq_len,
+    )
     with_pdl = xqa_batch_decode_with_kv_cache_mla(*args, bmm1_scale=SM_SCALE, enable_pdl=True)
     without = xqa_batch_decode_with_kv_cache_mla(*args, bmm1_scale=SM_SCALE, enable_pdl=False)
     assert torch.equal(with_pdl, without)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                    reason="an SM90 check: elsewhere the e4m3 path is the default every other test runs")
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+    reason="an SM90 check: elsewhere the e4m3 path is the default every other test runs",
+)
 def test_sm120_q_layout_passes_the_same_tests_on_sm90():
     # sm_90a widens Q to f16 by default; the SM120 FP8 path (e4m3 Q in shared memory, mma.sync e4m3,
     # emulated here) is built with fp8_qk=e4m3 and runs this whole file in a fresh process (one
     # kernel library per process).
     env = dict(os.environ, MLA_BACKEND_FP8_QK="e4m3")
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-m", "gpu", "-p", "no:cacheprovider",
-                             __file__, "-k", "not sm120_q_layout"], env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-m",
+            "gpu",
+            "-p",
+            "no:cacheprovider",
+            __file__,
+            "-k",
+            "not sm120_q_layout",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
 
@@ -289,9 +383,18 @@ def test_a_kernel_that_writes_nothing_fails_the_check(workspace, monkeypatch):
     monkeypatch.setattr(torch.ops.mla_backend, "decode", lambda *args: None)
     with pytest.raises(AssertionError, match="NaN"):
         run_and_check(problem, workspace, torch.bfloat16)
-    out = xqa_batch_decode_with_kv_cache_mla(problem.query, problem.kv_cache, workspace, 128, 512, 64,
-                                             problem.block_tables, problem.seq_lens, problem.max_seq_len,
-                                             return_lse=True)[1]
+    out = xqa_batch_decode_with_kv_cache_mla(
+        problem.query,
+        problem.kv_cache,
+        workspace,
+        128,
+        512,
+        64,
+        problem.block_tables,
+        problem.seq_lens,
+        problem.max_seq_len,
+        return_lse=True,
+    )[1]
     assert torch.isnan(out).all(), "the op's own LSE allocation is poisoned too"
 
 
@@ -306,12 +409,20 @@ SWEEP_HEADS = [1, 3, 8, 16, 20, 32, 64, 128]
 @pytest.mark.parametrize("q_len", range(1, 9))
 def test_sweep_heads_q_len_pages(workspace, dtype, page_size, heads, q_len):
     lengths = [q_len, q_len + 16, 300 + q_len, 2 * page_size + 1]
-    problem = make_paged_problem(lengths, q_len, heads, page_size=page_size, dtype=dtype, device="cuda",
-                                 seed=heads * 100 + q_len * 10 + page_size // 16)
+    problem = make_paged_problem(
+        lengths,
+        q_len,
+        heads,
+        page_size=page_size,
+        dtype=dtype,
+        device="cuda",
+        seed=heads * 100 + q_len * 10 + page_size // 16,
+    )
     run_and_check(problem, workspace, dtype, tensor_scales=(heads + q_len) % 2 == 0)
 
 
 # --- CUDA graphs replayed with new inputs, as vLLM replays them --------------------------------------
+
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
 @pytest.mark.parametrize("heads, q_len", [(16, 1), (128, 2), (20, 4)])
@@ -320,14 +431,27 @@ def test_graph_replayed_with_new_inputs_matches_the_reference(workspace, dtype, 
     a reshuffled block table (what vLLM's model runner does) and replay: each replay is checked
     against the float64 reference on that step's inputs."""
     capacity = 4096
-    static = make_paged_problem([capacity, capacity, capacity], q_len, heads, page_size=64, dtype=dtype,
-                                device="cuda", seed=31)
+    static = make_paged_problem(
+        [capacity, capacity, capacity], q_len, heads, page_size=64, dtype=dtype, device="cuda", seed=31
+    )
     out = torch.empty(3, q_len, heads, 512, dtype=torch.bfloat16, device="cuda")
 
     def step():
         return xqa_batch_decode_with_kv_cache_mla(
-            static.query, static.kv_cache, workspace, 128, 512, 64, static.block_tables, static.seq_lens,
-            capacity, out=out, bmm1_scale=SM_SCALE, bmm2_scale=1.3, return_lse=True)
+            static.query,
+            static.kv_cache,
+            workspace,
+            128,
+            512,
+            64,
+            static.block_tables,
+            static.seq_lens,
+            capacity,
+            out=out,
+            bmm1_scale=SM_SCALE,
+            bmm2_scale=1.3,
+            return_lse=True,
+        )
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -341,14 +465,18 @@ def test_graph_replayed_with_new_inputs_matches_the_reference(workspace, dtype, 
         fresh = make_paged_problem(lengths, q_len, heads, page_size=64, dtype=dtype, device="cuda", seed=40 + seed)
         static.query.copy_(fresh.query)
         static.seq_lens.copy_(fresh.seq_lens)
-        static.block_tables.copy_(torch.randperm(static.kv_cache.shape[0], device="cuda")[:static.block_tables.numel()]
-                                  .view_as(static.block_tables).int())
+        static.block_tables.copy_(
+            torch.randperm(static.kv_cache.shape[0], device="cuda")[: static.block_tables.numel()]
+            .view_as(static.block_tables)
+            .int()
+        )
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        want, want_lse = mla_decode_reference(static.query, static.kv_cache, static.block_tables, static.seq_lens,
-                                              SM_SCALE, 1.3)
+        want, want_lse = mla_decode_reference(
+            static.query, static.kv_cache, static.block_tables, static.seq_lens, SM_SCALE, 1.3
+        )
         seen = want.norm(dim=-1) > 0
         assert not torch.isnan(out).any() and torch.all(out[~seen] == 0)
         rel = (out.double() - want).norm(dim=-1)[seen] / want.norm(dim=-1)[seen]
@@ -360,14 +488,19 @@ def test_graph_replayed_with_new_inputs_matches_the_reference(workspace, dtype, 
 
 # --- programmatic dependent launch is really on ---------------------------------------------------
 
+
 def graph_edge_types(graph: torch.cuda.CUDAGraph) -> list[int]:
     """The dependency type of every edge of a captured graph (0 default, 1 programmatic), read with
     the driver's cuGraphGetEdges_v2."""
     import ctypes
 
     class EdgeData(ctypes.Structure):
-        _fields_ = [("from_port", ctypes.c_ubyte), ("to_port", ctypes.c_ubyte), ("type", ctypes.c_ubyte),
-                    ("reserved", ctypes.c_ubyte * 5)]
+        _fields_ = [
+            ("from_port", ctypes.c_ubyte),
+            ("to_port", ctypes.c_ubyte),
+            ("type", ctypes.c_ubyte),
+            ("reserved", ctypes.c_ubyte * 5),
+        ]
 
     driver = ctypes.CDLL("libcuda.so.1")
     get_edges = driver.cuGraphGetEdges_v2
@@ -387,8 +520,17 @@ def test_pdl_launches_become_programmatic_graph_edges(workspace, pdl):
     (two kernels of ours) and the result are checked too."""
     problem = make_paged_problem([6000, 100], 1, 128, page_size=64, dtype=torch.float8_e4m3fn, device="cuda", seed=3)
     config = MLABackendConfig.from_sources({"num_kv_splits": 4})
-    args = (problem.query, problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens,
-            problem.max_seq_len)
+    args = (
+        problem.query,
+        problem.kv_cache,
+        workspace,
+        128,
+        512,
+        64,
+        problem.block_tables,
+        problem.seq_lens,
+        problem.max_seq_len,
+    )
     bump = torch.zeros(1, device="cuda")
     trtllm_batch_decode_with_kv_cache_mla(*args, bmm1_scale=SM_SCALE, enable_pdl=pdl, config=config)  # load
     torch.cuda.synchronize()
@@ -410,15 +552,30 @@ def test_pdl_launches_become_programmatic_graph_edges(workspace, pdl):
 
 # --- the public op with each backend value -------------------------------------------------------
 
+
 @pytest.mark.parametrize("backend", ["auto", "xqa"])
 def test_public_op_serves_auto_and_xqa_with_the_kernels(workspace, backend):
     problem = make_paged_problem([900, 37], 2, 32, page_size=32, dtype=torch.float8_e4m3fn, device="cuda", seed=8)
     out = torch.full((2, 2, 32, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     got, lse = trtllm_batch_decode_with_kv_cache_mla(
-        problem.query, problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens,
-        problem.max_seq_len, out=out, bmm1_scale=SM_SCALE, bmm2_scale=1.3, backend=backend, return_lse=True)
-    want, want_lse = mla_decode_reference(problem.query, problem.kv_cache, problem.block_tables, problem.seq_lens,
-                                          SM_SCALE, 1.3)
+        problem.query,
+        problem.kv_cache,
+        workspace,
+        128,
+        512,
+        64,
+        problem.block_tables,
+        problem.seq_lens,
+        problem.max_seq_len,
+        out=out,
+        bmm1_scale=SM_SCALE,
+        bmm2_scale=1.3,
+        backend=backend,
+        return_lse=True,
+    )
+    want, want_lse = mla_decode_reference(
+        problem.query, problem.kv_cache, problem.block_tables, problem.seq_lens, SM_SCALE, 1.3
+    )
     assert got is out
     rel = (got.double() - want).norm(dim=-1) / want.norm(dim=-1)
     assert rel.max() <= ROW_ERROR_TOLERANCE[torch.float8_e4m3fn]
@@ -432,8 +589,17 @@ def test_public_op_refuses_trtllm_gen_where_it_cannot_run(workspace):
     problem = make_paged_problem([100], 1, 16, page_size=64, device="cuda")
     with pytest.raises(BackendUnavailableError, match=f"this GPU is {capability[0]}.{capability[1]}"):
         trtllm_batch_decode_with_kv_cache_mla(
-            problem.query, problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens,
-            problem.max_seq_len, backend="trtllm-gen")
+            problem.query,
+            problem.kv_cache,
+            workspace,
+            128,
+            512,
+            64,
+            problem.block_tables,
+            problem.seq_lens,
+            problem.max_seq_len,
+            backend="trtllm-gen",
+        )
 
 
 @pytest.mark.parametrize("op", ["trtllm", "xqa"])
@@ -442,8 +608,17 @@ def test_public_op_on_a_gpu_without_kernels_raises(workspace, monkeypatch, op):
     config = MLABackendConfig.from_sources({"device_capability": "8.0"})
     monkeypatch.setattr(decode_module, "default_config", lambda: config)
     problem = make_paged_problem([100], 1, 16, page_size=64, device="cuda")
-    args = (problem.query, problem.kv_cache, workspace, 128, 512, 64, problem.block_tables, problem.seq_lens,
-            problem.max_seq_len)
+    args = (
+        problem.query,
+        problem.kv_cache,
+        workspace,
+        128,
+        512,
+        64,
+        problem.block_tables,
+        problem.seq_lens,
+        problem.max_seq_len,
+    )
     call = trtllm_batch_decode_with_kv_cache_mla if op == "trtllm" else xqa_batch_decode_with_kv_cache_mla
     with pytest.raises(BackendUnavailableError, match="8.0"):
         call(*args)

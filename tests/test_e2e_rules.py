@@ -8,6 +8,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 import torch  # noqa: E402
 from decode_check import MIN_VISIBLE_KEYS, DecodeCall, check_call  # noqa: E402
+from oracle import naive_decode_problem  # noqa: E402
 from run_e2e import (  # noqa: E402
     MIN_CHECKED_CALLS,
     MODEL_LAYERS,
@@ -23,7 +24,6 @@ from run_e2e import (  # noqa: E402
 
 from mla_backend.inputs import make_paged_problem  # noqa: E402
 from mla_backend.reference import ROW_ERROR_TOLERANCE  # noqa: E402
-from oracle import naive_decode_problem  # noqa: E402
 
 REF = [[1, 2, 3, 4], [5, 6, 7, 8]]
 WIDE = [[1.0] * 4, [1.0] * 4]
@@ -74,8 +74,11 @@ def test_a_step_where_a_repeated_reference_run_differs_is_a_tie():
 
 def test_calibration_averages_over_the_reference_runs():
     run = lambda tokens: {"tokens": tokens, "gaps": WIDE}  # noqa: E731
-    refs = {"FLASHMLAfp8": run(REF), "FLASHMLAfp8#2": run([[1, 2, 3, 4], [5, 6, 0, 0]]),
-            "TRITON_MLAfp8": run([[1, 2, 3, 4], [5, 6, 0, 0]])}
+    refs = {
+        "FLASHMLAfp8": run(REF),
+        "FLASHMLAfp8#2": run([[1, 2, 3, 4], [5, 6, 0, 0]]),
+        "TRITON_MLAfp8": run([[1, 2, 3, 4], [5, 6, 0, 0]]),
+    }
     assert [r["tokens"] for r in runs_of(refs, "FLASHMLAfp8")] == [REF, [[1, 2, 3, 4], [5, 6, 0, 0]]]
     calibration = rule_calibration(refs, "fp8")
     assert calibration["peer_agreed_steps"] == (6 + 8) / 2
@@ -83,6 +86,7 @@ def test_calibration_averages_over_the_reference_runs():
 
 
 # --- the forward_mqa check (integration/decode_check.py) -------------------------------------------
+
 
 def recorded_call(lengths, q_len=2, heads=4, damage=None, with_lse=True):
     """A forward_mqa call as the checker records it, with the oracle's outputs, optionally damaged."""
@@ -96,10 +100,19 @@ def recorded_call(lengths, q_len=2, heads=4, damage=None, with_lse=True):
     elif damage == "lse":
         lse = lse + 0.5
     tokens = len(lengths) * q_len
-    return DecodeCall(layer="model.layers.0.self_attn", query=problem.query.reshape(tokens, heads, 576),
-                      kv_cache=problem.kv_cache, block_table=problem.block_tables, seq_lens=problem.seq_lens,
-                      num_decodes=len(lengths), q_len=q_len, bmm1=0.06, bmm2=1.5, out=out.reshape(tokens, heads, 512),
-                      lse=lse.reshape(tokens, heads) if with_lse else None)
+    return DecodeCall(
+        layer="model.layers.0.self_attn",
+        query=problem.query.reshape(tokens, heads, 576),
+        kv_cache=problem.kv_cache,
+        block_table=problem.block_tables,
+        seq_lens=problem.seq_lens,
+        num_decodes=len(lengths),
+        q_len=q_len,
+        bmm1=0.06,
+        bmm2=1.5,
+        out=out.reshape(tokens, heads, 512),
+        lse=lse.reshape(tokens, heads) if with_lse else None,
+    )
 
 
 def test_check_call_passes_the_right_result_and_counts_rows_with_enough_keys():
@@ -125,21 +138,41 @@ def test_rows_with_few_keys_are_not_counted_as_checked():
 
 
 def summary(**changes):
-    base = {"q_lens": {1: 40}, "graph_calls": 30, "checked_calls": 8, "checked_graph_calls": 6,
-            "checked_layers": [f"layer{i}" for i in range(MODEL_LAYERS)], "checked_rows": 400,
-            "max_rel_error": {1: 3e-3}, "tolerance": 2e-2, "lse_checked_calls": 8, "lse_ok": True,
-            "max_lse_error": 1e-4, "check_problems": []}
+    base = {
+        "q_lens": {1: 40},
+        "graph_calls": 30,
+        "checked_calls": 8,
+        "checked_graph_calls": 6,
+        "checked_layers": [f"layer{i}" for i in range(MODEL_LAYERS)],
+        "checked_rows": 400,
+        "max_rel_error": {1: 3e-3},
+        "tolerance": 2e-2,
+        "lse_checked_calls": 8,
+        "lse_ok": True,
+        "max_lse_error": 1e-4,
+        "check_problems": [],
+    }
     return {**base, **changes}
 
 
 SPEC = {"backend": "CUSTOM", "graphs": True, "spec_tokens": 0, "kv_cache_dtype": "fp8"}
 
 
-@pytest.mark.parametrize("change", [
-    {}, {"max_rel_error": {1: 5e-2}}, {"lse_ok": False}, {"checked_graph_calls": 0},
-    {"checked_calls": MIN_CHECKED_CALLS - 1}, {"checked_layers": ["layer0"]}, {"lse_checked_calls": 0},
-    {"check_problems": ["RuntimeError('x')"]}, {"max_rel_error": {}},
-], ids=lambda c: ",".join(c) or "good")
+@pytest.mark.parametrize(
+    "change",
+    [
+        {},
+        {"max_rel_error": {1: 5e-2}},
+        {"lse_ok": False},
+        {"checked_graph_calls": 0},
+        {"checked_calls": MIN_CHECKED_CALLS - 1},
+        {"checked_layers": ["layer0"]},
+        {"lse_checked_calls": 0},
+        {"check_problems": ["RuntimeError('x')"]},
+        {"max_rel_error": {}},
+    ],
+    ids=lambda c: ",".join(c) or "good",
+)
 def test_the_decode_check_verdict_fails_on_each_shortfall(change):
     ok, note = judge_decode_check(summary(**change), SPEC)
     assert ok == (not change), note
@@ -150,11 +183,15 @@ def test_eager_runs_need_no_replays_and_vllm_backends_no_lse():
     assert judge_decode_check(summary(lse_checked_calls=0, max_lse_error=None), {**SPEC, "backend": "FLASHMLA"})[0]
 
 
-@pytest.mark.parametrize("q_lens, drafts, ok", [({1: 5, 4: 30}, 12, True), ({1: 35}, 12, False),
-                                                ({1: 5, 4: 30}, 0, False)])
+@pytest.mark.parametrize(
+    "q_lens, drafts, ok", [({1: 5, 4: 30}, 12, True), ({1: 35}, 12, False), ({1: 5, 4: 30}, 0, False)]
+)
 def test_speculation_needs_real_calls_with_1_plus_k_tokens_and_drafts(q_lens, drafts, ok):
-    result = {"spec": {**SPEC, "spec_tokens": 3}, "decode_check": summary(q_lens=q_lens),
-              "spec_decode": {"num_drafts": drafts, "num_draft_tokens": 3 * drafts, "num_accepted_tokens": drafts}}
+    result = {
+        "spec": {**SPEC, "spec_tokens": 3},
+        "decode_check": summary(q_lens=q_lens),
+        "spec_decode": {"num_drafts": drafts, "num_draft_tokens": 3 * drafts, "num_accepted_tokens": drafts},
+    }
     assert judge_speculation(result)[0] == ok
 
 
@@ -162,8 +199,12 @@ def test_fallback_runs_are_judged_against_triton_mla_not_a_peer_of_it():
     run = lambda tokens: {"tokens": tokens, "gaps": WIDE}  # noqa: E731
     refs = {"FLASHMLAfp8": run(REF), "TRITON_MLAfp8": run([[1, 2, 3, 4], [5, 6, 0, 0]])}
     spec = {**SPEC, "graphs": False}
-    result = {"spec": spec, "tokens": [[1, 2, 3, 4], [5, 6, 0, 0]], "routes": ["fallback"],
-              "decode_check": summary(checked_graph_calls=0)}
+    result = {
+        "spec": spec,
+        "tokens": [[1, 2, 3, 4], [5, 6, 0, 0]],
+        "routes": ["fallback"],
+        "decode_check": summary(checked_graph_calls=0),
+    }
     assert judge(result, refs, "fallback")[0]
     result["tokens"] = REF  # what FLASHMLA says, but not what the Triton kernel says
     assert not judge(result, refs, "fallback")[0]

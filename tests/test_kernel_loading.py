@@ -28,6 +28,7 @@ def prebuilt(tmp_path, monkeypatch):
 def no_toolkit(monkeypatch):
     def missing():
         raise ToolkitNotFoundError("no CUDA toolkit found (...): install the CUDA toolkit")
+
     monkeypatch.setattr(jit, "find_toolkit", missing)
 
 
@@ -75,8 +76,11 @@ def test_cache_then_fresh_build(prebuilt, tmp_path, monkeypatch):
         compiled.append(arch)
         output.write_bytes(b"\x7fELF")
 
-    monkeypatch.setattr(jit, "find_toolkit", lambda: type("T", (), {"supports": lambda self, a: True,
-                                                                    "nvcc": "nvcc", "version": (13, 0)})())
+    monkeypatch.setattr(
+        jit,
+        "find_toolkit",
+        lambda: type("T", (), {"supports": lambda self, a: True, "nvcc": "nvcc", "version": (13, 0)})(),
+    )
     monkeypatch.setattr(jit, "compile_library", fake_compile)
     cache = str(tmp_path / "cache")
     assert jit.locate("sm_89", cache)[1] == "fresh build"

@@ -2,19 +2,26 @@
 
 import pytest
 import torch
+from oracle import assert_rounded_from, naive_decode, naive_decode_problem
 
 from mla_backend import trtllm_batch_decode_with_kv_cache_mla, xqa_batch_decode_with_kv_cache_mla
 from mla_backend.inputs import make_paged_problem, vllm_bf16_query_layout
-from oracle import assert_rounded_from, naive_decode, naive_decode_problem
 
 WORKSPACE = torch.empty(1 << 10, dtype=torch.uint8)
 
 
 def call(problem, op=trtllm_batch_decode_with_kv_cache_mla, **overrides):
-    args = dict(query=problem.query, kv_cache=problem.kv_cache, workspace_buffer=WORKSPACE,
-                qk_nope_head_dim=128, kv_lora_rank=512, qk_rope_head_dim=64,
-                block_tables=problem.block_tables, seq_lens=problem.seq_lens,
-                max_seq_len=problem.max_seq_len)
+    args = dict(
+        query=problem.query,
+        kv_cache=problem.kv_cache,
+        workspace_buffer=WORKSPACE,
+        qk_nope_head_dim=128,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        block_tables=problem.block_tables,
+        seq_lens=problem.seq_lens,
+        max_seq_len=problem.max_seq_len,
+    )
     args.update(overrides)
     return op(**args)
 
@@ -27,8 +34,9 @@ def problem():
 @pytest.mark.parametrize("op", [trtllm_batch_decode_with_kv_cache_mla, xqa_batch_decode_with_kv_cache_mla])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_cpu_op_equals_the_oracle_rounded_to_bf16_with_lse(op, dtype):
-    problem = make_paged_problem([37, 0, 64, 1], q_len=2, heads=4, page_size=16, dtype=dtype, seed=4,
-                                 four_dim_cache=True)
+    problem = make_paged_problem(
+        [37, 0, 64, 1], q_len=2, heads=4, page_size=16, dtype=dtype, seed=4, four_dim_cache=True
+    )
     scale = torch.tensor([0.06], dtype=torch.float32)
     out, lse = call(problem, op, bmm1_scale=scale, bmm2_scale=1.5, return_lse=True)
     want_out, want_lse = naive_decode_problem(problem, 0.06, 1.5)
@@ -91,16 +99,19 @@ BAD_INPUTS = {
     "zero heads": (dict(query="heads0"), ValueError, "number of heads must be 1..128, got 0"),
     "zero q_len": (dict(query="qlen0"), ValueError, "q_len .* must be 1..8, got 0"),
     "out not contiguous": (dict(out="transposed"), ValueError, "out must be contiguous"),
-    "workspace not contiguous": (dict(workspace_buffer="strided_bytes"), ValueError,
-                                 "workspace_buffer must be contiguous"),
+    "workspace not contiguous": (
+        dict(workspace_buffer="strided_bytes"),
+        ValueError,
+        "workspace_buffer must be contiguous",
+    ),
     "scale on another device": (dict(bmm1_scale="meta_scale"), ValueError, "bmm1_scale is on meta"),
     "4-D cache dim 1": (dict(kv_cache="two_heads"), ValueError, "4-D kv_cache must have size 1 in dim 1"),
     "split query nope dim": (dict(query="nope256"), ValueError, r"q_nope must be \[batch, q_len, heads, 512\]"),
     "split query devices": (dict(query="pe_meta"), ValueError, "q_pe is on meta"),
-    "query type": (dict(query="text"), TypeError, "query must be a torch.Tensor or a"),
+    "query type": (dict(query="not_a_tensor"), TypeError, "query must be a torch.Tensor or a"),
     "kv_cache type": (dict(kv_cache="nested_list"), TypeError, "kv_cache must be a torch.Tensor, got list"),
-    "workspace type": (dict(workspace_buffer="text"), TypeError, "workspace_buffer must be a torch.Tensor"),
-    "out type": (dict(out="text"), TypeError, "out must be a torch.Tensor, got str"),
+    "workspace type": (dict(workspace_buffer="not_a_tensor"), TypeError, "workspace_buffer must be a torch.Tensor"),
+    "out type": (dict(out="not_a_tensor"), TypeError, "out must be a torch.Tensor, got str"),
     "max_seq_len float": (dict(max_seq_len=64.0), TypeError, "max_seq_len must be a non-negative int"),
     "max_seq_len negative": (dict(max_seq_len=-1), TypeError, "max_seq_len must be a non-negative int"),
     "block_tables rows strided": (dict(block_tables="every_other"), ValueError, "block_tables rows must be contig"),
@@ -124,13 +135,21 @@ def corrupt(problem, key, how):
         "page8": lambda: kv.reshape(-1, 8, 576),
         "int64": lambda: (bt if key == "block_tables" else sl).long(),
         "short": lambda: (bt if key == "block_tables" else sl)[:2],
-        "strided": lambda: (torch.cat([q, q], dim=-1)[..., ::2] if key == "query"
-                            else torch.cat([kv, kv], dim=-1)[..., :576]),
-        "misaligned": lambda: (torch.cat([q, q], dim=-1)[..., 1:577] if key == "query"
-                               else torch.cat([kv.new_zeros(1), kv.flatten()])[1:].view(kv.shape)),
-        "odd_stride": lambda: (torch.cat([q, q[..., :1]], dim=-1)[..., :576] if key == "query"
-                               else kv.new_zeros(kv.shape[0] * (kv.shape[1] * 576 + 1))
-                               .as_strided(kv.shape, (kv.shape[1] * 576 + 1, 576, 1))),
+        "strided": lambda: (
+            torch.cat([q, q], dim=-1)[..., ::2] if key == "query" else torch.cat([kv, kv], dim=-1)[..., :576]
+        ),
+        "misaligned": lambda: (
+            torch.cat([q, q], dim=-1)[..., 1:577]
+            if key == "query"
+            else torch.cat([kv.new_zeros(1), kv.flatten()])[1:].view(kv.shape)
+        ),
+        "odd_stride": lambda: (
+            torch.cat([q, q[..., :1]], dim=-1)[..., :576]
+            if key == "query"
+            else kv.new_zeros(kv.shape[0] * (kv.shape[1] * 576 + 1)).as_strided(
+                kv.shape, (kv.shape[1] * 576 + 1, 576, 1)
+            )
+        ),
         "pe32": lambda: (q[..., :512], q[..., 512:544]),
         "pe_heads": lambda: (q[..., :512], q[:, :, :1, 512:]),
         "pe_fp8": lambda: (q[..., :512], q[..., 512:].to(torch.float8_e4m3fn)),
@@ -149,14 +168,18 @@ def corrupt(problem, key, how):
         "transposed": lambda: torch.empty(3, 4, 2, 512, dtype=torch.bfloat16).transpose(1, 2),
         "strided_bytes": lambda: torch.empty(2048, dtype=torch.uint8)[::2],
         "meta_scale": lambda: torch.ones(1, device="meta"),
-        "bad_last_page": lambda: bt.clone().index_put_((torch.tensor([0]), torch.tensor([2])),
-                                                       torch.tensor([10_000], dtype=torch.int32)),
+        "bad_last_page": lambda: bt.clone().index_put_(
+            (torch.tensor([0]), torch.tensor([2])), torch.tensor([10_000], dtype=torch.int32)
+        ),
         "nope256": lambda: (q[..., :256], q[..., 512:]),
         "pe_meta": lambda: (q[..., :512], q[..., 512:].to("meta")),
-        "text": lambda: "not a tensor",
+        "not_a_tensor": lambda: "not a tensor",
         "nested_list": lambda: kv.tolist(),
-        "every_other": lambda: (torch.stack([bt, bt], dim=-1).flatten(1)[:, ::2] if key == "block_tables"
-                                else torch.stack([sl, sl], dim=-1)[:, 0]),
+        "every_other": lambda: (
+            torch.stack([bt, bt], dim=-1).flatten(1)[:, ::2]
+            if key == "block_tables"
+            else torch.stack([sl, sl], dim=-1)[:, 0]
+        ),
         "two_heads": lambda: kv.view(kv.shape[0], 1, kv.shape[1], 576).expand(-1, 2, -1, -1),
     }
     return makers[how]()
@@ -202,7 +225,9 @@ def raising_sites() -> set[int]:
     sites = set()
     for func in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name != "_require"):
         for node in ast.walk(func):
-            if isinstance(node, ast.Raise) or (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "_require"):
+            if isinstance(node, ast.Raise) or (
+                isinstance(node, ast.Call) and getattr(node.func, "id", "") == "_require"
+            ):
                 sites.add(node.lineno)
     return sites
 
@@ -212,8 +237,11 @@ def raising_line(err: BaseException) -> int | None:
     for a check made elsewhere (decode.py's own)."""
     from mla_backend import checks
 
-    lines = [frame.lineno for frame in __import__("traceback").extract_tb(err.__traceback__)
-             if frame.filename == checks.__file__ and frame.name != "_require"]
+    lines = [
+        frame.lineno
+        for frame in __import__("traceback").extract_tb(err.__traceback__)
+        if frame.filename == checks.__file__ and frame.name != "_require"
+    ]
     return lines[-1] if lines else None
 
 
@@ -262,10 +290,31 @@ def test_trtllm_gen_route_hands_flashinfer_the_whole_query_and_converts_its_base
 
     seen = {}
 
-    def fake_trtllm(query, kv_cache, workspace, qk_nope, kv_lora, rope, block_tables, seq_lens, max_seq_len,
-                    out, bmm1_scale, bmm2_scale, enable_pdl, backend, return_lse):
-        seen.update(contiguous=query.is_contiguous(), shape=tuple(query.shape), nope=qk_nope, backend=backend,
-                    pdl=enable_pdl, dims=(kv_lora, rope))
+    def fake_trtllm(
+        query,
+        kv_cache,
+        workspace,
+        qk_nope,
+        kv_lora,
+        rope,
+        block_tables,
+        seq_lens,
+        max_seq_len,
+        out,
+        bmm1_scale,
+        bmm2_scale,
+        enable_pdl,
+        backend,
+        return_lse,
+    ):
+        seen.update(
+            contiguous=query.is_contiguous(),
+            shape=tuple(query.shape),
+            nope=qk_nope,
+            backend=backend,
+            pdl=enable_pdl,
+            dims=(kv_lora, rope),
+        )
         want_out, want_lse = naive_decode(query, kv_cache, block_tables, seq_lens, bmm1_scale, bmm2_scale)
         out.copy_(want_out)
         return (out, want_lse / math.log(2.0)) if return_lse else out
@@ -278,10 +327,24 @@ def test_trtllm_gen_route_hands_flashinfer_the_whole_query_and_converts_its_base
     want_out, want_lse = naive_decode_problem(problem, 0.06, 1.0)
     strided = torch.cat([problem.query, problem.query], dim=-1)[..., :576]  # rows 16-byte aligned, not contiguous
     for query in (vllm_bf16_query_layout(problem.query), strided):
-        checked = check_decode_inputs(query, problem.kv_cache, WORKSPACE, 192, 512, 64, problem.block_tables,
-                                      problem.seq_lens, problem.max_seq_len, None, 0.06, 1.0, None)
+        checked = check_decode_inputs(
+            query,
+            problem.kv_cache,
+            WORKSPACE,
+            192,
+            512,
+            64,
+            problem.block_tables,
+            problem.seq_lens,
+            problem.max_seq_len,
+            None,
+            0.06,
+            1.0,
+            None,
+        )
         out, lse = decode._run_flashinfer_trtllm_gen(checked, WORKSPACE, True, True)
-        assert seen == dict(contiguous=True, shape=(2, 2, 4, 576), nope=192, backend="trtllm-gen", pdl=True,
-                            dims=(512, 64))
+        assert seen == dict(
+            contiguous=True, shape=(2, 2, 4, 576), nope=192, backend="trtllm-gen", pdl=True, dims=(512, 64)
+        )
         assert_rounded_from(out, lse, want_out, want_lse)
         assert decode._run_flashinfer_trtllm_gen(checked, WORKSPACE, None, False) is checked.out

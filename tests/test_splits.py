@@ -1,5 +1,9 @@
 """The split-KV heuristic (pure host arithmetic)."""
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mla_backend.config import MAX_KV_SPLITS
 from mla_backend.xqa import choose_num_splits, workspace_bytes
 
 BIG = 1 << 40
@@ -34,14 +38,15 @@ def test_workspace_bounds_the_split():
     assert choose_num_splits(1, 128, True, 32768, slots=132, workspace_capacity=0) == 1
 
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
-
-from mla_backend.config import MAX_KV_SPLITS  # noqa: E402
-
-
 @settings(max_examples=300, deadline=None)
-@given(batch=st.integers(1, 512), rows=st.integers(1, 1024), fp8=st.booleans(),
-       max_seq_len=st.integers(0, 200_000), slots=st.integers(1, 600), capacity=st.integers(0, 1 << 32))
+@given(
+    batch=st.integers(1, 512),
+    rows=st.integers(1, 1024),
+    fp8=st.booleans(),
+    max_seq_len=st.integers(0, 200_000),
+    slots=st.integers(1, 600),
+    capacity=st.integers(0, 1 << 32),
+)
 def test_split_choice_is_always_feasible(batch, rows, fp8, max_seq_len, slots, capacity):
     s = choose_num_splits(batch, rows, fp8, max_seq_len, slots, capacity)
     assert 1 <= s <= MAX_KV_SPLITS

@@ -23,13 +23,16 @@ def fake_toolkit(tmp_path) -> Path:
     root = tmp_path / "cuda-13.0"
     (root / "include").mkdir(parents=True)
     (root / "include" / "cuda_runtime.h").write_text("")
-    executable(root / "bin" / "nvcc", f"""#!/bin/sh
+    executable(
+        root / "bin" / "nvcc",
+        f"""#!/bin/sh
 case "$*" in
   *--dryrun*) echo '#$ _HERE_={root}/bin' >&2 ;;
   *--list-gpu-code*) echo sm_89 sm_90 sm_120 ;;
   *) echo 'Cuda compilation tools, release 13.0, V13.0.88' ;;
 esac
-""")
+""",
+    )
     return root
 
 

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 import vllm
+from oracle import assert_rounded_from, naive_decode, naive_decode_problem
 from packaging.version import Version
 from pydantic import ValidationError
-from vllm.config import AttentionConfig
-from vllm.config import DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
+from vllm.config import AttentionConfig, DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
 from vllm.platforms.interface import DeviceCapability
 from vllm.plugins import load_plugins_by_group
 from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
@@ -23,7 +23,6 @@ from mla_backend.config import BackendUnavailableError
 from mla_backend.inputs import make_paged_problem
 from mla_backend.vllm import backend, compat
 from mla_backend.vllm.fallback import per_token_requests
-from oracle import assert_rounded_from, naive_decode, naive_decode_problem
 
 BACKEND_PATH = "mla_backend.vllm.backend.MLABackend"
 
@@ -51,15 +50,27 @@ def deepseek_model_config(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("dsv3")
     DeepseekV3Config(
-        vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=16,
-        num_key_value_heads=16, q_lora_rank=None, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
-        v_head_dim=128, first_k_dense_replace=2, n_routed_experts=8, num_experts_per_tok=2,
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        q_lora_rank=None,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+        first_k_dense_replace=2,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
         max_position_embeddings=4096,
     ).save_pretrained(path)
     return ModelConfig(model=str(path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16")
 
 
 # --- discovery and registration -------------------------------------------------------------
+
 
 def test_vllm_discovers_the_entry_point():
     plugins = load_plugins_by_group("vllm.general_plugins")
@@ -105,12 +116,28 @@ def test_register_leaves_another_custom_backend_alone(clean_registry, caplog):
 
 # --- vLLM's own backend selection and validation ---------------------------------------------
 
-def invalid_reasons(capability, additional=None, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=64,
-                    use_mla=True, use_sparse=False, **newer_fields) -> list[str]:
+
+def invalid_reasons(
+    capability,
+    additional=None,
+    dtype=torch.bfloat16,
+    kv_cache_dtype="auto",
+    block_size=64,
+    use_mla=True,
+    use_sparse=False,
+    **newer_fields,
+) -> list[str]:
     """vLLM's check of an explicitly selected backend (what CudaPlatform.get_attn_backend_cls runs for
     --attention-backend CUSTOM: it stops start-up with these reasons when the list is not empty)."""
-    selector = AttentionSelectorConfig(head_size=576, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                                       block_size=block_size, use_mla=use_mla, use_sparse=use_sparse, **newer_fields)
+    selector = AttentionSelectorConfig(
+        head_size=576,
+        dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype,
+        block_size=block_size,
+        use_mla=use_mla,
+        use_sparse=use_sparse,
+        **newer_fields,
+    )
     with set_current_vllm_config(vllm_config(additional)):
         cls = AttentionBackendEnum.CUSTOM.get_class()
         return cls.validate_configuration(device_capability=capability, **selector._asdict())
@@ -121,24 +148,31 @@ def test_selection_accepts_supported_combinations(capability, clean_registry):
     plugin.register()
     for kv_cache_dtype in ("auto", "bfloat16", "fp8", "fp8_e4m3"):
         for block_size in (16, 32, 64, 128):
-            assert invalid_reasons(DeviceCapability(*capability), kv_cache_dtype=kv_cache_dtype,
-                                   block_size=block_size) == []
+            assert (
+                invalid_reasons(DeviceCapability(*capability), kv_cache_dtype=kv_cache_dtype, block_size=block_size)
+                == []
+            )
 
 
-@pytest.mark.parametrize("change, reason", [
-    ({"capability": DeviceCapability(7, 5)}, "compute capability not supported"),
-    ({"dtype": torch.float16}, "dtype not supported"),
-    ({"kv_cache_dtype": "fp8_e5m2"}, "kv_cache_dtype not supported"),
-    ({"block_size": 8}, "block_size not supported"),
-    ({"block_size": 24}, "block_size not supported"),  # vLLM splits larger multiples of 16 into kernel blocks
-    ({"use_mla": False}, "non-MLA not supported"),
-    ({"use_sparse": True}, "sparse not supported"),
-    ({"additional": {"mla_backend": {"backend": "xqa"}}, "capability": DeviceCapability(8, 0)},
-     "backend='xqa' needs compute capability"),
-    ({"additional": {"mla_backend": {"backend": "trtllm-gen"}}}, "backend='trtllm-gen' needs compute capability"),
-    ({"additional": {"mla_backend": {"backend": "flashmla"}}}, "mla_backend.backend"),
-    ({"additional": {"mla_backend": {"num_kv_splits": 0}}}, "num_kv_splits"),
-])
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"capability": DeviceCapability(7, 5)}, "compute capability not supported"),
+        ({"dtype": torch.float16}, "dtype not supported"),
+        ({"kv_cache_dtype": "fp8_e5m2"}, "kv_cache_dtype not supported"),
+        ({"block_size": 8}, "block_size not supported"),
+        ({"block_size": 24}, "block_size not supported"),  # vLLM splits larger multiples of 16 into kernel blocks
+        ({"use_mla": False}, "non-MLA not supported"),
+        ({"use_sparse": True}, "sparse not supported"),
+        (
+            {"additional": {"mla_backend": {"backend": "xqa"}}, "capability": DeviceCapability(8, 0)},
+            "backend='xqa' needs compute capability",
+        ),
+        ({"additional": {"mla_backend": {"backend": "trtllm-gen"}}}, "backend='trtllm-gen' needs compute capability"),
+        ({"additional": {"mla_backend": {"backend": "flashmla"}}}, "mla_backend.backend"),
+        ({"additional": {"mla_backend": {"num_kv_splits": 0}}}, "num_kv_splits"),
+    ],
+)
 def test_selection_rejects_with_the_reason(change, reason, clean_registry):
     plugin.register()
     capability = change.pop("capability", DeviceCapability(9, 0))
@@ -183,15 +217,18 @@ def test_model_shapes_are_checked(deepseek_model_config, monkeypatch):
     with monkeypatch.context() as m:  # DCP all-gathers the query heads: 16 x 16 reach forward_mqa
         m.setattr(config.parallel_config, "decode_context_parallel_size", 16)
         assert "this setup gives 256" in backend.model_problem(config)
-    for attribute, value, words in [("kv_lora_rank", 256, "kv_lora_rank 512"),
-                                    ("qk_rope_head_dim", 32, "qk_rope_head_dim 64"),
-                                    ("qk_nope_head_dim", 64, "qk_nope_head_dim in")]:
+    for attribute, value, words in [
+        ("kv_lora_rank", 256, "kv_lora_rank 512"),
+        ("qk_rope_head_dim", 32, "qk_rope_head_dim 64"),
+        ("qk_nope_head_dim", 64, "qk_nope_head_dim in"),
+    ]:
         with monkeypatch.context() as m:
             m.setattr(hf, attribute, value)
             assert words in backend.model_problem(config)
 
 
 # --- config sources ---------------------------------------------------------------------------
+
 
 def test_config_from_additional_config_overrides_environment(monkeypatch):
     monkeypatch.setenv("MLA_BACKEND", "trtllm-gen")
@@ -202,8 +239,9 @@ def test_config_from_additional_config_overrides_environment(monkeypatch):
     assert backend.plugin_config(vllm_config()).device_capability == "8.0"
 
 
-@pytest.mark.parametrize("bad", [{"mla_backend": {"backnd": "xqa"}}, {"mla_backend": {"device_capability": "9"}},
-                                 {"mla_backend": "xqa"}])
+@pytest.mark.parametrize(
+    "bad", [{"mla_backend": {"backnd": "xqa"}}, {"mla_backend": {"device_capability": "9"}}, {"mla_backend": "xqa"}]
+)
 def test_bad_additional_config_is_rejected(bad):
     with pytest.raises((ValidationError, ValueError)):
         backend.plugin_config(vllm_config(bad))
@@ -217,23 +255,41 @@ def test_unknown_environment_variable_is_rejected(monkeypatch):
 
 # --- routing ----------------------------------------------------------------------------------
 
+
 def make_impl(kv_cache_dtype="auto", additional=None, heads=16):
     with set_current_vllm_config(vllm_config(additional)):
         return backend.MLABackendImpl(
-            heads, 576, 0.1, 1, None, None, kv_cache_dtype, None, "decoder", None, q_lora_rank=None,
-            kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, qk_head_dim=192, v_head_dim=128,
+            heads,
+            576,
+            0.1,
+            1,
+            None,
+            None,
+            kv_cache_dtype,
+            None,
+            "decoder",
+            None,
+            q_lora_rank=None,
+            kv_lora_rank=512,
+            qk_nope_head_dim=128,
+            qk_rope_head_dim=64,
+            qk_head_dim=192,
+            v_head_dim=128,
             kv_b_proj=None,
         )
 
 
-@pytest.mark.parametrize("detected, additional, has_flashinfer, kernel", [
-    ((9, 0), None, False, "xqa"),
-    ((12, 0), None, False, "xqa"),
-    ((10, 0), None, True, "trtllm-gen"),
-    ((10, 0), None, False, "xqa"),
-    ((8, 0), None, False, "fallback"),
-    ((9, 0), {"mla_backend": {"device_capability": "8.0"}}, False, "fallback"),
-])
+@pytest.mark.parametrize(
+    "detected, additional, has_flashinfer, kernel",
+    [
+        ((9, 0), None, False, "xqa"),
+        ((12, 0), None, False, "xqa"),
+        ((10, 0), None, True, "trtllm-gen"),
+        ((10, 0), None, False, "xqa"),
+        ((8, 0), None, False, "fallback"),
+        ((9, 0), {"mla_backend": {"device_capability": "8.0"}}, False, "fallback"),
+    ],
+)
 def test_impl_routes_by_the_resolved_kernel(detected, additional, has_flashinfer, kernel, monkeypatch):
     monkeypatch.setattr(backend, "detected_capability", lambda: detected)
     monkeypatch.setattr("mla_backend.config.flashinfer_available", lambda: has_flashinfer)
@@ -264,6 +320,7 @@ def test_fallback_logs_why_once(monkeypatch, caplog):
 
 # --- forward_mqa through the op -----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
 @pytest.mark.parametrize("q_len", [1, 4])
 def test_forward_mqa_matches_the_reference(dtype, q_len, monkeypatch):
@@ -278,8 +335,11 @@ def test_forward_mqa_matches_the_reference(dtype, q_len, monkeypatch):
     if not fp8:  # vLLM hands bf16 queries over as (ql_nope, q_pe)
         q = (q[..., :512], q[..., 512:])
     layer = SimpleNamespace(_q_scale_float=0.5, _k_scale_float=0.25)
-    metadata = SimpleNamespace(num_decodes=3, max_seq_len=problem.max_seq_len,
-                               decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens))
+    metadata = SimpleNamespace(
+        num_decodes=3,
+        max_seq_len=problem.max_seq_len,
+        decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens),
+    )
     out, lse = impl.forward_mqa(q, problem.kv_cache, metadata, layer)
     bmm1, bmm2 = (0.1 * 0.5 * 0.25, 0.25) if fp8 else (0.1, 1.0)
     want, want_lse = naive_decode_problem(problem, bmm1, bmm2)
@@ -292,17 +352,22 @@ def test_bf16_query_pair_goes_to_the_kernel_as_a_pair_when_it_can(aligned, monke
     monkeypatch.setattr(backend, "detected_capability", lambda: (9, 0))
     seen = []
     real_op = backend.trtllm_batch_decode_with_kv_cache_mla
-    monkeypatch.setattr(backend, "trtllm_batch_decode_with_kv_cache_mla",
-                        lambda query, *args, **kwargs: seen.append(query) or real_op(query, *args, **kwargs))
+    monkeypatch.setattr(
+        backend,
+        "trtllm_batch_decode_with_kv_cache_mla",
+        lambda query, *args, **kwargs: seen.append(query) or real_op(query, *args, **kwargs),
+    )
     impl = make_impl("auto")
     problem = make_paged_problem([37, 130], 1, 16, 16, seed=2)
     wide = torch.cat([problem.query, problem.query], dim=-1).reshape(2, 16, 1152)
     q = wide[..., :576] if aligned else wide[..., 1:577]  # one bf16 element off: not 16-byte aligned
-    metadata = SimpleNamespace(num_decodes=2, max_seq_len=problem.max_seq_len,
-                               decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens))
+    metadata = SimpleNamespace(
+        num_decodes=2,
+        max_seq_len=problem.max_seq_len,
+        decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens),
+    )
     out, _ = impl.forward_mqa((q[..., :512], q[..., 512:]), problem.kv_cache, metadata, SimpleNamespace())
-    want, _ = naive_decode(q.reshape(2, 1, 16, 576), problem.kv_cache, problem.block_tables, problem.seq_lens,
-                           0.1, 1.0)
+    want, _ = naive_decode(q.reshape(2, 1, 16, 576), problem.kv_cache, problem.block_tables, problem.seq_lens, 0.1, 1.0)
     assert_rounded_from(out, None, want, None)
     assert isinstance(seen[0], tuple) == aligned  # not readable in place: concatenated once
 
@@ -316,8 +381,11 @@ def test_fallback_route_gets_the_whole_query(monkeypatch):
     impl = make_impl("auto")
     problem = make_paged_problem([37, 130], 1, 16, 16, seed=2)
     q = problem.query.reshape(2, 16, 576)
-    metadata = SimpleNamespace(num_decodes=2, max_seq_len=problem.max_seq_len,
-                               decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens))
+    metadata = SimpleNamespace(
+        num_decodes=2,
+        max_seq_len=problem.max_seq_len,
+        decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens),
+    )
     impl.forward_mqa((q[..., :512], q[..., 512:]), problem.kv_cache, metadata, SimpleNamespace(_k_scale=None))
     assert isinstance(seen[0], torch.Tensor) and torch.equal(seen[0], q)
 
@@ -328,8 +396,11 @@ def test_impl_reserves_the_decode_workspace_when_vllm_asks(monkeypatch):
     impl = make_impl("fp8")
     asked = []
     monkeypatch.setattr(backend, "is_workspace_manager_initialized", lambda: True)
-    monkeypatch.setattr(backend, "current_workspace_manager",
-                        lambda: SimpleNamespace(get_simultaneous=lambda *specs: asked.append(specs)))
+    monkeypatch.setattr(
+        backend,
+        "current_workspace_manager",
+        lambda: SimpleNamespace(get_simultaneous=lambda *specs: asked.append(specs)),
+    )
     impl.reserve_workspace()
     assert asked == [(((backend.DECODE_WORKSPACE_BYTES,), torch.uint8),)]
 
@@ -338,8 +409,12 @@ def test_non_causal_decode_blocks_are_refused(monkeypatch):
     monkeypatch.setattr(backend, "detected_capability", lambda: (9, 0))
     impl = make_impl()
     problem = make_paged_problem([20, 20], 2, 16, 16)
-    metadata = SimpleNamespace(num_decodes=2, max_seq_len=20, causal=False,
-                               decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens))
+    metadata = SimpleNamespace(
+        num_decodes=2,
+        max_seq_len=20,
+        causal=False,
+        decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens),
+    )
     q = problem.query.reshape(4, 16, 576)
     with pytest.raises(NotImplementedError, match="causal"):
         impl.forward_mqa(q, problem.kv_cache, metadata, SimpleNamespace())
@@ -349,8 +424,11 @@ def test_forward_mqa_rejects_ragged_query_lengths(monkeypatch):
     monkeypatch.setattr(backend, "detected_capability", lambda: (9, 0))
     impl = make_impl()
     problem = make_paged_problem([20, 20], 1, 16, 16)
-    metadata = SimpleNamespace(num_decodes=2, max_seq_len=20,
-                               decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens))
+    metadata = SimpleNamespace(
+        num_decodes=2,
+        max_seq_len=20,
+        decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens),
+    )
     q = torch.randn(3, 16, 576, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="uniform query length"):
         impl.forward_mqa(q, problem.kv_cache, metadata, SimpleNamespace())

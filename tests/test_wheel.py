@@ -6,13 +6,13 @@ import re
 import subprocess
 
 import pytest
+from test_build import assert_no_python_dependency, assert_only_stable_torch_abi, assert_registers_ops, cuda_tool, sass
 
 import mla_backend.jit as jit
 from mla_backend.jit import PREBUILT_DIR, csrc_dir, prebuilt_library, prebuilt_manifest
-from mla_backend.kernel_build import SHIPPED_ARCHES, TORCH_ABI_TARGET, source_stamp
+from mla_backend.kernel_build import TORCH_ABI_TARGET, source_stamp
+from mla_backend.targets import SHIPPED_ARCHES
 from mla_backend.toolkit import ToolkitNotFoundError
-from test_build import (assert_no_python_dependency, assert_only_stable_torch_abi, assert_registers_ops, cuda_tool,
-                        sass)
 
 pytestmark = pytest.mark.wheel
 
@@ -46,8 +46,12 @@ def test_built_for_the_oldest_torch_abi_and_loaded_by_this_one(manifest):
 
 def test_each_library_holds_its_own_architecture(manifest):
     for arch, entry in manifest.items():
-        listing = subprocess.run([cuda_tool("cuobjdump"), "--list-elf", str(PREBUILT_DIR / entry["file"])],
-                                 capture_output=True, text=True, check=True).stdout
+        listing = subprocess.run(
+            [cuda_tool("cuobjdump"), "--list-elf", str(PREBUILT_DIR / entry["file"])],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         cubins = re.findall(r"\.(sm_\w+)\.cubin", listing)
         assert cubins and set(cubins) == {arch}
 
@@ -60,6 +64,7 @@ def test_sm120_library_runs_native_fp8_mma(manifest):
 def test_every_shipped_library_is_found_without_a_compiler(manifest, monkeypatch, tmp_path):
     def no_toolkit():
         raise ToolkitNotFoundError("hidden for this test")
+
     monkeypatch.setattr(jit, "find_toolkit", no_toolkit)
     for arch, entry in manifest.items():
         assert jit.locate(arch, str(tmp_path)) == (PREBUILT_DIR / entry["file"], "wheel")

@@ -68,7 +68,7 @@ def detected_capability() -> tuple[int, int]:
     return (capability.major, capability.minor)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def announce(route: Resolution) -> None:
     """One log line per process saying which kernel serves MLA decode and why."""
     if route.kernel == "fallback":
@@ -94,11 +94,11 @@ class MLABackend(MLACommonBackend):
         return compat.registered_name()
 
     @staticmethod
-    def get_impl_cls() -> type["MLABackendImpl"]:
+    def get_impl_cls() -> type[MLABackendImpl]:
         return MLABackendImpl
 
     @staticmethod
-    def get_builder_cls() -> type["MLABackendMetadataBuilder"]:
+    def get_builder_cls() -> type[MLABackendMetadataBuilder]:
         return MLABackendMetadataBuilder
 
     @classmethod
@@ -115,7 +115,7 @@ class MLABackend(MLACommonBackend):
 
     @classmethod
     def supports_compute_capability(cls, capability: DeviceCapability) -> bool:
-        # The bundled kernels serve the capabilities of targets.ARCH_BY_CAPABILITY; `auto` sends the rest to the fallback.
+        # The bundled kernels serve targets.ARCH_BY_CAPABILITY; `auto` sends the rest to the fallback.
         return capability >= MIN_CAPABILITY
 
     @classmethod
@@ -150,10 +150,14 @@ def model_problem(vllm_config: VllmConfig) -> str | None:
     except AttributeError:
         return "mla_backend serves MLA models (kv_lora_rank, qk_rope_head_dim in the config)"
     if (dims.kv_lora_rank, dims.qk_rope_head_dim) != (shapes.KV_LORA_RANK, shapes.ROPE_DIM):
-        return (f"mla_backend needs kv_lora_rank {shapes.KV_LORA_RANK} and qk_rope_head_dim {shapes.ROPE_DIM}, "
-                f"the model has {dims.kv_lora_rank} and {dims.qk_rope_head_dim}")
+        return (
+            f"mla_backend needs kv_lora_rank {shapes.KV_LORA_RANK} and qk_rope_head_dim {shapes.ROPE_DIM}, "
+            f"the model has {dims.kv_lora_rank} and {dims.qk_rope_head_dim}"
+        )
     if dims.qk_nope_head_dim not in shapes.QK_NOPE_HEAD_DIMS:
-        return f"mla_backend needs qk_nope_head_dim in {shapes.QK_NOPE_HEAD_DIMS}, the model has {dims.qk_nope_head_dim}"
+        return (
+            f"mla_backend needs qk_nope_head_dim in {shapes.QK_NOPE_HEAD_DIMS}, the model has {dims.qk_nope_head_dim}"
+        )
     parallel = vllm_config.parallel_config
     heads = model_config.get_num_attention_heads(parallel) * parallel.decode_context_parallel_size
     if not 1 <= heads <= shapes.MAX_HEADS:
@@ -181,13 +185,18 @@ def reserve_decode_workspace(vllm_config: VllmConfig, local_heads: int, kv_lora_
     if route.kernel == "fallback":
         # Decode context parallelism all-gathers the query heads before forward_mqa.
         heads = local_heads * vllm_config.parallel_config.decode_context_parallel_size
-        fallback.reserve_workspace(max_decode_tokens(vllm_config), heads, vllm_config.model_config.max_model_len,
-                                   current_platform.num_compute_units(), kv_lora_rank)
+        fallback.reserve_workspace(
+            max_decode_tokens(vllm_config),
+            heads,
+            vllm_config.model_config.max_model_len,
+            current_platform.num_compute_units(),
+            kv_lora_rank,
+        )
     else:
         current_workspace_manager().get_simultaneous(((DECODE_WORKSPACE_BYTES,), torch.uint8))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _private_workspace(device: torch.device) -> torch.Tensor:
     return torch.empty(DECODE_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
@@ -204,10 +213,33 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
     can_return_lse_for_decode: bool = True  # natural-log LSE on every route
     supports_dcp: bool = True  # decode context parallelism merges our LSE (vLLM >= 0.30 asks)
 
-    def __init__(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
-                 kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, **mla_args) -> None:
-        super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
-                         kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, **mla_args)
+    def __init__(
+        self,
+        num_heads,
+        head_size,
+        scale,
+        num_kv_heads,
+        alibi_slopes,
+        sliding_window,
+        kv_cache_dtype,
+        logits_soft_cap,
+        attn_type,
+        kv_sharing_target_layer_name,
+        **mla_args,
+    ) -> None:
+        super().__init__(
+            num_heads,
+            head_size,
+            scale,
+            num_kv_heads,
+            alibi_slopes,
+            sliding_window,
+            kv_cache_dtype,
+            logits_soft_cap,
+            attn_type,
+            kv_sharing_target_layer_name,
+            **mla_args,
+        )
         if alibi_slopes is not None or sliding_window is not None or logits_soft_cap:
             raise NotImplementedError("mla_backend does not support alibi slopes, sliding window or logit soft-capping")
         if attn_type != AttentionType.DECODER:
@@ -249,22 +281,41 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
         tokens, heads, _ = parts[0].shape
         requests = attn_metadata.num_decodes
         if tokens % requests:
-            raise ValueError(f"mla_backend needs a uniform query length per request; got {tokens} tokens "
-                             f"for {requests} requests")
+            raise ValueError(
+                f"mla_backend needs a uniform query length per request; got {tokens} tokens for {requests} requests"
+            )
         q_len = tokens // requests
         if self.route.kernel == "fallback":
             return fallback.triton_mla_decode(
-                parts[0], kv_c_and_k_pe_cache, decode.block_table, decode.seq_lens, attn_metadata.max_seq_len,
-                q_len, self.scale, layer._k_scale, self._sm_count, self.kv_lora_rank,
+                parts[0],
+                kv_c_and_k_pe_cache,
+                decode.block_table,
+                decode.seq_lens,
+                attn_metadata.max_seq_len,
+                q_len,
+                self.scale,
+                layer._k_scale,
+                self._sm_count,
+                self.kv_lora_rank,
             )
         bmm1, bmm2 = self._scales(layer)
         return_lse = self.need_to_return_lse_for_decode
         query = tuple(part.view(requests, q_len, heads, part.shape[-1]) for part in parts)
         result = trtllm_batch_decode_with_kv_cache_mla(
-            query if len(query) == 2 else query[0], kv_c_and_k_pe_cache, decode_workspace(parts[0].device),
-            self.qk_nope_head_dim, self.kv_lora_rank, self.qk_rope_head_dim, decode.block_table,
-            decode.seq_lens, attn_metadata.max_seq_len, bmm1_scale=bmm1, bmm2_scale=bmm2,
-            backend=self.route.kernel, return_lse=return_lse, config=self.config,
+            query if len(query) == 2 else query[0],
+            kv_c_and_k_pe_cache,
+            decode_workspace(parts[0].device),
+            self.qk_nope_head_dim,
+            self.kv_lora_rank,
+            self.qk_rope_head_dim,
+            decode.block_table,
+            decode.seq_lens,
+            attn_metadata.max_seq_len,
+            bmm1_scale=bmm1,
+            bmm2_scale=bmm2,
+            backend=self.route.kernel,
+            return_lse=return_lse,
+            config=self.config,
         )
         out, lse = result if return_lse else (result, None)
         return out.view(tokens, heads, -1), (lse.view(tokens, heads) if lse is not None else None)

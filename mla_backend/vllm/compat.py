@@ -62,5 +62,12 @@ def is_non_causal(attn_metadata) -> bool:
     return getattr(attn_metadata, "causal", True) is False
 
 
-__all__ = ["NAMED_BACKEND", "backend_names", "has_named_registration", "is_non_causal", "is_quantized_kv_cache",
-           "register_named", "registered_name"]
+__all__ = [
+    "NAMED_BACKEND",
+    "backend_names",
+    "has_named_registration",
+    "is_non_causal",
+    "is_quantized_kv_cache",
+    "register_named",
+    "registered_name",
+]

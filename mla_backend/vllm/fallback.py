@@ -58,7 +58,19 @@ def triton_mla_decode(
         attn_logits = torch.empty(shape, dtype=torch.float32, device=q.device)
     cache = kv_cache.unsqueeze(2)  # [pages, page_size, 1 kv head, 576]
     decode_attention_fwd(
-        q, cache, cache[..., :kv_lora_rank], out, lse, block_table, seq_lens, attn_logits,
-        shape[2], sm_scale, cache.size(1), k_scale=k_scale, v_scale=k_scale, is_mla=True,
+        q,
+        cache,
+        cache[..., :kv_lora_rank],
+        out,
+        lse,
+        block_table,
+        seq_lens,
+        attn_logits,
+        shape[2],
+        sm_scale,
+        cache.size(1),
+        k_scale=k_scale,
+        v_scale=k_scale,
+        is_mla=True,
     )
     return out, lse
