@@ -7,8 +7,8 @@ concatenating them first (CUDA-graph replay, median). The outputs are bit-identi
 import torch
 
 from mla_backend import xqa_batch_decode_with_kv_cache_mla
-from mla_backend.bench import time_graph
 from mla_backend.inputs import make_paged_problem, vllm_bf16_query_layout
+from mla_backend.tools.bench import time_graph
 
 workspace = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
 for heads, batch, seq in [(128, 32, 2048), (16, 32, 2048), (128, 1, 8192), (128, 128, 1024)]:

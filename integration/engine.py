@@ -194,10 +194,10 @@ def release_engine() -> None:
 
 
 def decode_tokens_per_s(spec: EngineSpec, model: str, batch: int, context: int, new_tokens: int) -> dict:
-    """Decode throughput of one backend (see mla_backend.demo.decode_throughput)."""
+    """Decode throughput of one backend (see mla_backend.tools.demo.decode_throughput)."""
     from vllm import LLM
 
-    from mla_backend.demo import decode_throughput, random_prompts
+    from mla_backend.tools.demo import decode_throughput, random_prompts
 
     assert spec.graphs and not spec.spec_tokens, "throughput is measured with full graphs, no speculation"
     kwargs = engine_kwargs(replace(spec, max_num_seqs=batch), model, context + new_tokens + 16, memory_fraction=0.3)

@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine import EngineSpec, decode_tokens_per_s, run_engine, run_engine_isolated  # noqa: E402
 
-from mla_backend.tiny_model import TINY_DEFAULTS, save_tiny_deepseek_v3  # noqa: E402
+from mla_backend.tools.tiny_model import TINY_DEFAULTS, save_tiny_deepseek_v3  # noqa: E402
 
 TIE_NATS = 0.1
 RANDOM_PROMPT_LENGTHS = [1, 5, 33, 100, 257, 511, 780, 1000]

@@ -36,17 +36,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     if args.command == "doctor":
-        from .doctor import main as doctor
+        from .tools.doctor import main as doctor
 
         return doctor()
     if args.command == "demo":
-        from .demo import main as demo
+        from .tools.demo import main as demo
 
         return demo(args.batch, args.context, args.new_tokens, args.heads)
     if args.command == "build":
         from .jit import build_cli
 
         return build_cli(args.arch, strict=args.strict, fp8_qk=args.fp8_qk)
-    from .bench import main as bench_main
+    from .tools.bench import main as bench_main
 
     return bench_main(quick=args.quick, out_prefix=args.out)

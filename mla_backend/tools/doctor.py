@@ -7,9 +7,9 @@ import importlib.util
 import torch
 from pydantic import ValidationError
 
-from .config import BackendUnavailableError, MLABackendConfig, flashinfer_available, resolve_backend
-from .jit import KernelsUnavailableError, ensure_loaded, prebuilt_manifest
-from .toolkit import ToolkitNotFoundError, find_toolkit
+from ..config import BackendUnavailableError, MLABackendConfig, flashinfer_available, resolve_backend
+from ..jit import KernelsUnavailableError, ensure_loaded, prebuilt_manifest
+from ..toolkit import ToolkitNotFoundError, find_toolkit
 
 
 def toolkit_line() -> str:

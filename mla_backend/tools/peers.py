@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from .inputs import PagedProblem
+from ..inputs import PagedProblem
 
 
 def flashmla(problem: PagedProblem, sm_scale: float) -> Callable[[], object]:

@@ -53,8 +53,8 @@ def run_on_gpu(batch: int, context: int, new_tokens: int, heads: int) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process: we can ask it
     from vllm import LLM
 
+    from ..vllm import backend
     from .tiny_model import TINY_DEFAULTS, save_tiny_deepseek_v3
-    from .vllm import backend
 
     model = save_tiny_deepseek_v3(Path(tempfile.gettempdir()) / f"mla_backend_demo_h{heads}", heads=heads)
     print(f"model: seeded DeepSeek-V3, {heads} heads, 2 dense layers, kv_lora_rank 512, rope 64 ({model})")
@@ -82,9 +82,9 @@ def run_on_gpu(batch: int, context: int, new_tokens: int, heads: int) -> int:
 
 
 def run_on_cpu() -> int:
-    from . import trtllm_batch_decode_with_kv_cache_mla
-    from .inputs import make_paged_problem
-    from .reference import mla_decode_reference
+    from .. import trtllm_batch_decode_with_kv_cache_mla
+    from ..inputs import make_paged_problem
+    from ..reference import mla_decode_reference
 
     print("no CUDA GPU visible: running the op on CPU tensors (the float64 reference path) instead of vLLM")
     p = make_paged_problem([70, 300], q_len=2, heads=16, page_size=64, seed=0)

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .decode import xqa_batch_decode_with_kv_cache_mla
-from .inputs import make_paged_problem
+from ..decode import xqa_batch_decode_with_kv_cache_mla
+from ..inputs import make_paged_problem
 from .peers import PEERS, SM_SCALE
 
 L2_FLUSH_BYTES = 256 << 20
