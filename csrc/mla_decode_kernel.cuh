@@ -27,12 +27,14 @@
 
 #include <type_traits>
 
+#include "kernel_limits.h"
+
 namespace mla {
 
 constexpr int kHeadDim = 576;  // 512 latent (nope) + 64 rope
 constexpr int kDimV = 512;
 constexpr int kRopeDim = 64;
-constexpr int kBlockN = 32;  // KV tokens per tile
+constexpr int kBlockN = MLA_TOKENS_PER_TILE;  // KV tokens per tile
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kMaxGrowthLog2 = 8.f;  // online softmax: growth of a row maximum absorbed without rescaling
@@ -760,7 +762,7 @@ constexpr int kMergeThreads = 32 * kMergeGroups;
 constexpr int kMergeSliceDims = 128;
 constexpr int kMergeSlices = kDimV / kMergeSliceDims;
 constexpr int kMergeBatch = 8;  // splits per warp loaded ahead of the LSE pass
-constexpr int kMaxSplits = 256;
+constexpr int kMaxSplits = MLA_MAX_KV_SPLITS;
 static_assert(kMaxSplits <= kMergeThreads, "one thread per split in the LSE pass");
 
 template <bool HALF_PARTIALS>

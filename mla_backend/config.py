@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .kernel_limits import MAX_KV_SPLITS
 from .targets import ARCH_BY_CAPABILITY, TRTLLM_GEN_CAPABILITIES, served_capabilities
 
 BackendName = Literal["auto", "xqa", "trtllm-gen"]
@@ -33,10 +34,6 @@ ENV_FIELDS = {
 }
 # Read by the wheel build (setup.py), not a run-time setting: known, so not rejected as a typo.
 BUILD_ENV = {"MLA_BACKEND_ARCHS"}
-
-
-# Largest split of one request's KV across CTAs; bounds the workspace the merge needs.
-MAX_KV_SPLITS = 256
 
 
 class MLABackendConfig(BaseModel):

@@ -28,7 +28,6 @@ import torch
 
 from .config import MLABackendConfig
 from .kernel_build import (
-    SOURCES,
     arch_for_capability,
     compile_library,
     fp8_qk_variant,
@@ -36,6 +35,7 @@ from .kernel_build import (
     library_filename,
     source_stamp,
 )
+from .kernel_limits import csrc_dir
 from .targets import SHIPPED_ARCHES
 from .toolkit import ToolkitNotFoundError, find_toolkit
 
@@ -55,15 +55,6 @@ class LoadedLibrary:
     fp8_qk: str  # the FP8 QK^T variant actually built in
     path: Path
     origin: str  # "wheel", "cache" or "fresh build"
-
-
-def csrc_dir() -> Path:
-    """Sources ship inside the wheel as mla_backend/csrc; a source checkout keeps them in ../csrc."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "csrc", here.parent / "csrc"):
-        if (candidate / SOURCES[0]).is_file():
-            return candidate
-    raise FileNotFoundError(f"CUDA sources not found next to {here}")
 
 
 def prebuilt_manifest() -> dict:

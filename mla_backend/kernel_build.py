@@ -15,7 +15,7 @@ from pathlib import Path
 from .targets import bundled_arch, served_capabilities
 
 SOURCES = ("mla_decode.cu",)
-HEADERS = ("mla_decode_kernel.cuh",)
+HEADERS = ("mla_decode_kernel.cuh", "kernel_limits.h")
 FP8_QK_CHOICES = ("auto", "f16", "e4m3")  # config.Fp8QkName; a test keeps the two equal
 TORCH_ABI_TARGET = (2, 11)  # oldest torch the library must load into
 TORCH_LIBRARIES = ("torch_cpu", "torch_cuda")  # where the stable shim's symbols live

@@ -8,10 +8,10 @@ import math
 import torch
 
 from .checks import DecodeProblem
-from .config import MAX_KV_SPLITS, MLABackendConfig
+from .config import MLABackendConfig
+from .kernel_limits import MAX_KV_SPLITS, TOKENS_PER_TILE
 from .shapes import KV_LORA_RANK
 
-TOKENS_PER_TILE = 32
 MIN_TILES_PER_SPLIT = 4  # shorter splits cost more in merging than they save
 FIXED_TILES_PER_CTA = 2.0  # pipeline fill + epilogue, in units of one tile's work
 MERGE_TILES_PER_SPLIT = 0.05  # the merge kernel's cost of one more split, in the same units
