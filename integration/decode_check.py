@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mla_backend.reference import ROW_ERROR_TOLERANCE, mla_decode_reference
+from mla_backend.reference import ROW_ERROR_TOLERANCE, mla_decode_reference, visible_lengths
 
 MIN_VISIBLE_KEYS = 16
 LSE_ABS_TOLERANCE = 1e-2  # plus LSE_REL_TOLERANCE x |lse|: vLLM's Triton MLA returns the LSE in bf16
@@ -62,7 +62,7 @@ def check_call(call: DecodeCall) -> CallCheck:
     want, want_lse = mla_decode_reference(
         query, call.kv_cache, call.block_table[:requests], seq_lens, call.bmm1, call.bmm2
     )
-    visible = seq_lens.to(torch.int64)[:, None] - q_len + 1 + torch.arange(q_len, device=seq_lens.device)
+    visible = torch.tensor([visible_lengths(n, q_len) for n in seq_lens.tolist()], device=seq_lens.device)
     rows = (visible >= MIN_VISIBLE_KEYS)[:, :, None].expand(requests, q_len, heads).reshape(tokens, heads)
     want, want_lse = want.reshape(tokens, heads, -1), want_lse.reshape(tokens, heads)
     got = call.out.reshape(tokens, heads, -1).double()
@@ -145,24 +145,24 @@ class DecodeChecker:
         self.armed = True
 
     def record(self, impl, q, kv_cache, metadata, layer, out, lse) -> None:
-        query = torch.cat(q, dim=-1) if isinstance(q, tuple) else q
-        tokens = query.shape[0]
+        tokens = (q[0] if isinstance(q, tuple) else q).shape[0]
         requests = metadata.num_decodes
         if not requests or tokens % requests:  # a varlen batch (FLASH_ATTN_MLA decodes short prefills)
             return
-        decode = metadata.decode
-        fp8_kv = impl.kv_cache_dtype.startswith("fp8")
-        k_scale = layer._k_scale_float if fp8_kv else 1.0
-        q_scale = layer._q_scale_float if query.dtype == torch.float8_e4m3fn else 1.0
         capturing = torch.cuda.is_current_stream_capturing()
         if not capturing and not self.armed:
             return
         if not capturing and len(self._pending) + len(self.checks) >= self.max_calls:
             self.q_lens[tokens // requests] += 1
             return
+        query = torch.cat(q, dim=-1) if isinstance(q, tuple) else q.clone()  # a copy either way
+        decode = metadata.decode
+        fp8_kv = impl.kv_cache_dtype.startswith("fp8")
+        k_scale = layer._k_scale_float if fp8_kv else 1.0
+        q_scale = layer._q_scale_float if query.dtype == torch.float8_e4m3fn else 1.0
         call = DecodeCall(
             layer=getattr(layer, "layer_name", "?"),
-            query=query.clone(),
+            query=query,
             kv_cache=kv_cache,
             block_table=decode.block_table.clone(),
             seq_lens=decode.seq_lens.clone(),

@@ -52,6 +52,44 @@ def poisoned_allocations():
     torch.utils.deterministic.fill_uninitialized_memory = before[2]
 
 
+def op_args(problem, workspace, query=None, max_seq_len=None) -> tuple:
+    """The op's positional arguments for ``problem`` (DeepSeek-V3's dims: nope 128, latent 512, rope 64)."""
+    return (
+        problem.query if query is None else query,
+        problem.kv_cache,
+        workspace,
+        128,
+        512,
+        64,
+        problem.block_tables,
+        problem.seq_lens,
+        problem.max_seq_len if max_seq_len is None else max_seq_len,
+    )
+
+
+def assert_matches_reference(got, lse, problem, bmm1, bmm2, dtype, tolerance=None):
+    """Every output row within ``tolerance`` (default: the dtype's kernel tolerance) of the float64
+    reference on ``problem``'s inputs, rows that see no key exactly zero, nothing NaN; the LSE, where
+    given, -inf exactly where a row sees nothing and within 1e-2 elsewhere."""
+    want, want_lse = mla_decode_reference(
+        problem.query, problem.kv_cache, problem.block_tables, problem.seq_lens, bmm1, bmm2
+    )
+    got = got.view(want.shape)
+    assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) or NaN output"
+    diff = (got.double() - want).norm(dim=-1)
+    scale = want.norm(dim=-1)
+    empty = scale == 0
+    assert torch.all(got[empty] == 0), "rows that see no key must be zero"
+    rel = diff[~empty] / scale[~empty]
+    tolerance = ROW_ERROR_TOLERANCE[dtype] if tolerance is None else tolerance
+    assert rel.numel() == 0 or rel.max() <= tolerance, f"max row rel err {rel.max():.3e}"
+    if lse is None:
+        return
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isneginf(lse), ~finite), "LSE must be -inf exactly where a row sees nothing"
+    assert (lse[finite].double() - want_lse[finite]).abs().max() <= 1e-2 if finite.any() else True
+
+
 def run_and_check(
     problem, workspace, dtype, bmm1=SM_SCALE, bmm2=1.3, tensor_scales=False, out_3d=False, tolerance=None, query=None
 ):
@@ -64,36 +102,11 @@ def run_and_check(
     shape = (batch, heads, 512) if out_3d else (batch, q_len, heads, 512)
     out = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")  # poison
     got, lse = xqa_batch_decode_with_kv_cache_mla(
-        problem.query if query is None else query,
-        problem.kv_cache,
-        workspace,
-        128,
-        512,
-        64,
-        problem.block_tables,
-        problem.seq_lens,
-        problem.max_seq_len,
-        out=out,
-        bmm1_scale=s1,
-        bmm2_scale=s2,
-        return_lse=True,
+        *op_args(problem, workspace, query), out=out, bmm1_scale=s1, bmm2_scale=s2, return_lse=True
     )
     assert got is out
     got = got.view(batch, q_len, heads, 512)
-    want, want_lse = mla_decode_reference(
-        problem.query, problem.kv_cache, problem.block_tables, problem.seq_lens, bmm1, bmm2
-    )
-    assert not torch.isnan(got).any(), "unwritten (NaN-poisoned) or NaN output"
-    diff = (got.double() - want).norm(dim=-1)
-    scale = want.norm(dim=-1)
-    empty = scale == 0
-    assert torch.all(got[empty] == 0), "rows that see no key must be zero"
-    rel = diff[~empty] / scale[~empty]
-    tolerance = ROW_ERROR_TOLERANCE[dtype] if tolerance is None else tolerance
-    assert rel.numel() == 0 or rel.max() <= tolerance, f"max row rel err {rel.max():.3e}"
-    finite = torch.isfinite(want_lse)
-    assert torch.equal(torch.isneginf(lse), ~finite), "LSE must be -inf exactly where a row sees nothing"
-    assert (lse[finite].double() - want_lse[finite]).abs().max() <= 1e-2 if finite.any() else True
+    assert_matches_reference(got, lse, problem, bmm1, bmm2, dtype, tolerance)
     return got, lse
 
 
@@ -213,18 +226,7 @@ def test_page_ids_guessed_from_max_seq_len_any_bound(workspace, monkeypatch, dty
     page_capacity = problem.block_tables.shape[1] * 16
     for bound in (page_capacity, 700, 1, 0):
         out, lse = xqa_batch_decode_with_kv_cache_mla(
-            problem.query,
-            problem.kv_cache,
-            workspace,
-            128,
-            512,
-            64,
-            problem.block_tables,
-            problem.seq_lens,
-            bound,
-            bmm1_scale=SM_SCALE,
-            bmm2_scale=1.3,
-            return_lse=True,
+            *op_args(problem, workspace, max_seq_len=bound), bmm1_scale=SM_SCALE, bmm2_scale=1.3, return_lse=True
         )
         assert torch.equal(out, want) and torch.equal(lse, want_lse), f"max_seq_len={bound}"
 
@@ -234,17 +236,7 @@ def test_workspace_too_small_for_requested_splits(monkeypatch):
     monkeypatch.setattr(decode_module, "default_config", lambda: config)
     problem = make_paged_problem([300], 1, 16, page_size=16, device="cuda")
     with pytest.raises(ValueError, match="workspace_buffer holds 1024 bytes"):
-        xqa_batch_decode_with_kv_cache_mla(
-            problem.query,
-            problem.kv_cache,
-            torch.empty(1024, dtype=torch.uint8, device="cuda"),
-            128,
-            512,
-            64,
-            problem.block_tables,
-            problem.seq_lens,
-            problem.max_seq_len,
-        )
+        xqa_batch_decode_with_kv_cache_mla(*op_args(problem, torch.empty(1024, dtype=torch.uint8, device="cuda")))
 
 
 def test_the_bindings_own_checks_reach_python_as_errors(workspace):
@@ -280,6 +272,20 @@ def test_the_bindings_own_checks_reach_python_as_errors(workspace):
     assert torch.isnan(out).all(), "nothing may run after a failed check"
 
 
+def capture(step, keep_graph: bool = False):
+    """(graph, what step returned while captured), after a warm-up run on a side stream (loads the
+    library and lets the allocator settle outside capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph(keep_graph=keep_graph)
+    with torch.cuda.graph(graph):
+        outputs = step()
+    return graph, outputs
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
 def test_cuda_graph_replay_is_bit_identical_to_eager(workspace, dtype):
     problem = make_paged_problem([3000, 17, 900], 2, 64, page_size=64, dtype=dtype, device="cuda", seed=11)
@@ -287,29 +293,11 @@ def test_cuda_graph_replay_is_bit_identical_to_eager(workspace, dtype):
 
     def step():
         return xqa_batch_decode_with_kv_cache_mla(
-            problem.query,
-            problem.kv_cache,
-            workspace,
-            128,
-            512,
-            64,
-            problem.block_tables,
-            problem.seq_lens,
-            problem.max_seq_len,
-            bmm1_scale=scale,
-            bmm2_scale=1.0,
-            return_lse=True,
+            *op_args(problem, workspace), bmm1_scale=scale, bmm2_scale=1.0, return_lse=True
         )
 
     eager_out, eager_lse = step()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # warm-up outside capture (loads the library)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        graph_out, graph_lse = step()
+    graph, (graph_out, graph_lse) = capture(step)
     graph_out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
@@ -323,17 +311,7 @@ def test_cuda_graph_replay_is_bit_identical_to_eager(workspace, dtype):
 
 def test_pdl_on_and_off_agree(workspace):
     problem = make_paged_problem([2000, 100], 1, 128, page_size=64, dtype=torch.float8_e4m3fn, device="cuda", seed=3)
-    args = (
-        problem.query,
-        problem.kv_cache,
-        workspace,
-        128,
-        512,
-        64,
-        problem.block_tables,
-        problem.seq_lens,
-        problem.max_seq_len,
-    )
+    args = op_args(problem, workspace)
     with_pdl = xqa_batch_decode_with_kv_cache_mla(*args, bmm1_scale=SM_SCALE, enable_pdl=True)
     without = xqa_batch_decode_with_kv_cache_mla(*args, bmm1_scale=SM_SCALE, enable_pdl=False)
     assert torch.equal(with_pdl, without)
@@ -383,18 +361,7 @@ def test_a_kernel_that_writes_nothing_fails_the_check(workspace, monkeypatch):
     monkeypatch.setattr(torch.ops.mla_backend, "decode", lambda *args: None)
     with pytest.raises(AssertionError, match="NaN"):
         run_and_check(problem, workspace, torch.bfloat16)
-    out = xqa_batch_decode_with_kv_cache_mla(
-        problem.query,
-        problem.kv_cache,
-        workspace,
-        128,
-        512,
-        64,
-        problem.block_tables,
-        problem.seq_lens,
-        problem.max_seq_len,
-        return_lse=True,
-    )[1]
+    out = xqa_batch_decode_with_kv_cache_mla(*op_args(problem, workspace), return_lse=True)[1]
     assert torch.isnan(out).all(), "the op's own LSE allocation is poisoned too"
 
 
@@ -438,29 +405,14 @@ def test_graph_replayed_with_new_inputs_matches_the_reference(workspace, dtype, 
 
     def step():
         return xqa_batch_decode_with_kv_cache_mla(
-            static.query,
-            static.kv_cache,
-            workspace,
-            128,
-            512,
-            64,
-            static.block_tables,
-            static.seq_lens,
-            capacity,
+            *op_args(static, workspace, max_seq_len=capacity),
             out=out,
             bmm1_scale=SM_SCALE,
             bmm2_scale=1.3,
             return_lse=True,
         )
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _, lse = step()
+    graph, (_, lse) = capture(step)
     for seed, lengths in enumerate(([q_len, 700, 33], [2000, 701, 4096], [17, 0, 1500])):
         fresh = make_paged_problem(lengths, q_len, heads, page_size=64, dtype=dtype, device="cuda", seed=40 + seed)
         static.query.copy_(fresh.query)
@@ -474,16 +426,7 @@ def test_graph_replayed_with_new_inputs_matches_the_reference(workspace, dtype, 
         lse.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        want, want_lse = mla_decode_reference(
-            static.query, static.kv_cache, static.block_tables, static.seq_lens, SM_SCALE, 1.3
-        )
-        seen = want.norm(dim=-1) > 0
-        assert not torch.isnan(out).any() and torch.all(out[~seen] == 0)
-        rel = (out.double() - want).norm(dim=-1)[seen] / want.norm(dim=-1)[seen]
-        assert rel.max() <= ROW_ERROR_TOLERANCE[dtype], f"step {seed}: max row rel err {rel.max():.3e}"
-        finite = torch.isfinite(want_lse)
-        assert torch.equal(torch.isneginf(lse), ~finite)
-        assert (lse[finite].double() - want_lse[finite]).abs().max() <= 1e-2
+        assert_matches_reference(out, lse, static, SM_SCALE, 1.3, dtype)
 
 
 # --- programmatic dependent launch is really on ---------------------------------------------------
@@ -520,24 +463,14 @@ def test_pdl_launches_become_programmatic_graph_edges(workspace, pdl):
     (two kernels of ours) and the result are checked too."""
     problem = make_paged_problem([6000, 100], 1, 128, page_size=64, dtype=torch.float8_e4m3fn, device="cuda", seed=3)
     config = MLABackendConfig.from_sources({"num_kv_splits": 4})
-    args = (
-        problem.query,
-        problem.kv_cache,
-        workspace,
-        128,
-        512,
-        64,
-        problem.block_tables,
-        problem.seq_lens,
-        problem.max_seq_len,
-    )
+    args = op_args(problem, workspace)
     bump = torch.zeros(1, device="cuda")
-    trtllm_batch_decode_with_kv_cache_mla(*args, bmm1_scale=SM_SCALE, enable_pdl=pdl, config=config)  # load
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph(keep_graph=True)
-    with torch.cuda.graph(graph):
+
+    def step():
         bump.add_(1)  # a kernel before ours, as in a model's forward
-        out = trtllm_batch_decode_with_kv_cache_mla(*args, bmm1_scale=SM_SCALE, enable_pdl=pdl, config=config)
+        return trtllm_batch_decode_with_kv_cache_mla(*args, bmm1_scale=SM_SCALE, enable_pdl=pdl, config=config)
+
+    graph, out = capture(step, keep_graph=True)
     types = graph_edge_types(graph)
     if pdl:  # into the decode kernel and into the merge kernel
         assert types.count(1) >= 2, f"edge types {types}"
@@ -545,9 +478,7 @@ def test_pdl_launches_become_programmatic_graph_edges(workspace, pdl):
         assert 1 not in types, f"edge types {types}"
     graph.replay()
     torch.cuda.synchronize()
-    want, _ = mla_decode_reference(problem.query, problem.kv_cache, problem.block_tables, problem.seq_lens, SM_SCALE)
-    rel = (out.double() - want).norm(dim=-1) / want.norm(dim=-1)
-    assert rel.max() <= ROW_ERROR_TOLERANCE[torch.float8_e4m3fn]
+    assert_matches_reference(out, None, problem, SM_SCALE, 1.0, torch.float8_e4m3fn)
 
 
 # --- the public op with each backend value -------------------------------------------------------
@@ -558,28 +489,10 @@ def test_public_op_serves_auto_and_xqa_with_the_kernels(workspace, backend):
     problem = make_paged_problem([900, 37], 2, 32, page_size=32, dtype=torch.float8_e4m3fn, device="cuda", seed=8)
     out = torch.full((2, 2, 32, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     got, lse = trtllm_batch_decode_with_kv_cache_mla(
-        problem.query,
-        problem.kv_cache,
-        workspace,
-        128,
-        512,
-        64,
-        problem.block_tables,
-        problem.seq_lens,
-        problem.max_seq_len,
-        out=out,
-        bmm1_scale=SM_SCALE,
-        bmm2_scale=1.3,
-        backend=backend,
-        return_lse=True,
-    )
-    want, want_lse = mla_decode_reference(
-        problem.query, problem.kv_cache, problem.block_tables, problem.seq_lens, SM_SCALE, 1.3
+        *op_args(problem, workspace), out=out, bmm1_scale=SM_SCALE, bmm2_scale=1.3, backend=backend, return_lse=True
     )
     assert got is out
-    rel = (got.double() - want).norm(dim=-1) / want.norm(dim=-1)
-    assert rel.max() <= ROW_ERROR_TOLERANCE[torch.float8_e4m3fn]
-    assert (lse.double() - want_lse).abs().max() <= 1e-2
+    assert_matches_reference(got, lse, problem, SM_SCALE, 1.3, torch.float8_e4m3fn)
 
 
 def test_public_op_refuses_trtllm_gen_where_it_cannot_run(workspace):
@@ -588,18 +501,7 @@ def test_public_op_refuses_trtllm_gen_where_it_cannot_run(workspace):
         pytest.skip("trtllm-gen can run on this GPU")
     problem = make_paged_problem([100], 1, 16, page_size=64, device="cuda")
     with pytest.raises(BackendUnavailableError, match=f"this GPU is {capability[0]}.{capability[1]}"):
-        trtllm_batch_decode_with_kv_cache_mla(
-            problem.query,
-            problem.kv_cache,
-            workspace,
-            128,
-            512,
-            64,
-            problem.block_tables,
-            problem.seq_lens,
-            problem.max_seq_len,
-            backend="trtllm-gen",
-        )
+        trtllm_batch_decode_with_kv_cache_mla(*op_args(problem, workspace), backend="trtllm-gen")
 
 
 @pytest.mark.parametrize("op", ["trtllm", "xqa"])
@@ -608,17 +510,7 @@ def test_public_op_on_a_gpu_without_kernels_raises(workspace, monkeypatch, op):
     config = MLABackendConfig.from_sources({"device_capability": "8.0"})
     monkeypatch.setattr(decode_module, "default_config", lambda: config)
     problem = make_paged_problem([100], 1, 16, page_size=64, device="cuda")
-    args = (
-        problem.query,
-        problem.kv_cache,
-        workspace,
-        128,
-        512,
-        64,
-        problem.block_tables,
-        problem.seq_lens,
-        problem.max_seq_len,
-    )
+    args = op_args(problem, workspace)
     call = trtllm_batch_decode_with_kv_cache_mla if op == "trtllm" else xqa_batch_decode_with_kv_cache_mla
     with pytest.raises(BackendUnavailableError, match="8.0"):
         call(*args)
@@ -630,8 +522,6 @@ def test_workspace_bound_written_out(monkeypatch):
     monkeypatch.setattr(decode_module, "default_config", lambda: config)
     problem = make_paged_problem([3000, 100], 2, 16, page_size=64, device="cuda", seed=2)
     need = 2 * 3 * (2 * 16) * (512 + 1) * 4
-    args = (problem.query, problem.kv_cache)
-    rest = (128, 512, 64, problem.block_tables, problem.seq_lens, problem.max_seq_len)
     with pytest.raises(ValueError, match=f"needs {need}"):
-        xqa_batch_decode_with_kv_cache_mla(*args, torch.empty(need - 1, dtype=torch.uint8, device="cuda"), *rest)
+        xqa_batch_decode_with_kv_cache_mla(*op_args(problem, torch.empty(need - 1, dtype=torch.uint8, device="cuda")))
     run_and_check(problem, torch.empty(need, dtype=torch.uint8, device="cuda"), torch.bfloat16)

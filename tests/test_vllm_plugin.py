@@ -256,6 +256,12 @@ def test_unknown_environment_variable_is_rejected(monkeypatch):
 # --- routing ----------------------------------------------------------------------------------
 
 
+def decode_metadata(problem, num_decodes: int, **extra) -> SimpleNamespace:
+    """The parts of vLLM's MLA metadata forward_mqa reads, for a pure-decode batch of ``problem``."""
+    decode = SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens)
+    return SimpleNamespace(num_decodes=num_decodes, max_seq_len=problem.max_seq_len, decode=decode, **extra)
+
+
 def make_impl(kv_cache_dtype="auto", additional=None, heads=16):
     with set_current_vllm_config(vllm_config(additional)):
         return backend.MLABackendImpl(
@@ -335,11 +341,7 @@ def test_forward_mqa_matches_the_reference(dtype, q_len, monkeypatch):
     if not fp8:  # vLLM hands bf16 queries over as (ql_nope, q_pe)
         q = (q[..., :512], q[..., 512:])
     layer = SimpleNamespace(_q_scale_float=0.5, _k_scale_float=0.25)
-    metadata = SimpleNamespace(
-        num_decodes=3,
-        max_seq_len=problem.max_seq_len,
-        decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens),
-    )
+    metadata = decode_metadata(problem, 3)
     out, lse = impl.forward_mqa(q, problem.kv_cache, metadata, layer)
     bmm1, bmm2 = (0.1 * 0.5 * 0.25, 0.25) if fp8 else (0.1, 1.0)
     want, want_lse = naive_decode_problem(problem, bmm1, bmm2)
@@ -361,11 +363,7 @@ def test_bf16_query_pair_goes_to_the_kernel_as_a_pair_when_it_can(aligned, monke
     problem = make_paged_problem([37, 130], 1, 16, 16, seed=2)
     wide = torch.cat([problem.query, problem.query], dim=-1).reshape(2, 16, 1152)
     q = wide[..., :576] if aligned else wide[..., 1:577]  # one bf16 element off: not 16-byte aligned
-    metadata = SimpleNamespace(
-        num_decodes=2,
-        max_seq_len=problem.max_seq_len,
-        decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens),
-    )
+    metadata = decode_metadata(problem, 2)
     out, _ = impl.forward_mqa((q[..., :512], q[..., 512:]), problem.kv_cache, metadata, SimpleNamespace())
     want, _ = naive_decode(q.reshape(2, 1, 16, 576), problem.kv_cache, problem.block_tables, problem.seq_lens, 0.1, 1.0)
     assert_rounded_from(out, None, want, None)
@@ -381,11 +379,7 @@ def test_fallback_route_gets_the_whole_query(monkeypatch):
     impl = make_impl("auto")
     problem = make_paged_problem([37, 130], 1, 16, 16, seed=2)
     q = problem.query.reshape(2, 16, 576)
-    metadata = SimpleNamespace(
-        num_decodes=2,
-        max_seq_len=problem.max_seq_len,
-        decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens),
-    )
+    metadata = decode_metadata(problem, 2)
     impl.forward_mqa((q[..., :512], q[..., 512:]), problem.kv_cache, metadata, SimpleNamespace(_k_scale=None))
     assert isinstance(seen[0], torch.Tensor) and torch.equal(seen[0], q)
 
@@ -409,12 +403,7 @@ def test_non_causal_decode_blocks_are_refused(monkeypatch):
     monkeypatch.setattr(backend, "detected_capability", lambda: (9, 0))
     impl = make_impl()
     problem = make_paged_problem([20, 20], 2, 16, 16)
-    metadata = SimpleNamespace(
-        num_decodes=2,
-        max_seq_len=20,
-        causal=False,
-        decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens),
-    )
+    metadata = decode_metadata(problem, 2, causal=False)
     q = problem.query.reshape(4, 16, 576)
     with pytest.raises(NotImplementedError, match="causal"):
         impl.forward_mqa(q, problem.kv_cache, metadata, SimpleNamespace())
@@ -424,11 +413,7 @@ def test_forward_mqa_rejects_ragged_query_lengths(monkeypatch):
     monkeypatch.setattr(backend, "detected_capability", lambda: (9, 0))
     impl = make_impl()
     problem = make_paged_problem([20, 20], 1, 16, 16)
-    metadata = SimpleNamespace(
-        num_decodes=2,
-        max_seq_len=20,
-        decode=SimpleNamespace(block_table=problem.block_tables, seq_lens=problem.seq_lens),
-    )
+    metadata = decode_metadata(problem, 2)
     q = torch.randn(3, 16, 576, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="uniform query length"):
         impl.forward_mqa(q, problem.kv_cache, metadata, SimpleNamespace())
