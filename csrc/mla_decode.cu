@@ -11,7 +11,9 @@
 
 #include <algorithm>
 
-#include "mla_decode_kernel.cuh"
+#include "mainloop.cuh"
+#include "merge_splits.cuh"
+#include "tile_config.h"
 
 namespace mla {
 namespace {
@@ -52,14 +54,15 @@ void launch_decode(const DecodeParams& params, int batch, cudaStream_t stream, b
   launch(mla_decode_kernel<FP8, ROW_GROUPS, RF>, grid, C::kThreads, C::kSmemBytes, stream, pdl, params);
 }
 
-// The tile shapes built into the library, (row groups, 16-row fragments per warp) for each dtype:
-// calls fn.template operator()<FP8, ROW_GROUPS, RF>() for the one matching the run-time values.
+// The tile shapes built into the library (constants.h's MLA_TILE_SHAPES): calls
+// fn.template operator()<FP8, ROW_GROUPS, RF>() for the one matching the run-time values.
 template <class Fn>
 auto with_tile_shape(bool fp8, int64_t row_groups, int64_t rf, const Fn& fn) {
-  if (fp8 && row_groups == 1 && rf == 1) return fn.template operator()<true, 1, 1>();
-  if (fp8 && row_groups == 1 && rf == 2) return fn.template operator()<true, 1, 2>();
-  if (!fp8 && row_groups == 1 && rf == 1) return fn.template operator()<false, 1, 1>();
-  if (!fp8 && row_groups == 2 && rf == 1) return fn.template operator()<false, 2, 1>();
+#define MLA_DISPATCH_TILE_SHAPE(FP8, MAX_ROWS, ROW_GROUPS, RF)  \
+  if (fp8 == (FP8) && row_groups == (ROW_GROUPS) && rf == (RF)) \
+    return fn.template operator()<(FP8) != 0, (ROW_GROUPS), (RF)>();
+  MLA_TILE_SHAPES(MLA_DISPATCH_TILE_SHAPE)
+#undef MLA_DISPATCH_TILE_SHAPE
   STD_TORCH_CHECK(false, "mla_backend: no kernel built for fp8=", fp8, " row_groups=", row_groups, " rf=", rf);
 }
 
@@ -166,7 +169,7 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor s
   p.q_len = static_cast<int>(q.size(1));
   p.heads = static_cast<int>(q.size(2));
   p.rows = static_cast<int>(rows);
-  STD_TORCH_CHECK(rows <= 1024, "q_len x heads must be <= 1024");  // heads_recip's exact range
+  STD_TORCH_CHECK(rows <= MLA_MAX_ROWS, "q_len x heads must be <= ", MLA_MAX_ROWS);  // heads_recip's exact range
   p.heads_recip = ((1 << 20) + p.heads - 1) / p.heads;
   p.page_shift = __builtin_ctzll(page_size);
   p.max_pages = static_cast<int>(block_tables.size(1));

@@ -187,14 +187,16 @@ MUTATIONS = [
     ),
     # launcher arithmetic
     M(
-        "mla_backend/xqa.py",
-        "batch * num_splits * rows * (KV_LORA_RANK + 1) * 4",
-        "batch * num_splits * rows * KV_LORA_RANK * 4",
+        "mla_backend/launcher.py",
+        "batch * num_splits * rows * (LATENT_DIM + 1) * 4",
+        "batch * num_splits * rows * LATENT_DIM * 4",
         "workspace misses the LSE",
     ),
-    M("mla_backend/xqa.py", "MIN_TILES_PER_SPLIT = 4", "MIN_TILES_PER_SPLIT = 1", "splits below 128 tokens"),
+    M("mla_backend/launcher.py", "rows <= shape.max_rows", "rows < shape.max_rows", "16 rows take the 32-row tile"),
+    M("csrc/constants.h", "X(0, 16, 1, 1)", "X(0, 8, 1, 1)", "tile table edited on one side only"),
+    M("mla_backend/launcher.py", "MIN_TILES_PER_SPLIT = 4", "MIN_TILES_PER_SPLIT = 1", "splits below 128 tokens"),
     M(
-        "mla_backend/xqa.py",
+        "mla_backend/launcher.py",
         "limit = max(1, min(useful, fits, MAX_KV_SPLITS))",
         "limit = max(1, min(useful, MAX_KV_SPLITS))",
         "split count ignores the workspace",
@@ -251,7 +253,7 @@ MUTATIONS = [
     ),
     M(
         "mla_backend/vllm/backend.py",
-        'if len(parts) == 2 and (self.route.kernel != "xqa" or any(',
+        'if len(parts) == 2 and (self.route.kernel != "bundled" or any(',
         "if len(parts) == 2 and (any(",
         "split query sent to a route that needs it whole",
     ),
@@ -312,7 +314,7 @@ MUTATIONS = [
 
 def tracked_files() -> list[str]:
     out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    return [line for line in out.splitlines() if not line.startswith("notes/")]
+    return out.splitlines()
 
 
 def make_copy() -> Path:

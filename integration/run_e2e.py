@@ -302,7 +302,7 @@ def main() -> int:
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--parts", default="correctness,spec,fallback,throughput")
     parser.add_argument("--kv", default="fp8,auto", help="KV cache dtypes to run (a subset of fp8,auto)")
-    parser.add_argument("--out", default="e2e_results")
+    parser.add_argument("--out", default="results/e2e")
     parser.add_argument("--model-dir", default="/tmp/mla_backend_models")
     parser.add_argument("--prompt-seeds", default="0", help="prompt sets (12 prompts each), e.g. 0,1")
     parser.add_argument(
@@ -342,11 +342,11 @@ def main() -> int:
         spec_refs = reference_runs(model, spec_prompts, rows, kvs, spec_tokens=SPEC_TOKENS, repeats=args.reference_runs)
     ours = []
     if "correctness" in parts:
-        ours += [(s, "xqa") for s in correctness_specs()]
+        ours += [(s, "bundled") for s in correctness_specs()]
     if "fallback" in parts:
         ours += [(s, "fallback") for s in fallback_specs()]
     if "spec" in parts:
-        ours += [(s, "xqa") for s in spec_decode_specs()]
+        ours += [(s, "bundled") for s in spec_decode_specs()]
     ours = [(s, route) for s, route in ours if s.kv_cache_dtype in kvs]
     results = []
     if "selftest" in parts:

@@ -31,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     bench = sub.add_parser("bench", help="time the decode kernel against the peers importable here")
     bench.add_argument("--quick", action="store_true", help="a few shapes only")
-    bench.add_argument("--out", default="bench_decode", help="prefix of the JSON and PNG written")
+    bench.add_argument(
+        "--out", default="results/bench_decode", help="prefix of the JSON and PNG written (results/ is git-ignored)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 

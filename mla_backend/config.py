@@ -14,12 +14,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .kernel_limits import MAX_KV_SPLITS
+from .kernel_constants import MAX_KV_SPLITS
 from .targets import ARCH_BY_CAPABILITY, TRTLLM_GEN_CAPABILITIES, served_capabilities
 
 BackendName = Literal["auto", "xqa", "trtllm-gen"]
 Fp8QkName = Literal["auto", "f16", "e4m3"]
-KernelName = Literal["xqa", "trtllm-gen", "fallback"]
+# What serves decode: the bundled mma.sync kernels (what backend="xqa" forces), FlashInfer's
+# trtllm-gen, or, on a GPU neither serves, the engine's own portable MLA decode ("fallback": vLLM's
+# Triton MLA; the op itself has none and refuses).
+KernelName = Literal["bundled", "trtllm-gen", "fallback"]
 
 ENV_PREFIX = "MLA_BACKEND"
 # Environment variable -> field. MLA_BACKEND alone names the backend, as users expect.
@@ -150,6 +153,13 @@ class Resolution:
     kernel: KernelName
     reason: str
 
+    @property
+    def backend(self) -> BackendName:
+        """The op's ``backend`` value that runs this kernel."""
+        if self.kernel == "fallback":
+            raise BackendUnavailableError(f"no mla_backend kernel serves this GPU: {self.reason}")
+        return "xqa" if self.kernel == "bundled" else self.kernel
+
 
 def flashinfer_available() -> bool:
     return importlib.util.find_spec("flashinfer") is not None
@@ -185,7 +195,7 @@ def resolve_backend(
                 f"backend='xqa' needs compute capability {served_capabilities()}; this GPU is {cc}. "
                 "Use backend='auto' to fall back to the engine's portable MLA decode instead."
             )
-        return Resolution("xqa", f"backend='xqa' requested; SM {cc} runs the bundled mma.sync kernels")
+        return Resolution("bundled", f"backend='xqa' requested; SM {cc} runs the bundled mma.sync kernels")
     if config.backend == "trtllm-gen":
         if capability not in TRTLLM_GEN_CAPABILITIES:
             raise BackendUnavailableError(
@@ -204,7 +214,7 @@ def resolve_backend(
         return Resolution("trtllm-gen", f"auto: SM {cc} with FlashInfer installed -> FlashInfer trtllm-gen")
     if xqa_ok:
         why = ", FlashInfer is not installed" if capability in TRTLLM_GEN_CAPABILITIES else ""
-        return Resolution("xqa", f"auto: SM {cc}{why} -> bundled mma.sync kernels")
+        return Resolution("bundled", f"auto: SM {cc}{why} -> bundled mma.sync kernels")
     return Resolution(
         "fallback",
         f"auto: SM {cc} is not served by the bundled kernels (built for {served_capabilities()}) "

@@ -65,10 +65,10 @@ def _decode(
         return _finish(problem, lse, return_lse)
     if config.validate_page_ids:
         check_page_ids(problem)
-    if kernel == "xqa":
-        from .xqa import run_xqa_decode
+    if kernel == "bundled":
+        from .launcher import launch_decode
 
-        lse = run_xqa_decode(problem, workspace_buffer, config, enable_pdl, return_lse)
+        lse = launch_decode(problem, workspace_buffer, config, enable_pdl, return_lse)
         return _finish(problem, lse, return_lse)
     assert kernel == "trtllm-gen", kernel
     return _run_flashinfer_trtllm_gen(problem, workspace_buffer, enable_pdl, return_lse)
@@ -207,7 +207,7 @@ def xqa_batch_decode_with_kv_cache_mla(
             config.model_copy(update={"backend": "xqa"}),
             config.capability(torch.cuda.get_device_capability(problem.device)),
         )
-    return _decode(problem, workspace_buffer, config, "xqa", enable_pdl, return_lse)
+    return _decode(problem, workspace_buffer, config, "bundled", enable_pdl, return_lse)
 
 
 __all__ = [

@@ -35,7 +35,7 @@ from .kernel_build import (
     library_filename,
     source_stamp,
 )
-from .kernel_limits import csrc_dir
+from .kernel_constants import csrc_dir
 from .targets import SHIPPED_ARCHES
 from .toolkit import ToolkitNotFoundError, find_toolkit
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from .targets import bundled_arch, served_capabilities
 
-SOURCES = ("mla_decode.cu",)
-HEADERS = ("mla_decode_kernel.cuh", "kernel_limits.h")
+SOURCES = ("mla_decode.cu",)  # the translation unit; it includes the headers
+HEADER_PATTERNS = ("*.h", "*.cuh")  # every header of csrc/ is part of the source stamp (and the wheel)
 FP8_QK_CHOICES = ("auto", "f16", "e4m3")  # config.Fp8QkName; a test keeps the two equal
 TORCH_ABI_TARGET = (2, 11)  # oldest torch the library must load into
 TORCH_LIBRARIES = ("torch_cpu", "torch_cuda")  # where the stable shim's symbols live
@@ -78,10 +78,14 @@ def nvcc_flags(arch: str, strict: bool = False, fp8_qk: str = "auto") -> list[st
     return flags
 
 
+def headers(csrc: Path) -> tuple[str, ...]:
+    return tuple(sorted(path.name for pattern in HEADER_PATTERNS for path in csrc.glob(pattern)))
+
+
 def source_stamp(csrc: Path, arch: str, fp8_qk: str = "auto") -> str:
     """Hash of what determines the library: sources and flags (not the torch version: stable ABI)."""
     digest = hashlib.sha256()
-    for name in SOURCES + HEADERS:
+    for name in SOURCES + headers(csrc):
         digest.update(name.encode() + b"\0" + (csrc / name).read_bytes())
     digest.update(" ".join(nvcc_flags(arch, fp8_qk=fp8_qk)).encode())
     return digest.hexdigest()

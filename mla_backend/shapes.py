@@ -2,13 +2,15 @@
 
 import torch
 
-KV_LORA_RANK = 512
-ROPE_DIM = 64
+from .kernel_constants import LATENT_DIM, MAX_ROWS, ROPE_DIM
+
+KV_LORA_RANK = LATENT_DIM
 HEAD_DIM = KV_LORA_RANK + ROPE_DIM  # 576: q/k = concat(nope 512, rope 64); v = k[..., :512]
 QK_NOPE_HEAD_DIMS = (128, 192)  # the model's pre-absorption nope dim; FlashInfer accepts these
 PAGE_SIZES = (16, 32, 64, 128)
 MAX_HEADS = 128
 MAX_Q_LEN = 8
+assert MAX_HEADS * MAX_Q_LEN <= MAX_ROWS, "the kernels' row bound"
 DTYPES = (torch.bfloat16, torch.float8_e4m3fn)
 
 

@@ -7,7 +7,7 @@ import sys
 
 def test_the_core_and_the_vllm_adapter_import_no_tool():
     code = (
-        "import sys, mla_backend, mla_backend.decode, mla_backend.xqa, mla_backend.jit, mla_backend.vllm.backend\n"
+        "import sys, mla_backend, mla_backend.decode, mla_backend.launcher, mla_backend.jit, mla_backend.vllm.backend\n"
         "tools = sorted(m for m in sys.modules if m.startswith('mla_backend.tools'))\n"
         "assert not tools, tools\n"
     )

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mla_backend.config import MAX_KV_SPLITS
-from mla_backend.xqa import choose_num_splits, workspace_bytes
+from mla_backend.launcher import choose_num_splits, workspace_bytes
 
 BIG = 1 << 40
 

@@ -20,8 +20,8 @@ def route(backend: str, capability, has_flashinfer: bool) -> str:
 @pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"{c[0]}.{c[1]}")
 def test_capability_walks_config_route_build(capability):
     kernels = {route(backend, capability, fi) for backend in ("auto", "xqa", "trtllm-gen") for fi in (True, False)}
-    assert kernels <= {"xqa", "trtllm-gen", "fallback", "refused"}
-    if "xqa" in kernels:  # the config sends decode to the bundled kernels: a library must exist for it
+    assert kernels <= {"bundled", "trtllm-gen", "fallback", "refused"}
+    if "bundled" in kernels:  # the config sends decode to the bundled kernels: a library must exist for it
         arch = arch_for_capability(capability)
         assert arch in SHIPPED_ARCHES
         assert library_filename(arch).endswith(f"{arch}.so")
@@ -32,10 +32,10 @@ def test_capability_walks_config_route_build(capability):
     if "trtllm-gen" in kernels:
         assert capability in TRTLLM_GEN_CAPABILITIES
     auto = route("auto", capability, False)
-    assert auto == ("xqa" if capability in ARCH_BY_CAPABILITY else "fallback")
+    assert auto == ("bundled" if capability in ARCH_BY_CAPABILITY else "fallback")
 
 
 def test_every_build_target_is_reachable_from_the_config():
-    routed = {c for c in CAPABILITIES if route("xqa", c, False) == "xqa"}
+    routed = {c for c in CAPABILITIES if route("xqa", c, False) == "bundled"}
     assert routed == set(ARCH_BY_CAPABILITY)
     assert set(SHIPPED_ARCHES) == {arch_for_capability(c) for c in routed}

@@ -288,10 +288,10 @@ def make_impl(kv_cache_dtype="auto", additional=None, heads=16):
 @pytest.mark.parametrize(
     "detected, additional, has_flashinfer, kernel",
     [
-        ((9, 0), None, False, "xqa"),
-        ((12, 0), None, False, "xqa"),
+        ((9, 0), None, False, "bundled"),
+        ((12, 0), None, False, "bundled"),
         ((10, 0), None, True, "trtllm-gen"),
-        ((10, 0), None, False, "xqa"),
+        ((10, 0), None, False, "bundled"),
         ((8, 0), None, False, "fallback"),
         ((9, 0), {"mla_backend": {"device_capability": "8.0"}}, False, "fallback"),
     ],

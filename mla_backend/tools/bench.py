@@ -11,6 +11,7 @@ import json
 import math
 import statistics
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -155,7 +156,7 @@ def plot(rows: list[Row], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(quick: bool = False, out_prefix: str = "bench_decode", dtypes=("fp8", "bf16"), q_len: int = 1) -> int:
+def main(quick: bool = False, out_prefix: str = "results/bench_decode", dtypes=("fp8", "bf16"), q_len: int = 1) -> int:
     if not torch.cuda.is_available():
         print("bench needs a CUDA GPU")
         return 2
@@ -170,6 +171,7 @@ def main(quick: bool = False, out_prefix: str = "bench_decode", dtypes=("fp8", "
                 f"({name} H{heads} B{batch} seq{seq})",
                 flush=True,
             )
+    Path(out_prefix).parent.mkdir(parents=True, exist_ok=True)
     with open(f"{out_prefix}.json", "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "rows": [asdict(r) for r in rows]}, f, indent=1)
     plot(rows, f"{out_prefix}.png")

@@ -56,7 +56,7 @@ def report() -> list[str]:
             f"GPU {index}          {props.name}, SM {props.major}.{props.minor}, "
             f"{props.multi_processor_count} SMs -> {serves}"
         )
-        if resolution is not None and resolution.kernel == "xqa":
+        if resolution is not None and resolution.kernel == "bundled":
             lines.append(f"kernels {index}      {kernels_line(index, config)}")
     return lines
 

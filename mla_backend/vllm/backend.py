@@ -3,7 +3,7 @@
 Enabled with ``--attention-backend CUSTOM`` (and ``MLA_BACKEND`` from vLLM 0.32; registered by
 :func:`mla_backend.vllm.register`; release differences live in :mod:`mla_backend.vllm.compat`),
 configured with ``--additional-config '{"mla_backend": {...}}'`` or ``MLA_BACKEND_*`` variables.
-Decode is routed by the resolved kernel: ``xqa`` (bundled kernels), ``trtllm-gen`` (FlashInfer on
+Decode is routed by the resolved kernel: ``bundled`` (our kernels), ``trtllm-gen`` (FlashInfer on
 SM100/103) or ``fallback`` (vLLM's portable Triton MLA decode).
 """
 
@@ -276,7 +276,7 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
             raise NotImplementedError("mla_backend decodes causal query blocks only")
         # bf16 comes as (ql_nope, q_pe): the bundled kernels read the parts in place (strided views).
         parts = q if isinstance(q, tuple) else (q,)
-        if len(parts) == 2 and (self.route.kernel != "xqa" or any(query_layout_problem("q", t) for t in parts)):
+        if len(parts) == 2 and (self.route.kernel != "bundled" or any(query_layout_problem("q", t) for t in parts)):
             parts = (torch.cat(parts, dim=-1),)
         tokens, heads, _ = parts[0].shape
         requests = attn_metadata.num_decodes
@@ -313,7 +313,7 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
             attn_metadata.max_seq_len,
             bmm1_scale=bmm1,
             bmm2_scale=bmm2,
-            backend=self.route.kernel,
+            backend=self.route.backend,
             return_lse=return_lse,
             config=self.config,
         )

@@ -1,0 +1,25 @@
+// Constants the kernels and the Python side must agree on, written once: mla_backend/kernel_constants.py
+// reads the MLA_* definitions of this file (integers, and the tile table below).
+#pragma once
+
+// DeepSeek-V3-class MLA: K rows are 512 latent ("nope") dims then 64 rope dims; V is the latent part.
+#define MLA_LATENT_DIM 512
+#define MLA_ROPE_DIM 64
+// Rows of one request's problem (query tokens x heads): the bound of the launcher's exact row / heads.
+#define MLA_MAX_ROWS 1024
+// Splits of one request's KV across CTAs: bounds the merge kernel's LSE pass (one thread per
+// split) and the workspace the split partials take.
+#define MLA_MAX_KV_SPLITS 256
+// KV tokens per tile of the main loop: the unit the split plan counts in.
+#define MLA_TOKENS_PER_TILE 32
+
+// The tile shapes built into the library, X(fp8, max_rows, row_groups, fragments_per_warp): a problem
+// takes the first entry of its dtype whose max_rows covers its rows (query tokens x heads). CTAs are
+// 4 x row_groups warps of 16 x fragments_per_warp rows each.
+// FP8 over 16 rows: one warp per dim quarter with two fragments each (Q in shared memory) halves
+// the K/V fetches and conversions per row; two BF16 fragments would not fit SM120's 99 KB.
+#define MLA_TILE_SHAPES(X) \
+  X(1, 16, 1, 1)           \
+  X(1, MLA_MAX_ROWS, 1, 2) \
+  X(0, 16, 1, 1)           \
+  X(0, MLA_MAX_ROWS, 2, 1)

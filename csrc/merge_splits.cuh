@@ -1,0 +1,107 @@
+// Combine the split partials of a request by their LSE into the bf16 output and the LSE (natural
+// log). Runs after the decode kernel when a request's KV was split across CTAs (split-KV).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "params.h"
+#include "ptx.cuh"
+
+namespace mla {
+
+// Combine split partials by their LSE. One block per (request, row, slice of 128 dims), so even
+// one request's merge spreads over the GPU. Each warp takes every kMergeGroups-th split of the
+// slice (4 dims per lane), so the loads of all splits are in flight at once; the LSE pass over
+// the splits is shared by all threads of the block.
+constexpr int kMergeGroups = 8;
+constexpr int kMergeThreads = 32 * kMergeGroups;
+constexpr int kMergeSliceDims = 128;
+constexpr int kMergeSlices = kDimV / kMergeSliceDims;
+constexpr int kMergeBatch = 8;  // splits per warp loaded ahead of the LSE pass
+constexpr int kMaxSplits = MLA_MAX_KV_SPLITS;
+static_assert(kMaxSplits <= kMergeThreads, "one thread per split in the LSE pass");
+
+template <bool HALF_PARTIALS>
+__global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const __grid_constant__ DecodeParams p) {
+  __shared__ float weights[kMaxSplits];
+  __shared__ float reduce[kMergeThreads / 32];
+  __shared__ float4 partial[kMergeGroups - 1][32];
+  pdl_wait();
+  const int row = blockIdx.x, b = blockIdx.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long long first = (long long)b * p.num_splits * p.rows + row;
+  const int dim = blockIdx.z * kMergeSliceDims + lane * 4;
+  auto load_partial = [&](int s) {  // 4 dims of split s
+    const long long at = (first + (long long)s * p.rows) * kDimV + dim;
+    if constexpr (HALF_PARTIALS) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __half*>(p.part_o) + at);
+      const float2 lo = unpack2<true>(raw.x), hi = unpack2<true>(raw.y);
+      return make_float4(lo.x, lo.y, hi.x, hi.y);
+    } else {
+      return *reinterpret_cast<const float4*>(static_cast<const float*>(p.part_o) + at);
+    }
+  };
+  // The first kMergeBatch splits of this warp are loaded before the LSE pass, so that their L2
+  // round trip overlaps the LSE one (empty splits wrote zeros).
+  float4 early[kMergeBatch];
+#pragma unroll
+  for (int i = 0; i < kMergeBatch; ++i) {
+    const int s = warp + i * kMergeGroups;
+    early[i] = s < p.num_splits ? load_partial(s) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+
+  float lse = -INFINITY;
+  if (threadIdx.x < p.num_splits) lse = p.part_lse[first + (long long)threadIdx.x * p.rows];
+  float best = lse;
+  for (int o = 16; o > 0; o >>= 1) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, o));
+  if (lane == 0) reduce[warp] = best;
+  __syncthreads();
+  best = -INFINITY;
+  for (int w = 0; w < kMergeThreads / 32; ++w) best = fmaxf(best, reduce[w]);
+  const float base = best == -INFINITY ? 0.f : best;
+  const float w_own = threadIdx.x < p.num_splits ? fast_exp2(lse - base) : 0.f;
+  if (threadIdx.x < p.num_splits) weights[threadIdx.x] = w_own;
+  float sum = w_own;
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  __syncthreads();  // weights[] complete; reduce[] reads of the max are done
+  if (lane == 0) reduce[warp] = sum;
+  __syncthreads();
+  float weight_sum = 0.f;
+  for (int w = 0; w < kMergeThreads / 32; ++w) weight_sum += reduce[w];
+
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  auto add = [&](float w, const float4& v) {
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
+  };
+#pragma unroll
+  for (int i = 0; i < kMergeBatch; ++i) {
+    const int s = warp + i * kMergeGroups;
+    if (s < p.num_splits) add(weights[s], early[i]);
+  }
+#pragma unroll 4
+  for (int s = warp + kMergeBatch * kMergeGroups; s < p.num_splits; s += kMergeGroups) add(weights[s], load_partial(s));
+  if (warp > 0) partial[warp - 1][lane] = acc;
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int g = 0; g < kMergeGroups - 1; ++g) {
+    const float4 v = partial[g][lane];
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
+  const float scale = weight_sum > 0.f ? read_scale(p.bmm2_ptr, p.bmm2) / weight_sum : 0.f;
+  const long long out_row = (long long)b * p.rows + row;
+  const uint2 packed =
+      make_uint2(pack2<false>(acc.x * scale, acc.y * scale), pack2<false>(acc.z * scale, acc.w * scale));
+  *reinterpret_cast<uint2*>(p.out + out_row * kDimV + dim) = packed;
+  if (blockIdx.z == 0 && lane == 0 && p.lse != nullptr)
+    p.lse[out_row] = weight_sum > 0.f ? (best + __log2f(weight_sum)) * kLn2 : -INFINITY;
+}
+
+}  // namespace mla

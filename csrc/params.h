@@ -1,0 +1,55 @@
+// The parameter block of one decode call: filled by the launcher (mla_decode.cu) from validated
+// tensors, passed by value (__grid_constant__) to the decode and merge kernels. Pointers are raw
+// bytes where the element type depends on the dtype (e4m3 or bf16); strides are in bytes.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "constants.h"
+
+namespace mla {
+
+constexpr int kDimV = MLA_LATENT_DIM;         // 512 latent dims: the output, V, and K's first part
+constexpr int kRopeDim = MLA_ROPE_DIM;        // 64 rope dims: K's second part
+constexpr int kHeadDim = kDimV + kRopeDim;    // 576
+constexpr int kBlockN = MLA_TOKENS_PER_TILE;  // KV tokens per tile
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct DecodeParams {
+  const uint8_t* q_nope;       // [B, q_len, H, 512] latent part of Q, rows contiguous
+  const uint8_t* q_pe;         // [B, q_len, H, 64] rope part (a separate tensor or a view of one Q)
+  long long q_nope_stride[3];  // bytes between requests, query tokens, heads (multiples of 16)
+  long long q_pe_stride[3];
+  const uint8_t* kv;        // pages of [page_size, 576]
+  const int* block_tables;  // [B, bt_stride]
+  const int* seq_lens;      // [B]
+  __nv_bfloat16* out;       // [B, q_len, H, 512]
+  float* lse;               // [B, q_len, H] natural log, or nullptr
+  void* part_o;             // [B, splits, rows, 512] split partials (normalised), when splits > 1:
+                            // f16 for FP8 KV (|O| <= 448, the e4m3 maximum), else fp32
+  float* part_lse;          // [B, splits, rows] log2 domain
+  const float* bmm1_ptr;    // device scale or nullptr
+  const float* bmm2_ptr;
+  float bmm1, bmm2;
+  long long page_stride;   // bytes between pages
+  int q_len, heads, rows;  // rows = q_len * heads
+  int heads_recip;         // ceil(2^20 / heads): row / heads == (row * heads_recip) >> 20 for rows < 1024
+  int page_shift;          // log2(page_size)
+  int max_pages;           // block-table columns: never read past them
+  int max_seq_len;         // the host's bound on seq_lens (<= max_pages * page_size): a guess
+                           // that lets page ids be fetched before seq_len arrives
+  int bt_stride;
+  int num_splits;
+};
+
+// Query token of a row (rows are token-major: row = token * heads + head).
+__device__ __forceinline__ int token_of_row(const DecodeParams& p, int row) { return (row * p.heads_recip) >> 20; }
+
+// A scale given as a device tensor (read at run time, so graphs replay with new values) or a value.
+__device__ __forceinline__ float read_scale(const float* ptr, float value) {
+  return ptr != nullptr ? __ldg(ptr) : value;
+}
+
+}  // namespace mla

@@ -1,0 +1,120 @@
+// The two matrix products of a KV tile, one warp step at a time, so the main loop can interleave
+// the QK^T of one tile with the P.V of the previous one.
+//   QK^T: each warp multiplies its rows by a quarter of the 576 dims (partial scores, summed across
+//         the four warps in softmax.cuh). FP8 uses m16n8k32 e4m3 (QMMA), BF16 m16n8k16. Where e4m3
+//         mma.sync is emulated (sm_90), Q is widened to f16 once and K per step (kQkF16).
+//   P.V:  P arrives as A fragments (ldmatrix). BF16 V feeds m16n8k16 bf16 via ldmatrix.trans. FP8 V
+//         is widened exactly to f16 (ldmatrix.trans on byte pairs + prmt + cvt.f16x2.e4m3x2) and
+//         multiplied with f16 P: P in e4m3 would cost ~4% relative error.
+#pragma once
+
+#include <stdint.h>
+
+#include "ptx.cuh"
+#include "tile_config.h"
+
+namespace mla {
+
+// Accumulator arrays (O and the scores) start at zero.
+template <int A, int B, int N>
+__device__ __forceinline__ void zero_fill(float (&x)[A][B][N]) {
+#pragma unroll
+  for (int a = 0; a < A; ++a)
+#pragma unroll
+    for (int i = 0; i < B; ++i)
+#pragma unroll
+      for (int n = 0; n < N; ++n) x[a][i][n] = 0.f;
+}
+
+// Step i of QK^T over this warp's dims: partial scores sc[f][n-tile] of its rows with the tile's 32
+// tokens, K fragments via ldmatrix; Q from registers (qf) or shared memory (q_smem).
+template <class C>
+__device__ __forceinline__ void qk_step(float (&sc)[C::kFragments][4][4], uint32_t stage, int i, const WarpRole& w,
+                                        uint32_t q_smem, const uint32_t (&qf)[C::kQRegFragments][C::kQkChunks][4]) {
+  constexpr int RF = C::kFragments;
+  if constexpr (C::kQkF16) {
+    // k16 steps of 16 bytes: 36 per row (latent and rope alike), 9 per warp. One ldmatrix.x4
+    // takes a step of all 32 tokens (matrix j = tokens 8j..8j+7); register j holds bytes
+    // 4t..4t+3, whose two f16 pairs are B of the widened (permuted) Q.
+    const int step = w.wd * C::kF16StepsPerWarp + i;
+    uint32_t kb[4];
+    ldmatrix_x4(kb, stage + w.lane * C::kSmemRowBytes + 16 * step);
+    uint32_t qa[RF][4];
+#pragma unroll
+    for (int f = 0; f < RF; ++f) ldmatrix_a<C>(qa[f], w, q_smem, C::kSmemQRowBytes, f, 32 * step);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t lo, hi;
+      e4m3x4_to_f16x4(kb[j], lo, hi);
+#pragma unroll
+      for (int f = 0; f < RF; ++f) mma_f16(sc[f][j], qa[f], lo, hi);
+    }
+  } else {
+    if (i == C::kNopeChunks && !(w.wd < C::kRopeChunks)) return;  // rope chunks: warps wd < kRopeChunks
+    uint32_t qa[RF][4];
+#pragma unroll
+    for (int f = 0; f < RF; ++f) {
+      if constexpr (C::kQInSmem)
+        ldmatrix_a<C>(qa[f], w, q_smem, C::kSmemQRowBytes, f, qk_chunk_byte<C>(w.wd, i));
+      else
+#pragma unroll
+        for (int r = 0; r < 4; ++r) qa[f][r] = qf[f][i][r];
+    }
+#pragma unroll
+    for (int jp = 0; jp < 2; ++jp) {  // n-tile pairs (16 tokens)
+      const int mi = w.lane >> 3;
+      const int tok = 16 * jp + 8 * (mi >> 1) + (w.lane & 7);
+      uint32_t kb[4];
+      ldmatrix_x4(kb, stage + tok * C::kSmemRowBytes + qk_chunk_byte<C>(w.wd, i) + 16 * (mi & 1));
+#pragma unroll
+      for (int f = 0; f < RF; ++f) {
+        if constexpr (C::kFp8) {
+          mma_e4m3(sc[f][2 * jp], qa[f], kb[0], kb[1]);
+          mma_e4m3(sc[f][2 * jp + 1], qa[f], kb[2], kb[3]);
+        } else {
+          mma_bf16(sc[f][2 * jp], qa[f], kb[0], kb[1]);
+          mma_bf16(sc[f][2 * jp + 1], qa[f], kb[2], kb[3]);
+        }
+      }
+    }
+  }
+}
+
+// Step i of O += P.V over this warp's 128 output dims. FP8 accumulators come in (even dims, odd
+// dims) pairs of n-tiles (epilogue.cuh puts them back in order); BF16 ones are in dim order.
+template <class C>
+__device__ __forceinline__ void pv_step(float (&acc)[C::kFragments][16][4], const uint32_t (&pf)[C::kFragments][2][4],
+                                        uint32_t stage, int i, const WarpRole& w) {
+  constexpr int RF = C::kFragments;
+  constexpr int kPerK = C::kPvSteps / 2;
+  const int kk = i / kPerK, q = i % kPerK;
+  const int mi = w.lane >> 3;
+  const int tok = 16 * kk + 8 * (mi & 1) + (w.lane & 7);
+  uint32_t vr[4];
+  if constexpr (C::kFp8) {
+    // x4.trans over byte pairs: 16 tokens x 32 dims. Register r holds tokens (2t, 2t+1) of dims
+    // (2g, 2g+1) of its 16-byte column; prmt splits even and odd dims, cvt widens to f16.
+    ldmatrix_x4_trans(vr, stage + tok * C::kSmemRowBytes + w.wd * 128 + q * 32 + 16 * (mi >> 1));
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      // tokens 2t.. and 8+2t..: [even dims | odd dims] -> f16 B fragments of both dim groups
+      uint32_t even[2], odd[2];
+      e4m3x4_to_f16x4(__byte_perm(vr[2 * half], 0, 0x3120), even[0], odd[0]);
+      e4m3x4_to_f16x4(__byte_perm(vr[2 * half + 1], 0, 0x3120), even[1], odd[1]);
+#pragma unroll
+      for (int f = 0; f < RF; ++f) {
+        mma_f16(acc[f][q * 4 + half * 2], pf[f][kk], even[0], even[1]);
+        mma_f16(acc[f][q * 4 + half * 2 + 1], pf[f][kk], odd[0], odd[1]);
+      }
+    }
+  } else {
+    ldmatrix_x4_trans(vr, stage + tok * C::kSmemRowBytes + (w.wd * 128 + q * 16 + 8 * (mi >> 1)) * 2);
+#pragma unroll
+    for (int f = 0; f < RF; ++f) {
+      mma_bf16(acc[f][2 * q], pf[f][kk], vr[0], vr[1]);
+      mma_bf16(acc[f][2 * q + 1], pf[f][kk], vr[2], vr[3]);
+    }
+  }
+}
+
+}  // namespace mla

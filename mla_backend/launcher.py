@@ -1,0 +1,134 @@
+"""Launching the bundled kernels: tile shape, split-KV count, workspace, the op call."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from .checks import DecodeProblem
+from .config import MLABackendConfig
+from .kernel_constants import LATENT_DIM, MAX_KV_SPLITS, TILE_SHAPES, TOKENS_PER_TILE
+
+MIN_TILES_PER_SPLIT = 4  # shorter splits cost more in merging than they save
+FIXED_TILES_PER_CTA = 2.0  # pipeline fill + epilogue, in units of one tile's work
+MERGE_TILES_PER_SPLIT = 0.05  # the merge kernel's cost of one more split, in the same units
+
+
+def tile_shape(rows: int, fp8: bool) -> tuple[int, int]:
+    """(row groups, 16-row fragments per warp) of the CTA for ``rows`` = heads x q_len: the first
+    entry of csrc/constants.h's tile table for the dtype that covers ``rows``."""
+    for shape in TILE_SHAPES:
+        if shape.fp8 == fp8 and rows <= shape.max_rows:
+            return shape.row_groups, shape.fragments
+    raise ValueError(f"no kernel tile covers {rows} rows (query tokens x heads)")
+
+
+def tile_rows(rows: int, fp8: bool) -> int:
+    row_groups, rf = tile_shape(rows, fp8)
+    return 16 * row_groups * rf
+
+
+def workspace_bytes(batch: int, rows: int, num_splits: int) -> int:
+    """Bytes of workspace split-KV needs: partial outputs plus their LSE, sized for fp32 partials
+    (FP8 problems store f16 partials, so they use a little over half of it)."""
+    return 0 if num_splits == 1 else batch * num_splits * rows * (LATENT_DIM + 1) * 4
+
+
+@functools.cache
+def resident_slots(device_index: int, fp8: bool, row_groups: int, rf: int) -> int:
+    """CTAs of this tile shape the whole GPU runs at once."""
+    with torch.cuda.device(device_index):
+        per_sm = torch.ops.mla_backend.ctas_per_sm(fp8, row_groups, rf)
+    return max(1, per_sm) * torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_num_splits(batch: int, rows: int, fp8: bool, max_seq_len: int, slots: int, workspace_capacity: int) -> int:
+    """Split each request's KV so the grid fills whole waves of ``slots`` resident CTAs.
+
+    Time ~ waves x (tiles per CTA + a fixed cost of about two tiles for pipeline fill and
+    epilogue) + the merge, which grows with s; the smallest s within 2% of the best wins.
+    Splits keep >= 128 tokens and fit the workspace.
+    Depends only on host values, so a captured CUDA graph stays valid for any seq_lens."""
+    ctas = batch * math.ceil(rows / tile_rows(rows, fp8))
+    if batch == 0:
+        return 1
+    useful = max(1, math.ceil(max_seq_len / (TOKENS_PER_TILE * MIN_TILES_PER_SPLIT)))
+    per_split = workspace_bytes(batch, rows, 2) // 2
+    fits = max(1, workspace_capacity // per_split) if per_split else 1
+    limit = max(1, min(useful, fits, MAX_KV_SPLITS))
+    tiles = max(1, math.ceil(max_seq_len / TOKENS_PER_TILE))
+    cost = {
+        s: math.ceil(ctas * s / slots) * (tiles / s + FIXED_TILES_PER_CTA) + (s > 1) * MERGE_TILES_PER_SPLIT * s
+        for s in range(1, limit + 1)
+    }
+    best = min(cost.values())
+    return min(s for s, c in cost.items() if c <= best * 1.02)
+
+
+def _scale_args(scale: float | torch.Tensor) -> tuple[float, torch.Tensor | None]:
+    return (1.0, scale) if isinstance(scale, torch.Tensor) else (float(scale), None)
+
+
+def launch_decode(
+    problem: DecodeProblem,
+    workspace: torch.Tensor | None,
+    config: MLABackendConfig,
+    enable_pdl: bool | None,
+    return_lse: bool,
+) -> torch.Tensor | None:
+    """Launch the kernel for a validated problem; fills ``problem.out``, returns the LSE or None."""
+    from .jit import ensure_loaded
+
+    device = problem.device
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    ensure_loaded(index, config.cache_dir, config.fp8_qk)
+    fp8 = problem.dtype == torch.float8_e4m3fn
+    rows = problem.q_len * problem.heads
+    row_groups, rf = tile_shape(rows, fp8)
+    capacity = 0 if workspace is None else workspace.numel() * workspace.element_size()
+    if config.num_kv_splits is not None:
+        splits = config.num_kv_splits
+        need = workspace_bytes(problem.batch, rows, splits)
+        if need > capacity:
+            raise ValueError(
+                f"workspace_buffer holds {capacity} bytes but num_kv_splits={splits} needs {need} "
+                f"(batch {problem.batch} x {rows} rows x {splits} splits x 513 floats)"
+            )
+    else:
+        slots = resident_slots(index, fp8, row_groups, rf)
+        splits = choose_num_splits(problem.batch, rows, fp8, problem.max_seq_len, slots, capacity)
+    if enable_pdl is None:
+        enable_pdl = config.enable_pdl
+    if enable_pdl is None:
+        enable_pdl = torch.cuda.get_device_capability(device)[0] >= 9
+    lse = (
+        torch.empty(problem.batch, problem.q_len, problem.heads, dtype=torch.float32, device=device)
+        if return_lse
+        else None
+    )
+    if workspace is None:
+        workspace = torch.empty(0, dtype=torch.uint8, device=device)
+    bmm1, bmm1_t = _scale_args(problem.bmm1_scale)
+    bmm2, bmm2_t = _scale_args(problem.bmm2_scale)
+    torch.ops.mla_backend.decode(
+        problem.q_nope,
+        problem.q_pe,
+        problem.cache,
+        problem.block_tables,
+        problem.seq_lens,
+        problem.out,
+        lse,
+        workspace,
+        problem.max_seq_len,
+        splits,
+        row_groups,
+        rf,
+        bmm1,
+        bmm1_t,
+        bmm2,
+        bmm2_t,
+        bool(enable_pdl),
+    )
+    return lse

@@ -1,0 +1,62 @@
+"""Constants shared by the kernels and Python are written once, in csrc/constants.h."""
+
+import re
+
+import pytest
+
+from mla_backend import config, launcher, shapes
+from mla_backend.kernel_build import headers, source_stamp
+from mla_backend.kernel_constants import HEADER, TileShape, csrc_dir, read_constants, read_tile_shapes
+
+
+def test_python_takes_its_constants_from_the_kernel_header():
+    constants = read_constants(csrc_dir() / HEADER)
+    assert constants == {
+        "LATENT_DIM": shapes.KV_LORA_RANK,
+        "ROPE_DIM": shapes.ROPE_DIM,
+        "MAX_ROWS": 1024,
+        "MAX_KV_SPLITS": launcher.MAX_KV_SPLITS,
+        "TOKENS_PER_TILE": launcher.TOKENS_PER_TILE,
+    }
+    assert config.MLABackendConfig.model_fields["num_kv_splits"].metadata[1].le == constants["MAX_KV_SPLITS"]
+    assert shapes.MAX_HEADS * shapes.MAX_Q_LEN <= constants["MAX_ROWS"]
+
+
+def test_the_tile_table_is_read_in_order_and_chooses_the_first_entry_that_covers_the_rows():
+    table = read_tile_shapes(csrc_dir() / HEADER)
+    assert table == (TileShape(True, 16, 1, 1), TileShape(True, 1024, 1, 2), TileShape(False, 16, 1, 1),
+                     TileShape(False, 1024, 2, 1))  # fmt: skip
+    for fp8 in (True, False):
+        for rows in (1, 16, 17, 128, 1024):
+            chosen = launcher.tile_shape(rows, fp8)
+            first = next(s for s in table if s.fp8 == fp8 and rows <= s.max_rows)
+            assert chosen == (first.row_groups, first.fragments)
+        with pytest.raises(ValueError, match="no kernel tile covers 1025 rows"):
+            launcher.tile_shape(1025, fp8)
+
+
+def test_a_changed_table_changes_the_choice(tmp_path):
+    header = tmp_path / HEADER
+    text = (csrc_dir() / HEADER).read_text().replace("X(1, 16, 1, 1)", "X(1, 32, 1, 1)")
+    header.write_text(text)
+    assert read_tile_shapes(header)[0] == TileShape(True, 32, 1, 1)
+
+
+def test_the_kernels_use_the_header():
+    sources = {name: (csrc_dir() / name).read_text() for name in headers(csrc_dir()) + ("mla_decode.cu",)}
+    uses = {name for name, text in sources.items() if name != HEADER for _ in re.finditer(r"\bMLA_\w+", text)}
+    assert "constexpr int kMaxSplits = MLA_MAX_KV_SPLITS;" in sources["merge_splits.cuh"]
+    assert "constexpr int kBlockN = MLA_TOKENS_PER_TILE;" in sources["params.h"]
+    assert "MLA_TILE_SHAPES(MLA_DISPATCH_TILE_SHAPE)" in sources["mla_decode.cu"]
+    assert {"params.h", "merge_splits.cuh", "mla_decode.cu"} <= uses
+
+
+def test_every_header_is_part_of_the_source_stamp(tmp_path):
+    for name in headers(csrc_dir()):
+        copy = tmp_path / name.replace(".", "_")
+        copy.mkdir()
+        for source in csrc_dir().iterdir():
+            (copy / source.name).write_bytes(source.read_bytes())
+        (copy / name).write_text((copy / name).read_text() + "\n// edited\n")
+        assert source_stamp(copy, "sm_90a") != source_stamp(csrc_dir(), "sm_90a"), name
+    assert HEADER in headers(csrc_dir())
