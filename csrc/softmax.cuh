@@ -41,14 +41,10 @@ __device__ __forceinline__ void store_partial_scores(float* scores, const float 
 template <class C>
 struct OnlineSoftmax {
   static constexpr int kRowsPerLane = C::kSoftRows / 4;
+  const int row0;  // first tile-local row this lane's warp reduces
   float row_max[kRowsPerLane], row_sum[kRowsPerLane];
 
-  // First tile-local row this warp reduces.
-  __device__ __forceinline__ static int first_row(const WarpRole& w) {
-    return w.wr * C::kRowsPerWarp + w.wd * C::kSoftRows;
-  }
-
-  __device__ __forceinline__ OnlineSoftmax() {
+  __device__ __forceinline__ explicit OnlineSoftmax(int first_row) : row0(first_row) {
 #pragma unroll
     for (int i = 0; i < kRowsPerLane; ++i) {
       row_max[i] = -INFINITY;
@@ -62,7 +58,7 @@ struct OnlineSoftmax {
   __device__ __forceinline__ void update(const float* scores, const DecodeParams& p, int tile, int first_masked,
                                          int seq_len, float scale_log2, uint32_t p_smem, float* corr_smem,
                                          const WarpRole& w) {
-    const int row0 = first_row(w), lane = w.lane;
+    const int lane = w.lane;
     const bool masked_tile = (tile + 1) * kBlockN > first_masked;
 #pragma unroll
     for (int i = 0; i < kRowsPerLane; ++i) {
@@ -112,7 +108,7 @@ struct OnlineSoftmax {
   // After the last tile: (1 / sum, LSE in log2) of each row into row_stats[tile-local row];
   // (0, -inf) for a row that saw no key.
   __device__ __forceinline__ void publish(float2* row_stats, const WarpRole& w) const {
-    const int row0 = first_row(w), lane = w.lane;
+    const int lane = w.lane;
 #pragma unroll
     for (int i = 0; i < kRowsPerLane; ++i) {
       float total = row_sum[i];
