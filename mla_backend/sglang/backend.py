@@ -1,0 +1,268 @@
+"""SGLang attention backend on mla_backend's decode kernels: decode and speculative verification.
+
+Prefill stays with the backend SGLang runs for it (``--prefill-attention-backend``). Per step the
+backend builds the page table of the batch from SGLang's ``req_to_token`` map (a page's tokens sit
+in consecutive slots, so page i of a request is its token i's slot divided by the page size) and
+calls the op, which reads SGLang's MLA pool in place: ``[slots, 1, 576]`` viewed as pages.
+CUDA graphs: the page table and lengths live in buffers allocated once; the graph records the ops
+that refill them, so a replay sees the batch of the step (SGLang >= 0.5.16 records
+``init_forward_metadata_in_graph``; the older capture/replay hooks refill them before each replay).
+
+FP8 caches hold K / k_scale (k_scale is the layer's, 1.0 when it has none); the query is cast to
+e4m3 as it is, so logits = q'.k' * (k_scale * scaling) and out = P.v' * k_scale.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+from .. import shapes
+from ..config import BackendUnavailableError, MLABackendConfig, Resolution, format_validation_error, resolve_backend
+from ..decode import trtllm_batch_decode_with_kv_cache_mla
+from . import NAME
+
+logger = logging.getLogger("mla_backend")
+
+WORKSPACE_BYTES = 64 << 20  # split-KV partials; the split plan fits what it gets
+FP8_MAX = 448.0
+
+
+@dataclass
+class DecodeMetadata:
+    block_tables: torch.Tensor  # int32 [B, pages]
+    seq_lens: torch.Tensor  # int32 [B]: KV length including this step's query tokens
+    max_seq_len: int  # host bound on seq_lens (plans the splits; fixed for a captured graph)
+    q_len: int  # query tokens per request (1, or the verified draft tokens)
+
+
+def page_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, page_size: int, pages: int) -> torch.Tensor:
+    """int32 [B, pages]: page ids of each request's first ``pages`` pages."""
+    first_slots = req_to_token[req_pool_indices, : pages * page_size : page_size]
+    return (first_slots // page_size).to(torch.int32)
+
+
+def configured() -> MLABackendConfig:
+    try:
+        return MLABackendConfig.from_sources()
+    except Exception as err:  # pydantic's ValidationError, worded for the log
+        message = format_validation_error(err) if hasattr(err, "errors") else str(err)
+        raise ValueError(f"mla_backend: bad settings in the environment: {message}") from None
+
+
+def resolve(config: MLABackendConfig, device: torch.device) -> Resolution:
+    overridden = config.device_capability is not None
+    return resolve_backend(
+        config, config.capability((0, 0) if overridden else torch.cuda.get_device_capability(device))
+    )
+
+
+def check_server_args(server_args) -> None:
+    """Refuse settings the backend cannot serve, before any weight is loaded."""
+    page_size = server_args.page_size
+    if page_size not in shapes.PAGE_SIZES:
+        raise ValueError(
+            f"mla_backend needs --page-size in {shapes.PAGE_SIZES} (SGLang defaults to 1 for backends it does not "
+            f"know), got {page_size}"
+        )
+    prefill, decode = server_args.get_attention_backends()
+    if prefill == NAME:
+        raise ValueError(
+            "mla_backend serves decode only: start SGLang with --decode-attention-backend mla_backend "
+            "--prefill-attention-backend triton (or another prefill backend)"
+        )
+    if server_args.speculative_algorithm is not None and (server_args.speculative_eagle_topk or 1) > 1:
+        raise ValueError("mla_backend verifies draft chains (speculative_eagle_topk 1), not trees")
+
+
+def create_backend(runner) -> AttentionBackend:
+    """Factory SGLang calls per model runner: our backend, or SGLang's triton on a GPU we do not serve."""
+    config = configured()
+    route = resolve(config, runner.device if isinstance(runner.device, torch.device) else torch.device(runner.device))
+    if route.kernel == "fallback":
+        from .fallback import triton_backend
+
+        logger.warning("mla_backend: MLA decode runs SGLang's triton backend: %s", route.reason)
+        return triton_backend(runner)
+    check_server_args(runner.server_args)
+    logger.info("mla_backend: MLA decode runs %s: %s", route.kernel, route.reason)
+    return MLADecodeBackend(runner, config, route)
+
+
+class MLADecodeBackend(AttentionBackend):
+    def __init__(self, runner, config: MLABackendConfig, route: Resolution):
+        model = runner.model_config
+        if (model.kv_lora_rank, model.qk_rope_head_dim) != (shapes.KV_LORA_RANK, shapes.ROPE_DIM):
+            raise BackendUnavailableError(
+                f"mla_backend needs kv_lora_rank {shapes.KV_LORA_RANK} and qk_rope_head_dim {shapes.ROPE_DIM}, "
+                f"got {model.kv_lora_rank} and {model.qk_rope_head_dim}"
+            )
+        self.config = config
+        self.route = route
+        self.device = torch.device(runner.device)
+        self.page_size = runner.page_size
+        self.req_to_token = runner.req_to_token_pool.req_to_token
+        self.token_to_kv_pool = runner.token_to_kv_pool
+        self.kv_cache_dtype = runner.kv_cache_dtype
+        self.max_context_len = model.context_len
+        self.qk_nope_head_dim = model.qk_nope_head_dim
+        spec = runner.server_args.speculative_num_draft_tokens
+        self.num_draft_tokens = int(spec) if runner.server_args.speculative_algorithm is not None and spec else 1
+        self.max_pages = math.ceil(self.req_to_token.shape[1] / self.page_size)
+        self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        self.forward_metadata: DecodeMetadata | None = None
+        self.graph_block_tables: torch.Tensor | None = None
+        self.graph_seq_lens: torch.Tensor | None = None
+
+    # -- metadata ----------------------------------------------------------------------------
+    def _query_tokens(self, forward_batch) -> int:
+        mode = forward_batch.forward_mode
+        if mode.is_decode_or_idle():
+            return 1
+        if mode.is_target_verify():
+            spec = forward_batch.spec_info
+            return int(getattr(spec, "draft_token_num", None) or self.num_draft_tokens)
+        raise NotImplementedError(f"mla_backend serves decode and target verification, not {mode.name}")
+
+    def _kv_lens(self, seq_lens: torch.Tensor, q_len: int, verify: bool) -> torch.Tensor:
+        # Verification's seq_lens count the accepted prefix; the draft tokens come on top of it.
+        return (seq_lens + q_len if verify else seq_lens).to(torch.int32)
+
+    def init_forward_metadata(self, forward_batch) -> None:
+        """Eager step: tables sized to this batch."""
+        if forward_batch.forward_mode.is_idle():
+            return
+        q_len = self._query_tokens(forward_batch)
+        verify = forward_batch.forward_mode.is_target_verify()
+        bs = forward_batch.batch_size
+        if forward_batch.seq_lens_cpu is not None:
+            max_seq_len = int(forward_batch.seq_lens_cpu[:bs].max()) + (q_len if verify else 0)
+        else:
+            max_seq_len = self._length_bound(q_len)
+        pages = min(self.max_pages, math.ceil(max_seq_len / self.page_size))
+        self.forward_metadata = DecodeMetadata(
+            page_table(self.req_to_token, forward_batch.req_pool_indices[:bs], self.page_size, pages),
+            self._kv_lens(forward_batch.seq_lens[:bs], q_len, verify),
+            max_seq_len,
+            q_len,
+        )
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs) -> None:
+        self.graph_block_tables = torch.zeros(max_bs, self.max_pages, dtype=torch.int32, device=self.device)
+        self.graph_seq_lens = torch.ones(max_bs, dtype=torch.int32, device=self.device)
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        return 1
+
+    def _length_bound(self, q_len: int) -> int:
+        """No request is longer than the model's context (plus its query tokens) or the token map."""
+        return min(self.max_context_len + q_len, self.max_pages * self.page_size)
+
+    def _graph_metadata(self, bs: int, q_len: int) -> DecodeMetadata:
+        # The bound covers any batch the graph replays, so its split plan holds for all of them.
+        return DecodeMetadata(self.graph_block_tables[:bs], self.graph_seq_lens[:bs], self._length_bound(q_len), q_len)
+
+    def _refill_graph_buffers(self, bs: int, req_pool_indices, seq_lens, q_len: int, verify: bool) -> None:
+        self.graph_block_tables[:bs].copy_(
+            page_table(self.req_to_token, req_pool_indices[:bs], self.page_size, self.max_pages)
+        )
+        self.graph_seq_lens[:bs].copy_(self._kv_lens(seq_lens[:bs], q_len, verify))
+
+    # SGLang >= 0.5.16: out_graph runs before capture and before each replay; in_graph is recorded.
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
+        if in_capture:
+            self.forward_metadata = self._graph_metadata(forward_batch.batch_size, self._query_tokens(forward_batch))
+
+    def init_forward_metadata_in_graph(self, forward_batch) -> None:
+        self._refill_graph_buffers(
+            forward_batch.batch_size,
+            forward_batch.req_pool_indices,
+            forward_batch.seq_lens,
+            self._query_tokens(forward_batch),
+            forward_batch.forward_mode.is_target_verify(),
+        )
+
+    # SGLang 0.5.12 - 0.5.15: both hooks run outside the graph, so the buffers are refilled here.
+    def init_forward_metadata_capture_cuda_graph(
+        self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, forward_mode, spec_info
+    ) -> None:
+        q_len = num_tokens // bs
+        self._refill_graph_buffers(bs, req_pool_indices, seq_lens, q_len, forward_mode.is_target_verify())
+        self.forward_metadata = self._graph_metadata(bs, q_len)
+
+    def init_forward_metadata_replay_cuda_graph(
+        self, bs, req_pool_indices, seq_lens, seq_lens_sum, encoder_lens, forward_mode, spec_info, seq_lens_cpu=None
+    ) -> None:
+        q_len = self.forward_metadata.q_len if forward_mode.is_target_verify() else 1
+        self._refill_graph_buffers(bs, req_pool_indices, seq_lens, q_len, forward_mode.is_target_verify())
+
+    # -- forward -----------------------------------------------------------------------------
+    def _save_kv(self, layer, forward_batch, k, v, k_rope) -> None:
+        if k is None:
+            return
+        if layer.k_scale is not None and self.kv_cache_dtype == torch.float8_e4m3fn:
+            k = k / layer.k_scale
+            k_rope = k_rope / layer.k_scale if k_rope is not None else None
+        if k_rope is not None:
+            self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
+        else:
+            self.token_to_kv_pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
+
+    def _query_parts(self, q: torch.Tensor, q_rope: torch.Tensor | None, layer, meta: DecodeMetadata):
+        heads = layer.tp_q_head_num
+        if q_rope is None:  # one [T, H * 576] query
+            q = q.view(-1, heads, shapes.HEAD_DIM)
+            q_nope, q_rope = q[..., : shapes.KV_LORA_RANK], q[..., shapes.KV_LORA_RANK :]
+        else:
+            q_nope, q_rope = q.view(-1, heads, shapes.KV_LORA_RANK), q_rope.view(-1, heads, shapes.ROPE_DIM)
+        parts = [t.unflatten(0, (-1, meta.q_len)) for t in (q_nope, q_rope)]
+        if self.kv_cache_dtype == torch.float8_e4m3fn:
+            parts = [t.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn) for t in parts]
+        return tuple(parts)
+
+    def _scales(self, layer):
+        if self.kv_cache_dtype == torch.float8_e4m3fn and layer.k_scale is not None:
+            k_scale = layer.k_scale.float().reshape(1)
+            return k_scale * layer.scaling, k_scale
+        return layer.scaling, 1.0
+
+    def _attend(self, q, q_rope, layer, forward_batch):
+        meta = self.forward_metadata
+        query = self._query_parts(q, q_rope, layer, meta)
+        bmm1, bmm2 = self._scales(layer)
+        cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        pages = cache.view(-1, self.page_size, shapes.HEAD_DIM)
+        out = trtllm_batch_decode_with_kv_cache_mla(
+            query,
+            pages,
+            self.workspace,
+            self.qk_nope_head_dim,
+            shapes.KV_LORA_RANK,
+            shapes.ROPE_DIM,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.max_seq_len,
+            bmm1_scale=bmm1,
+            bmm2_scale=bmm2,
+            backend=self.route.backend,
+            config=self.config,
+        )
+        return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+    def forward_decode(
+        self, q, k, v, layer, forward_batch, save_kv_cache=True, q_rope=None, k_rope=None, **kwargs
+    ) -> torch.Tensor:
+        if save_kv_cache:
+            self._save_kv(layer, forward_batch, k, v, k_rope)
+        return self._attend(q, q_rope, layer, forward_batch)
+
+    def forward_extend(
+        self, q, k, v, layer, forward_batch, save_kv_cache=True, q_rope=None, k_rope=None, **kwargs
+    ) -> torch.Tensor:
+        if not forward_batch.forward_mode.is_target_verify():
+            raise NotImplementedError("mla_backend serves decode only; prefill goes to --prefill-attention-backend")
+        return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache, q_rope=q_rope, k_rope=k_rope)

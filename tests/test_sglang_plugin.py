@@ -1,0 +1,339 @@
+"""The SGLang adapter against real SGLang objects on CPU (CI: its own venv with SGLang 0.5.17, -m sglang).
+
+The pools, the request-to-token map and the forward batch are SGLang's own; the backend's decode runs
+the op's float64 path on them and is judged against an attention computed here from the pool's slots
+directly (not through pages), at one bf16 rounding.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from types import SimpleNamespace
+
+import pytest
+
+pytestmark = pytest.mark.sglang
+sglang = pytest.importorskip("sglang")
+
+import torch  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
+
+from mla_backend.config import MLABackendConfig, Resolution  # noqa: E402
+from mla_backend.sglang import NAME, backend, register  # noqa: E402
+
+HEADS = 16
+SCALING = 0.07
+CONTEXT = 512
+
+
+@pytest.fixture(scope="module", autouse=True)
+def plugins_loaded():
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+
+
+def server_args(page_size=64, **changes):
+    values = dict(
+        page_size=page_size,
+        attention_backend=None,
+        prefill_attention_backend="triton",
+        decode_attention_backend=NAME,
+        speculative_algorithm=None,
+        speculative_num_draft_tokens=None,
+        speculative_eagle_topk=None,
+    )
+    values.update(changes)
+    args = SimpleNamespace(**values)
+    args.get_attention_backends = lambda: (
+        args.prefill_attention_backend or args.attention_backend,
+        args.decode_attention_backend or args.attention_backend,
+    )
+    return args
+
+
+def make_runner(dtype, page_size=64, pool_pages=24, **args):
+    pool = MLATokenToKVPool(
+        size=pool_pages * page_size,
+        page_size=page_size,
+        dtype=dtype,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        layer_num=1,
+        device="cpu",
+        enable_memory_saver=False,
+    )
+    model = SimpleNamespace(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, context_len=CONTEXT)
+    return SimpleNamespace(
+        model_config=model,
+        server_args=server_args(page_size, **args),
+        req_to_token_pool=ReqToTokenPool(size=8, max_context_len=CONTEXT, device="cpu", enable_memory_saver=False),
+        token_to_kv_pool=pool,
+        page_size=page_size,
+        device="cpu",
+        kv_cache_dtype=dtype,
+    )
+
+
+def place_requests(runner, lengths, seed=0):
+    """Give each request random pages of the pool and fill its slots with random KV; returns pool indices."""
+    gen = torch.Generator().manual_seed(seed)
+    p = runner.page_size
+    pool = runner.token_to_kv_pool
+    free = torch.randperm(pool.size // p, generator=gen) + 1  # page 0 holds SGLang's padding slots
+    indices, taken = [], 0
+    for i, length in enumerate(lengths):
+        row = i + 1
+        pages = free[taken : taken + math.ceil(length / p)]
+        taken += len(pages)
+        slots = (pages[:, None] * p + torch.arange(p)).flatten()[:length]
+        runner.req_to_token_pool.req_to_token[row, :length] = slots.to(torch.int32)
+        indices.append(row)
+    values = torch.randn(pool.kv_buffer[0].shape, generator=gen) * 0.5
+    pool.kv_buffer[0].copy_(values.to(pool.dtype).view(pool.store_dtype))
+    return torch.tensor(indices)
+
+
+def layer(k_scale=None):
+    return SimpleNamespace(
+        tp_q_head_num=HEADS, head_dim=576, v_head_dim=512, scaling=SCALING, k_scale=k_scale, layer_id=0
+    )
+
+
+def make_backend(runner):
+    return backend.MLADecodeBackend(runner, MLABackendConfig(), Resolution("bundled", "test"))
+
+
+def decode_batch(indices, lengths, mode=ForwardMode.DECODE, spec=None):
+    seq = torch.tensor(lengths)
+    tokens = len(lengths) * (spec.draft_token_num if spec else 1)
+    return ForwardBatch(
+        forward_mode=mode,
+        batch_size=len(lengths),
+        input_ids=torch.zeros(tokens, dtype=torch.long),
+        req_pool_indices=indices,
+        seq_lens=seq,
+        out_cache_loc=torch.zeros(tokens, dtype=torch.long),
+        seq_lens_sum=int(seq.sum()),
+        seq_lens_cpu=seq.clone(),
+        spec_info=spec,
+    )
+
+
+def absorbed_query(tokens, dtype, seed=1):
+    """q_nope as DeepSeek's absorbed bmm leaves it (a transposed [H, T, 512] buffer) and q_rope."""
+    gen = torch.Generator().manual_seed(seed)
+    nope = (torch.randn(HEADS, tokens, 512, generator=gen)).to(torch.bfloat16).transpose(0, 1)
+    rope = torch.randn(tokens, HEADS, 64, generator=gen).to(torch.bfloat16)
+    return nope, rope
+
+
+def expected_attention(runner, indices, kv_lens, q_nope, q_rope, q_len, k_scale=1.0):
+    """float64 attention over each request's slots, causal over its q_len newest tokens."""
+    cache = runner.token_to_kv_pool.get_key_buffer(0)[:, 0].double() * k_scale
+    fp8 = runner.kv_cache_dtype == torch.float8_e4m3fn
+    cast = (lambda t: t.clamp(-448, 448).to(torch.float8_e4m3fn)) if fp8 else (lambda t: t)
+    query = torch.cat([cast(q_nope).double(), cast(q_rope).double()], -1)
+    out = []
+    for b, (row, length) in enumerate(zip(indices.tolist(), kv_lens)):
+        slots = runner.req_to_token_pool.req_to_token[row, :length].long()
+        keys = cache[slots]
+        for t in range(q_len):
+            visible = length - q_len + t + 1
+            q = query[b * q_len + t]
+            logits = (q @ keys[:visible].T) * SCALING
+            out.append(torch.softmax(logits, -1) @ keys[:visible, :512])
+    return torch.stack(out).reshape(len(out), -1)
+
+
+def assert_close_to(result, want):
+    assert torch.isfinite(result.float()).all()
+    err = (result.double() - want).abs() / want.abs().clamp_min(1e-3)
+    assert err.max() <= 2**-7, err.max()
+
+
+def test_the_entry_point_registers_everything_sglang_looks_up():
+    from importlib.metadata import entry_points
+
+    from sglang.srt import server_args as sa
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+    from sglang.srt.models.deepseek_common import attention_backend_handler, utils
+
+    (entry,) = [e for e in entry_points(group="sglang.srt.plugins") if e.name == NAME]
+    assert entry.load() is register
+    assert ATTENTION_BACKENDS[NAME] is backend.create_backend
+    assert NAME in sa.ATTENTION_BACKEND_CHOICES
+    assert NAME in utils.FORWARD_ABSORB_CORE_ATTENTION_BACKENDS
+    handler = attention_backend_handler.AttentionBackendRegistry.get_handler(NAME)
+    assert handler is attention_backend_handler.handle_attention_triton
+    register()  # again: nothing doubles
+    assert sa.ATTENTION_BACKEND_CHOICES.count(NAME) == 1
+    assert utils.FORWARD_ABSORB_CORE_ATTENTION_BACKENDS.count(NAME) == 1
+
+
+def test_the_cli_accepts_the_name_and_rejects_others():
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(
+        ["--model-path", "m", "--decode-attention-backend", NAME, "--prefill-attention-backend", "triton"]
+    )
+    assert args.decode_attention_backend == NAME
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model-path", "m", "--decode-attention-backend", "mla_backendx"])
+
+
+@pytest.mark.parametrize("page_size", [16, 64, 128])
+def test_page_table_from_the_request_to_token_map(page_size):
+    runner = make_runner(torch.bfloat16, page_size)
+    lengths = [1, page_size + 3, 3 * page_size]
+    indices = place_requests(runner, lengths)
+    bk = make_backend(runner)
+    batch = decode_batch(indices, lengths)
+    bk.init_forward_metadata(batch)
+    meta = bk.forward_metadata
+    r2t = runner.req_to_token_pool.req_to_token
+    for b, (row, length) in enumerate(zip(indices.tolist(), lengths)):
+        for page in range(math.ceil(length / page_size)):
+            assert meta.block_tables[b, page] == r2t[row, page * page_size] // page_size
+    assert meta.seq_lens.tolist() == lengths and meta.seq_lens.dtype == torch.int32
+    assert meta.max_seq_len == max(lengths) and meta.q_len == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_forward_decode_on_sglangs_pool_matches_attention_over_its_slots(dtype):
+    runner = make_runner(dtype)
+    lengths = [5, 130, 300]
+    indices = place_requests(runner, lengths)
+    bk = make_backend(runner)
+    batch = decode_batch(indices, lengths)
+    bk.init_forward_metadata(batch)
+    q_nope, q_rope = absorbed_query(len(lengths), dtype)
+    k_scale = torch.tensor(2.0) if dtype == torch.float8_e4m3fn else None
+    out = bk.forward_decode(q_nope, None, None, layer(k_scale), batch, save_kv_cache=False, q_rope=q_rope)
+    assert out.shape == (3, HEADS * 512) and out.dtype == torch.bfloat16
+    want = expected_attention(runner, indices, lengths, q_nope, q_rope, 1, k_scale=2.0 if k_scale is not None else 1.0)
+    assert_close_to(out.view(-1, 512), want.view(-1, 512))
+
+
+def test_the_comparison_fails_on_a_wrong_result():
+    runner = make_runner(torch.bfloat16)
+    lengths = [40, 90]
+    indices = place_requests(runner, lengths)
+    bk = make_backend(runner)
+    batch = decode_batch(indices, lengths)
+    bk.init_forward_metadata(batch)
+    q_nope, q_rope = absorbed_query(2, torch.bfloat16)
+    out = bk.forward_decode(q_nope, None, None, layer(), batch, save_kv_cache=False, q_rope=q_rope)
+    want = expected_attention(runner, indices, lengths, q_nope, q_rope, 1)
+    with pytest.raises(AssertionError):
+        assert_close_to(out.view(-1, 512) * 1.02, want.view(-1, 512))
+    shorter = expected_attention(runner, indices, [39, 90], q_nope, q_rope, 1)  # one key too few
+    with pytest.raises(AssertionError):
+        assert_close_to(out.view(-1, 512), shorter.view(-1, 512))
+
+
+def test_target_verify_attends_causally_over_prefix_and_drafts():
+    runner = make_runner(torch.bfloat16, speculative_algorithm="EAGLE", speculative_num_draft_tokens=3)
+    prefixes, drafts = [20, 70], 3
+    indices = place_requests(runner, [n + drafts for n in prefixes])
+    bk = make_backend(runner)
+    spec = SimpleNamespace(draft_token_num=drafts)
+    batch = decode_batch(indices, prefixes, ForwardMode.TARGET_VERIFY, spec)
+    bk.init_forward_metadata(batch)
+    assert bk.forward_metadata.q_len == drafts
+    assert bk.forward_metadata.seq_lens.tolist() == [n + drafts for n in prefixes]
+    q_nope, q_rope = absorbed_query(len(prefixes) * drafts, torch.bfloat16)
+    out = bk.forward_extend(q_nope, None, None, layer(), batch, save_kv_cache=False, q_rope=q_rope)
+    want = expected_attention(runner, indices, [n + drafts for n in prefixes], q_nope, q_rope, drafts)
+    assert_close_to(out.view(-1, 512), want.view(-1, 512))
+
+
+@pytest.mark.parametrize("hooks", ["0.5.16+", "0.5.12"])
+def test_graph_buffers_are_refilled_for_each_replayed_batch(hooks):
+    runner = make_runner(torch.bfloat16)
+    bk = make_backend(runner)
+    bk.init_cuda_graph_state(max_bs=4, max_num_tokens=4)
+    first, second = [30, 200, 64], [129, 7, 400]
+    indices = place_requests(runner, first)
+    batch = decode_batch(indices, first)
+    if hooks == "0.5.16+":
+        bk.init_forward_metadata_out_graph(batch, in_capture=True)
+        bk.init_forward_metadata_in_graph(batch)  # recorded in the graph
+    else:
+        bk.init_forward_metadata_capture_cuda_graph(3, 3, indices, batch.seq_lens, None, ForwardMode.DECODE, None)
+    captured = bk.forward_metadata
+    assert captured.max_seq_len == CONTEXT  # the token map's width: the split plan holds for any replayed batch
+    q_nope, q_rope = absorbed_query(3, torch.bfloat16)
+    out = bk.forward_decode(q_nope, None, None, layer(), batch, save_kv_cache=False, q_rope=q_rope)
+    assert_close_to(out.view(-1, 512), expected_attention(runner, indices, first, q_nope, q_rope, 1).view(-1, 512))
+
+    indices = place_requests(runner, second, seed=5)  # a new batch in the same buffers
+    batch = decode_batch(indices.flip(0), second[::-1])
+    if hooks == "0.5.16+":
+        bk.init_forward_metadata_out_graph(batch)  # replay preparation: the captured metadata stays
+        bk.init_forward_metadata_in_graph(batch)  # what the replayed graph runs
+    else:
+        bk.init_forward_metadata_replay_cuda_graph(
+            3, batch.req_pool_indices, batch.seq_lens, None, None, ForwardMode.DECODE, None
+        )
+    assert bk.forward_metadata is captured
+    out = bk.forward_decode(q_nope, None, None, layer(), batch, save_kv_cache=False, q_rope=q_rope)
+    want = expected_attention(runner, indices.flip(0), second[::-1], q_nope, q_rope, 1)
+    assert_close_to(out.view(-1, 512), want.view(-1, 512))
+
+
+def test_a_gpu_it_cannot_serve_gets_sglangs_triton_and_says_why(monkeypatch, caplog):
+    monkeypatch.setenv("MLA_BACKEND_DEVICE_CAPABILITY", "8.0")
+    from mla_backend.sglang import fallback
+
+    monkeypatch.setattr(fallback, "triton_backend", lambda runner: ("triton", runner))
+    runner = make_runner(torch.bfloat16)
+    with caplog.at_level(logging.WARNING, logger="mla_backend"):
+        made = backend.create_backend(runner)
+    assert made == ("triton", runner)
+    assert "triton backend" in caplog.text and "8.0" in caplog.text
+
+
+def test_the_fallback_joins_the_absorbed_query_and_key():
+    from mla_backend.sglang.fallback import _joined
+
+    q_nope, q_rope = absorbed_query(3, torch.bfloat16)
+    k, k_rope = torch.randn(3, 1, 512), torch.randn(3, 64)
+    q, key = _joined(q_nope, k, q_rope, k_rope, layer())
+    assert q.shape == (3, HEADS, 576) and torch.equal(q[..., :512], q_nope) and torch.equal(q[..., 512:], q_rope)
+    assert key.shape == (3, 1, 576) and torch.equal(key[:, 0, 512:], k_rope)
+
+
+@pytest.mark.parametrize(
+    "env, args, message",
+    [
+        ({"MLA_BACKEND": "nope"}, {}, "mla_backend: bad settings in the environment: mla_backend.backend"),
+        ({"MLA_BACKEND": "xqa", "MLA_BACKEND_DEVICE_CAPABILITY": "7.5"}, {}, "backend='xqa' needs compute capability"),
+        ({"MLA_BACKEND_DEVICE_CAPABILITY": "9.0"}, {"page_size": 1}, "needs --page-size in"),
+        (
+            {"MLA_BACKEND_DEVICE_CAPABILITY": "9.0"},
+            {"prefill_attention_backend": None, "attention_backend": NAME},
+            "serves decode only",
+        ),
+        (
+            {"MLA_BACKEND_DEVICE_CAPABILITY": "9.0"},
+            {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 4},
+            "not trees",
+        ),
+    ],
+)
+def test_bad_settings_stop_start_up_with_our_message(monkeypatch, env, args, message):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    runner = make_runner(torch.bfloat16, **args) if "page_size" not in args else make_runner(torch.bfloat16)
+    if "page_size" in args:
+        runner.server_args.page_size = args["page_size"]
+    with pytest.raises(Exception, match=message.replace("(", r"\(")) as info:
+        backend.create_backend(runner)
+    assert "mla_backend" in str(info.value) or "backend='xqa'" in str(info.value)
