@@ -12,16 +12,14 @@ import math
 from types import SimpleNamespace
 
 import pytest
+import torch
+from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+from mla_backend.config import MLABackendConfig, Resolution
+from mla_backend.sglang import NAME, backend, register
 
 pytestmark = pytest.mark.sglang
-sglang = pytest.importorskip("sglang")
-
-import torch  # noqa: E402
-from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool  # noqa: E402
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
-
-from mla_backend.config import MLABackendConfig, Resolution  # noqa: E402
-from mla_backend.sglang import NAME, backend, register  # noqa: E402
 
 HEADS = 16
 SCALING = 0.07
