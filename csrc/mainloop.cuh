@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wd = warp & 3, wr = warp >> 2;
   const int g = lane >> 2, t = lane & 3;
-  const WarpRole w{lane, warp, wd, wr, g, t};
+  const WarpRole w{lane, wd, wr, g, t};
   const int b = blockIdx.z, split = blockIdx.y;
 
   pdl_wait();

@@ -80,7 +80,7 @@ struct TileConfig {
 // Where a thread sits: its warp's dim quarter and row group, and its coordinates in the MMA
 // fragments (g: row within an 8-row half, t: column pair). The kernel fills it once.
 struct WarpRole {
-  int lane, warp;
+  int lane;
   int wd, wr;  // dim quarter, row group
   int g, t;
 };

@@ -184,9 +184,9 @@ def xqa_batch_decode_with_kv_cache_mla(
     """FlashInfer's ``xqa_batch_decode_with_kv_cache_mla`` on the bundled kernels, plus ``return_lse``.
 
     Unlike FlashInfer's SM120-only XQA MLA: bf16 and fp8, 1-128 heads, q_len 1-8, split-KV, LSE,
-    and ``query`` may be the (q_nope, q_pe) pair.
+    and ``query`` may be the (q_nope, q_pe) pair. The same op as ``backend="xqa"`` above.
     """
-    problem = check_decode_inputs(
+    return trtllm_batch_decode_with_kv_cache_mla(
         query,
         kv_cache,
         workspace_buffer,
@@ -196,18 +196,14 @@ def xqa_batch_decode_with_kv_cache_mla(
         block_tables,
         seq_lens,
         max_seq_len,
-        out,
-        bmm1_scale,
-        bmm2_scale,
-        sinks,
+        out=out,
+        bmm1_scale=bmm1_scale,
+        bmm2_scale=bmm2_scale,
+        sinks=sinks,
+        enable_pdl=enable_pdl,
+        backend="xqa",
+        return_lse=return_lse,
     )
-    config = default_config()
-    if problem.device.type == "cuda":
-        resolve_backend(
-            config.model_copy(update={"backend": "xqa"}),
-            config.capability(torch.cuda.get_device_capability(problem.device)),
-        )
-    return _decode(problem, workspace_buffer, config, "bundled", enable_pdl, return_lse)
 
 
 __all__ = [

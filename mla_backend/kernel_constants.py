@@ -31,15 +31,19 @@ def csrc_dir() -> Path:
     raise FileNotFoundError(f"CUDA sources not found next to {here}")
 
 
+def _integer_defines(text: str) -> dict[str, int]:
+    return {name: int(value) for name, value in re.findall(r"^#define MLA_(\w+) (\d+)\b", text, re.M)}
+
+
 def read_constants(header: Path) -> dict[str, int]:
     """{NAME: value} of the header's ``#define MLA_NAME <integer>`` lines."""
-    return {name: int(value) for name, value in re.findall(r"^#define MLA_(\w+) (\d+)\b", header.read_text(), re.M)}
+    return _integer_defines(header.read_text())
 
 
 def read_tile_shapes(header: Path) -> tuple[TileShape, ...]:
     """The entries of the header's MLA_TILE_SHAPES table, in order (names resolve to MLA_ constants)."""
     text = header.read_text()
-    constants = read_constants(header)
+    constants = _integer_defines(text)
     table = re.search(r"^#define MLA_TILE_SHAPES\(X\)((?:.*\\\n)*.*)$", text, re.M)
     if table is None:
         raise ValueError(f"{header.name} has no MLA_TILE_SHAPES table")

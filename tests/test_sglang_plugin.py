@@ -329,9 +329,7 @@ def test_the_fallback_joins_the_absorbed_query_and_key():
 def test_bad_settings_stop_start_up_with_our_message(monkeypatch, env, args, message):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    runner = make_runner(torch.bfloat16, **args) if "page_size" not in args else make_runner(torch.bfloat16)
-    if "page_size" in args:
-        runner.server_args.page_size = args["page_size"]
+    runner = make_runner(torch.bfloat16, **args)
     with pytest.raises(Exception, match=message.replace("(", r"\(")) as info:
         backend.create_backend(runner)
     assert "mla_backend" in str(info.value) or "backend='xqa'" in str(info.value)

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from pydantic import ValidationError
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from .. import shapes
@@ -47,11 +48,11 @@ def page_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, page_
 
 
 def configured() -> MLABackendConfig:
+    """Settings from the MLA_BACKEND_* variables (SGLang has no per-backend configuration), validated."""
     try:
         return MLABackendConfig.from_sources()
-    except Exception as err:  # pydantic's ValidationError, worded for the log
-        message = format_validation_error(err) if hasattr(err, "errors") else str(err)
-        raise ValueError(f"mla_backend: bad settings in the environment: {message}") from None
+    except ValidationError as err:  # one readable line per bad setting, for SGLang's start-up error
+        raise ValueError(f"mla_backend: bad settings in the environment: {format_validation_error(err)}") from None
 
 
 def resolve(config: MLABackendConfig, device: torch.device) -> Resolution:
@@ -82,7 +83,7 @@ def check_server_args(server_args) -> None:
 def create_backend(runner) -> AttentionBackend:
     """Factory SGLang calls per model runner: our backend, or SGLang's triton on a GPU we do not serve."""
     config = configured()
-    route = resolve(config, runner.device if isinstance(runner.device, torch.device) else torch.device(runner.device))
+    route = resolve(config, torch.device(runner.device))
     if route.kernel == "fallback":
         from .fallback import triton_backend
 
@@ -107,7 +108,7 @@ class MLADecodeBackend(AttentionBackend):
         self.page_size = runner.page_size
         self.req_to_token = runner.req_to_token_pool.req_to_token
         self.token_to_kv_pool = runner.token_to_kv_pool
-        self.kv_cache_dtype = runner.kv_cache_dtype
+        self.fp8 = runner.kv_cache_dtype == torch.float8_e4m3fn
         self.max_context_len = model.context_len
         self.qk_nope_head_dim = model.qk_nope_head_dim
         spec = runner.server_args.speculative_num_draft_tokens
@@ -204,7 +205,7 @@ class MLADecodeBackend(AttentionBackend):
     def _save_kv(self, layer, forward_batch, k, v, k_rope) -> None:
         if k is None:
             return
-        if layer.k_scale is not None and self.kv_cache_dtype == torch.float8_e4m3fn:
+        if layer.k_scale is not None and self.fp8:
             k = k / layer.k_scale
             k_rope = k_rope / layer.k_scale if k_rope is not None else None
         if k_rope is not None:
@@ -220,12 +221,12 @@ class MLADecodeBackend(AttentionBackend):
         else:
             q_nope, q_rope = q.view(-1, heads, shapes.KV_LORA_RANK), q_rope.view(-1, heads, shapes.ROPE_DIM)
         parts = [t.unflatten(0, (-1, meta.q_len)) for t in (q_nope, q_rope)]
-        if self.kv_cache_dtype == torch.float8_e4m3fn:
+        if self.fp8:
             parts = [t.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn) for t in parts]
         return tuple(parts)
 
     def _scales(self, layer):
-        if self.kv_cache_dtype == torch.float8_e4m3fn and layer.k_scale is not None:
+        if self.fp8 and layer.k_scale is not None:
             k_scale = layer.k_scale.float().reshape(1)
             return k_scale * layer.scaling, k_scale
         return layer.scaling, 1.0
