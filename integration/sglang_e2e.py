@@ -1,25 +1,32 @@
 """End-to-end check of the SGLang plugin on a GPU: a seeded DeepSeek-V3 through ``sglang.Engine`` with
 ``--decode-attention-backend mla_backend`` against SGLang's own decode backends (prefill: triton).
 
-    python integration/sglang_e2e.py --heads 16 --kv fp8_e4m3,auto --out results/sglang
+    python integration/sglang_e2e.py --heads 16 --kv fp8_e4m3,auto --parts tokens,check,selftest
 
-Pass rule (the vLLM check's, integration/run_e2e.py): greedy tokens agree with SGLang's triton decode
-up to its first tie: a step where its top-2 logprob gap is below 0.1 nats, or where SGLang's second
-reference (flashmla) disagrees with it. With CUDA graphs and without. Each engine runs in a process of
-its own; decode tokens/s of every backend come from the same run. Exit status 1 if a run fails.
+Parts:
+- tokens: greedy tokens agree with SGLang's triton decode up to its first tie (the vLLM check's rule,
+  integration/run_e2e.py): a step where its top-2 logprob gap is below 0.1 nats, or where a second
+  reference (--references) disagrees with it. With CUDA graphs and without; decode tokens/s of every
+  backend come from the same run.
+- check: in eager mode every decode call of ours during the greedy run is recomputed in float64 on the
+  real paged cache (sglang_decode_check.py); the worst row must be within the kernel's tolerance.
+- selftest: the same with our outputs scaled by 1.05; the check must fail.
+Each engine runs in a process of its own. Exit status 1 if a part fails.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_e2e import agreement, make_prompts  # noqa: E402
+from run_e2e import SELFTEST_CORRUPTION, agreement, make_prompts  # noqa: E402
+from sglang_decode_check import ENV, judge, plugin_dir  # noqa: E402
 
 from mla_backend.tools.tiny_model import save_tiny_deepseek_v3  # noqa: E402
 
@@ -29,7 +36,7 @@ THROUGHPUT = dict(batch=32, context=2048, new_tokens=128)
 REFERENCE, SECOND_REFERENCE = "triton", "flashmla"
 
 
-def run_engine(model: str, decode: str, kv: str, graphs: bool) -> dict:
+def run_engine(model: str, decode: str, kv: str, graphs: bool, greedy_only: bool = False) -> dict:
     """One engine (this process): greedy tokens with top-2 logprobs, then decode tokens/s."""
     import sglang
     import torch
@@ -56,6 +63,8 @@ def run_engine(model: str, decode: str, kv: str, graphs: bool) -> dict:
         )
         tokens = [o["output_ids"] for o in outs]
         gaps = [[step[0][0] - step[1][0] for step in o["meta_info"]["output_top_logprobs"]] for o in outs]
+        if greedy_only:
+            return {"tokens": tokens, "gaps": gaps}
         gen = torch.Generator().manual_seed(7)
         batch = [
             torch.randint(0, 2048, (THROUGHPUT["context"],), generator=gen).tolist() for _ in range(THROUGHPUT["batch"])
@@ -70,14 +79,36 @@ def run_engine(model: str, decode: str, kv: str, graphs: bool) -> dict:
     return {"tokens": tokens, "gaps": gaps, "tokens_per_s": THROUGHPUT["batch"] * THROUGHPUT["new_tokens"] / seconds}
 
 
-def run_isolated(model: str, decode: str, kv: str, graphs: bool, log: Path) -> dict:
-    spec = json.dumps({"model": model, "decode": decode, "kv": kv, "graphs": graphs})
+def run_isolated(model: str, decode: str, kv: str, graphs: bool, log: Path, env: dict | None = None) -> dict:
+    spec = json.dumps({"model": model, "decode": decode, "kv": kv, "graphs": graphs, "greedy_only": env is not None})
     with open(log, "a") as sink:
-        done = subprocess.run([sys.executable, __file__, "--one", spec], stdout=subprocess.PIPE, stderr=sink, text=True)
+        done = subprocess.run(
+            [sys.executable, __file__, "--one", spec],
+            stdout=subprocess.PIPE,
+            stderr=sink,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         return {"error": f"exit {done.returncode}; see {log.name}"}
     return json.loads(lines[-1])
+
+
+def run_checked(model: str, kv: str, corruption: float, out: Path, log: Path) -> tuple[bool | None, str]:
+    """Ours in eager mode with every decode call checked in the scheduler process: (within
+    tolerance, note), or (None, why) where no call could be checked."""
+    summary = out / f"check_{kv}_x{corruption}.json"
+    summary.unlink(missing_ok=True)
+    here = str(Path(__file__).resolve().parent)
+    path = os.pathsep.join([str(plugin_dir(out / "check_plugin")), here, os.environ.get("PYTHONPATH", "")])
+    settings = json.dumps({"corruption": corruption, "summary": str(summary)})
+    run = run_isolated(model, "mla_backend", kv, False, log, env={ENV: settings, "PYTHONPATH": path})
+    if "error" in run:
+        return None, run["error"]
+    if not summary.exists():
+        return None, "no decode call was checked"
+    return judge(json.loads(summary.read_text()), fp8=kv.startswith("fp8"))
 
 
 def describe(run: dict) -> str:
@@ -89,20 +120,37 @@ def main() -> int:
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--kv", default="fp8_e4m3,auto")
     parser.add_argument("--references", default=f"{REFERENCE},{SECOND_REFERENCE}")
+    parser.add_argument("--parts", default="tokens,check,selftest")
     parser.add_argument("--out", type=Path, default=Path("results/sglang"))
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         spec = json.loads(args.one)
-        print(json.dumps(run_engine(spec["model"], spec["decode"], spec["kv"], spec["graphs"])), flush=True)
+        run = run_engine(spec["model"], spec["decode"], spec["kv"], spec["graphs"], spec["greedy_only"])
+        print(json.dumps(run), flush=True)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     # SGLang's DeepSeek model reads moe_layer_freq, which transformers' config does not write.
     model = str(save_tiny_deepseek_v3(args.out / f"tiny_h{args.heads}", heads=args.heads, moe_layer_freq=1))
     log = args.out / "engines.log"
-    references = args.references.split(",")
+    references, parts = args.references.split(","), set(args.parts.split(","))
     results, failed = [], False
     for kv in args.kv.split(","):
+        if "check" in parts:
+            within, note = run_checked(model, kv, 1.0, args.out, log)
+            ok = within is True
+            failed |= not ok
+            results.append({"part": "check", "kv": kv, "ok": ok, "note": note})
+            print(f"{'PASS' if ok else 'FAIL':9} mla_backend {kv:9} eager   float64 check: {note}", flush=True)
+        if "selftest" in parts:
+            within, note = run_checked(model, kv, SELFTEST_CORRUPTION, args.out, log)
+            ok = within is False  # the check ran and failed
+            failed |= not ok
+            results.append({"part": "selftest", "kv": kv, "ok": ok, "note": note})
+            outcome = "check failed, as it must" if ok else "check did not fail"
+            print(f"{'PASS' if ok else 'FAIL':9} mla_backend {kv:9} eager   x{SELFTEST_CORRUPTION} {outcome}: {note}")
+        if "tokens" not in parts:
+            continue
         ours = {graphs: run_isolated(model, "mla_backend", kv, graphs, log) for graphs in (True, False)}
         for graphs, run in ours.items():
             print(f"ours      mla_backend {kv:9} {'graphs' if graphs else 'eager '}  " + describe(run), flush=True)

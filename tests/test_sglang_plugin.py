@@ -333,3 +333,35 @@ def test_bad_settings_stop_start_up_with_our_message(monkeypatch, env, args, mes
     with pytest.raises(Exception, match=message.replace("(", r"\(")) as info:
         backend.create_backend(runner)
     assert "mla_backend" in str(info.value) or "backend='xqa'" in str(info.value)
+
+
+@pytest.mark.parametrize("corruption, within", [(1.0, True), (1.05, False)])
+def test_the_engine_check_passes_ours_and_fails_a_corrupted_output(monkeypatch, tmp_path, corruption, within):
+    """integration/sglang_decode_check.py, the float64 check the GPU end-to-end run installs in SGLang's
+    scheduler through a test-only entry point."""
+    import json
+    from importlib.metadata import entry_points
+    from pathlib import Path
+
+    integration = Path(__file__).resolve().parents[1] / "integration"
+    monkeypatch.syspath_prepend(str(integration))
+    import sglang_decode_check as check
+
+    monkeypatch.syspath_prepend(str(check.plugin_dir(tmp_path / "plugin")))
+    assert "sglang_decode_check:install" in [e.value for e in entry_points(group="sglang.srt.plugins")]
+
+    summary = tmp_path / "summary.json"
+    monkeypatch.setenv(check.ENV, json.dumps({"corruption": corruption, "summary": str(summary)}))
+    monkeypatch.setattr(backend.MLADecodeBackend, "_attend", backend.MLADecodeBackend._attend)  # undone after
+    check.install()
+    runner = make_runner(torch.float8_e4m3fn)
+    lengths = [20, 130, 300]
+    indices = place_requests(runner, lengths)
+    bk = make_backend(runner)
+    batch = decode_batch(indices, lengths)
+    bk.init_forward_metadata(batch)
+    q_nope, q_rope = absorbed_query(len(lengths), torch.float8_e4m3fn)
+    bk.forward_decode(q_nope, None, None, layer(torch.tensor(2.0)), batch, save_kv_cache=False, q_rope=q_rope)
+    result = json.loads(summary.read_text())
+    assert result["calls"] == 1 and result["rows"] == len(lengths) * HEADS
+    assert check.judge(result, fp8=True)[0] is within
