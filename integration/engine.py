@@ -26,7 +26,8 @@ class EngineSpec:
     kv_cache_dtype: str = "auto"  # auto (= bf16 model dtype) or fp8
     block_size: int = 64
     graphs: bool = True  # full CUDA graphs for decode; False = enforce_eager
-    spec_tokens: int = 0  # n-gram speculative tokens
+    spec_tokens: int = 0  # speculative tokens per step
+    spec_method: str = "ngram"  # ngram (vLLM's GPU n-gram proposer) or mtp (the checkpoint's MTP layer)
     mla_backend: dict = field(default_factory=dict)  # additional_config["mla_backend"]
     max_num_seqs: int = 16
 
@@ -39,7 +40,7 @@ class EngineSpec:
             "graph" if self.graphs else "eager",
         ]
         if self.spec_tokens:
-            parts.append(f"ngram{self.spec_tokens}")
+            parts.append(f"{self.spec_method}{self.spec_tokens}")
         parts += [f"{k}={v}" for k, v in self.mla_backend.items()]
         return " ".join(parts)
 
@@ -85,6 +86,10 @@ def engine_kwargs(spec: EngineSpec, model: str, max_model_len: int, memory_fract
         kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     if spec.spec_tokens:
         kwargs["disable_log_stats"] = False  # keeps the speculative-decoding counters
+    if spec.spec_tokens and spec.spec_method == "mtp":
+        # DeepSeek-V3's own drafter: the checkpoint's MTP layer, run k times; its attention is ours too.
+        kwargs["speculative_config"] = {"method": "deepseek_mtp", "num_speculative_tokens": spec.spec_tokens}
+    elif spec.spec_tokens:
         # A random model does not copy its prompt: a 1-token lookup still finds drafts in long prompts.
         kwargs["speculative_config"] = {
             "method": "ngram_gpu",

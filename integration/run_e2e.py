@@ -1,7 +1,7 @@
 """End-to-end check of the vLLM plugin on a GPU: a small seeded DeepSeek-V3 through vLLM with
 --attention-backend CUSTOM against vLLM's own MLA backends.
 
-    python integration/run_e2e.py --heads 16 --parts correctness,spec,fallback,selftest,throughput --out results/
+    python integration/run_e2e.py --heads 16 --parts correctness,spec,mtp,fallback,selftest,throughput --out results/
 
 Pass rules; exit status 1 if any run fails them:
 - Tokens: greedy tokens agree with the reference up to the first tie of the reference: a step
@@ -15,6 +15,10 @@ Pass rules; exit status 1 if any run fails them:
 - Speculative runs decode with n-gram drafts, ours and the references alike (the verification's
   1 + k query tokens change every layer's numerics), on prompts that make every request draft at
   every step (make_spec_prompts); real decode calls carry 1 + k query tokens and vLLM reports drafts.
+- MTP runs (--parts mtp) draft with DeepSeek-V3's own drafter, the checkpoint's MTP layer
+  (speculative method deepseek_mtp, k = 1 and 3; its attention runs on our backend too), on a seeded
+  checkpoint that holds one (tiny_model.add_mtp_layers); judged as the speculative runs are, against
+  the references run with the same drafter and k, and reported against non-speculative greedy.
 - Fallback runs (device_capability 8.0) are served by vLLM's Triton MLA kernel through our backend
   and judged against TRITON_MLA.
 - Selftest: our engine with its outputs scaled by 1.05 and LSE shifted by 0.5 must fail the
@@ -44,6 +48,7 @@ REPEATED_PROMPT_LENGTHS = [64, 200, 400, 900]  # a repeated 12-token motif: n-gr
 REFERENCES = {"fp8": ["FLASHMLA"], "auto": ["FLASH_ATTN_MLA", "TRITON_MLA"]}
 PEERS = {"fp8": ("TRITON_MLA", "FLASHMLA"), "auto": ("TRITON_MLA", "FLASH_ATTN_MLA")}
 SPEC_TOKENS = 3
+MTP_TOKENS = (1, 3)
 SPEC_MAX_MODEL_LEN = 4096  # the speculative prompts are the whole 2048-token vocabulary
 MIN_CHECKED_CALLS = 4  # forward_mqa calls recomputed in float64 per engine run
 MODEL_LAYERS = TINY_DEFAULTS["num_hidden_layers"]  # every decoder layer of the seeded checkpoint is checked
@@ -113,6 +118,12 @@ def spec_decode_specs() -> list[EngineSpec]:
     return [
         EngineSpec("CUSTOM", "fp8", 64, True, spec_tokens=SPEC_TOKENS),
         EngineSpec("CUSTOM", "auto", 16, True, spec_tokens=SPEC_TOKENS),
+    ]
+
+
+def mtp_specs() -> list[EngineSpec]:
+    return [EngineSpec("CUSTOM", "fp8", 64, True, spec_tokens=k, spec_method="mtp") for k in MTP_TOKENS] + [
+        EngineSpec("CUSTOM", "auto", 16, True, spec_tokens=3, spec_method="mtp")
     ]
 
 
@@ -264,8 +275,28 @@ def judge_speculation(result: dict) -> tuple[bool, str]:
     )
 
 
+def non_speculative_note(result: dict, plain_refs: dict[str, dict], kv: str) -> str:
+    """How far a speculative run's greedy tokens follow the first reference decoding without
+    speculation (reported; verification changes every layer's numerics, so this is not the rule)."""
+    name = REFERENCES[kv][0]
+    plain = plain_refs.get(name + kv)
+    if plain is None:
+        return "no non-speculative reference"
+    verdict = agreement(result["tokens"], plain["tokens"], plain["gaps"])
+    return (
+        f"vs {name} without speculation: {verdict['identical']}/{len(plain['tokens'])} identical, "
+        f"tie rule {'holds' if verdict['ok'] else 'broken'}"
+    )
+
+
 def reference_runs(
-    model: str, prompts: list[list[int]], rows: list, kvs: set[str], spec_tokens: int = 0, repeats: int = 1
+    model: str,
+    prompts: list[list[int]],
+    rows: list,
+    kvs: set[str],
+    spec_tokens: int = 0,
+    repeats: int = 1,
+    spec_method: str = "ngram",
 ) -> dict[str, dict]:
     """vLLM's own backends (the references and the calibration peers) for both KV dtypes, keyed by
     backend name + KV dtype; the references ``repeats`` times (``key#2`` ...). Speculative
@@ -273,7 +304,7 @@ def reference_runs(
     refs = {}
     for kv in REFERENCES.keys() & kvs:
         for name in sorted(set(REFERENCES[kv]) | set(PEERS[kv])):
-            spec = EngineSpec(name, kv, 64, True, spec_tokens=spec_tokens)
+            spec = EngineSpec(name, kv, 64, True, spec_tokens=spec_tokens, spec_method=spec_method)
             runs = repeats if name in REFERENCES[kv] else 1
             for run in range(runs):
                 key = name + kv + (f"#{run + 1}" if run else "")
@@ -334,12 +365,19 @@ def main() -> int:
                 )
             )
 
-    refs, spec_refs = {}, {}
+    refs, spec_refs, mtp_refs, plain_refs = {}, {}, {}, {}
     if parts & {"correctness", "fallback"}:
         refs = reference_runs(model, prompts, rows, kvs, repeats=args.reference_runs)
     if "spec" in parts:
         spec_prompts = [p for seed in args.prompt_seeds.split(",") for p in make_spec_prompts(int(seed))]
         spec_refs = reference_runs(model, spec_prompts, rows, kvs, spec_tokens=SPEC_TOKENS, repeats=args.reference_runs)
+    mtp_model = str(Path(args.model_dir) / f"dsv3_h{args.heads}_mtp")
+    if "mtp" in parts:
+        save_tiny_deepseek_v3(mtp_model, heads=args.heads, mtp_layers=1)
+        plain_refs = reference_runs(mtp_model, prompts, rows, kvs)
+        for k in MTP_TOKENS:  # only the KV dtypes some run of ours drafts k tokens with
+            needed = {s.kv_cache_dtype for s in mtp_specs() if s.spec_tokens == k} & kvs
+            mtp_refs[k] = reference_runs(mtp_model, prompts, rows, needed, spec_tokens=k, spec_method="mtp")
     ours = []
     if "correctness" in parts:
         ours += [(s, "bundled") for s in correctness_specs()]
@@ -347,6 +385,8 @@ def main() -> int:
         ours += [(s, "fallback") for s in fallback_specs()]
     if "spec" in parts:
         ours += [(s, "bundled") for s in spec_decode_specs()]
+    if "mtp" in parts:
+        ours += [(s, "bundled") for s in mtp_specs()]
     ours = [(s, route) for s, route in ours if s.kv_cache_dtype in kvs]
     results = []
     if "selftest" in parts:
@@ -358,7 +398,11 @@ def main() -> int:
                 print(f"[e2e h{args.heads}] selftest {spec.name}: {'PASS' if ok else 'FAIL'} {note}", flush=True)
     for spec, route in ours:
         try:
-            if spec.spec_tokens:
+            if spec.spec_tokens and spec.spec_method == "mtp":
+                result = run_engine_isolated(spec, mtp_model, prompts)
+                ok, notes = judge(result, mtp_refs[spec.spec_tokens], route)
+                notes.append(non_speculative_note(result, plain_refs, spec.kv_cache_dtype))
+            elif spec.spec_tokens:
                 result = run_engine_isolated(spec, model, spec_prompts, SPEC_MAX_MODEL_LEN)
                 ok, notes = judge(result, spec_refs, route)
             else:
@@ -373,7 +417,15 @@ def main() -> int:
 
     (out / f"e2e_h{args.heads}_{'_'.join(sorted(parts))}_{'_'.join(sorted(kvs))}.json").write_text(
         json.dumps(
-            {"heads": args.heads, "refs": refs, "spec_refs": spec_refs, "ours": results, "throughput": throughput},
+            {
+                "heads": args.heads,
+                "refs": refs,
+                "spec_refs": spec_refs,
+                "mtp_refs": mtp_refs,
+                "plain_refs": plain_refs,
+                "ours": results,
+                "throughput": throughput,
+            },
             indent=1,
             default=str,
         )

@@ -1,8 +1,14 @@
 """A small, seeded DeepSeek-V3 checkpoint for the demo and the end-to-end runs (needs transformers).
 
 Real MLA shapes (kv_lora_rank 512, rope 64, nope 128, q_lora) with only dense layers
-(first_k_dense_replace = num_hidden_layers), so no MoE kernel is needed. Weights use a wide
+(first_k_dense_replace past the last layer), so no MoE kernel is needed. Weights use a wide
 normal init: with the usual 0.02, attention is nearly uniform and hides decode errors.
+
+With ``mtp_layers=1`` the checkpoint also holds DeepSeek-V3's multi-token-prediction layer, as the
+released checkpoints do: ``model.layers.{N}`` (N = num_hidden_layers) is a full decoder layer plus
+``enorm``, ``hnorm``, ``eh_proj``, ``shared_head.{norm,head}`` and its own ``embed_tokens``, and
+``num_nextn_predict_layers`` in the config. transformers does not model that layer; vLLM's
+``deepseek_mtp`` speculative method serves it.
 """
 
 from __future__ import annotations
@@ -33,13 +39,15 @@ TINY_DEFAULTS = dict(
 )
 
 
-def save_tiny_deepseek_v3(path: str | Path, heads: int = 16, seed: int = 0, **overrides) -> Path:
+def save_tiny_deepseek_v3(path: str | Path, heads: int = 16, seed: int = 0, mtp_layers: int = 0, **overrides) -> Path:
     """Write a bf16 DeepSeek-V3 checkpoint with ``heads`` attention heads to ``path`` (reused if present)."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     path = Path(path)
     settings = {**TINY_DEFAULTS, "num_attention_heads": heads, "num_key_value_heads": heads, **overrides}
-    settings["first_k_dense_replace"] = settings["num_hidden_layers"]
+    # Dense everywhere, the MTP layers (indexed after the decoder layers) included.
+    settings["first_k_dense_replace"] = settings["num_hidden_layers"] + mtp_layers
+    settings["num_nextn_predict_layers"] = mtp_layers  # transformers' default (1) would claim an MTP layer
     stamp = {"seed": seed, **settings}
     if (path / "mla_backend_stamp.json").exists() and json.loads(
         (path / "mla_backend_stamp.json").read_text()
@@ -49,5 +57,33 @@ def save_tiny_deepseek_v3(path: str | Path, heads: int = 16, seed: int = 0, **ov
     config = DeepseekV3Config(**settings)
     model = DeepseekV3ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(path)
+    if mtp_layers:
+        add_mtp_layers(path, settings, mtp_layers, seed)
     (path / "mla_backend_stamp.json").write_text(json.dumps(stamp))
     return path
+
+
+def add_mtp_layers(path: Path, settings: dict, count: int, seed: int) -> None:
+    """Append seeded MTP layers to the saved checkpoint. Their decoder blocks come from a deeper model
+    of the same config (so they are initialised as the decoder layers are); the MTP projections use
+    the same wide normal init, the norms start at one as RMSNorm's do."""
+    from safetensors.torch import load_file, save_file
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    layers = settings["num_hidden_layers"]
+    torch.manual_seed(seed + 1)
+    deeper = DeepseekV3ForCausalLM(DeepseekV3Config(**{**settings, "num_hidden_layers": layers + count}))
+    deeper_state = deeper.to(torch.bfloat16).state_dict()
+    (weights_file,) = path.glob("*.safetensors")  # one shard at these sizes
+    tensors = load_file(weights_file)
+    hidden, std = settings["hidden_size"], settings["initializer_range"]
+    for index in range(layers, layers + count):
+        prefix = f"model.layers.{index}."
+        tensors.update({k: v.contiguous() for k, v in deeper_state.items() if k.startswith(prefix)})
+        tensors[prefix + "enorm.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
+        tensors[prefix + "hnorm.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
+        tensors[prefix + "eh_proj.weight"] = (torch.randn(hidden, 2 * hidden) * std).to(torch.bfloat16)
+        tensors[prefix + "shared_head.norm.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
+        tensors[prefix + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+        tensors[prefix + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, weights_file, metadata={"format": "pt"})
