@@ -30,6 +30,8 @@ class EngineSpec:
     spec_method: str = "ngram"  # ngram (vLLM's GPU n-gram proposer) or mtp (the checkpoint's MTP layer)
     mla_backend: dict = field(default_factory=dict)  # additional_config["mla_backend"]
     max_num_seqs: int = 16
+    tp: int = 1  # tensor parallel size (heads split over GPUs)
+    dcp: int = 1  # decode context parallel size (KV split over GPUs; our LSE merges the parts)
 
     @property
     def name(self) -> str:
@@ -41,6 +43,8 @@ class EngineSpec:
         ]
         if self.spec_tokens:
             parts.append(f"{self.spec_method}{self.spec_tokens}")
+        parts += [f"tp{self.tp}"] if self.tp > 1 else []
+        parts += [f"dcp{self.dcp}"] if self.dcp > 1 else []
         parts += [f"{k}={v}" for k, v in self.mla_backend.items()]
         return " ".join(parts)
 
@@ -81,6 +85,8 @@ def engine_kwargs(spec: EngineSpec, model: str, max_model_len: int, memory_fract
         enforce_eager=not spec.graphs,
         additional_config={"mla_backend": spec.mla_backend} if spec.mla_backend else {},
         enable_prefix_caching=False,
+        tensor_parallel_size=spec.tp,
+        decode_context_parallel_size=spec.dcp,
     )
     if spec.graphs:  # full graphs for decode without an inductor compile: quick to start
         kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}

@@ -19,6 +19,10 @@ Pass rules; exit status 1 if any run fails them:
   (speculative method deepseek_mtp, k = 1 and 3; its attention runs on our backend too), on a seeded
   checkpoint that holds one (tiny_model.add_mtp_layers); judged as the speculative runs are, against
   the references run with the same drafter and k, and reported against non-speculative greedy.
+- Parallel runs (--parts parallel, two GPUs): ours with tensor parallelism 2, and with decode context
+  parallelism 2 on top (vLLM merges our per-rank LSE), against ours on one GPU, whose forward_mqa
+  is checked in float64 in the same run: greedy tokens agree up to its first tie. The workers run
+  in processes of their own, out of the forward_mqa check's reach.
 - Fallback runs (device_capability 8.0) are served by vLLM's Triton MLA kernel through our backend
   and judged against TRITON_MLA.
 - Selftest: our engine with its outputs scaled by 1.05 and LSE shifted by 0.5 must fail the
@@ -125,6 +129,20 @@ def mtp_specs() -> list[EngineSpec]:
     return [EngineSpec("CUSTOM", "fp8", 64, True, spec_tokens=k, spec_method="mtp") for k in MTP_TOKENS] + [
         EngineSpec("CUSTOM", "auto", 16, True, spec_tokens=3, spec_method="mtp")
     ]
+
+
+def parallel_specs() -> list[EngineSpec]:
+    return [EngineSpec("CUSTOM", "fp8", 64, True, tp=2), EngineSpec("CUSTOM", "fp8", 64, True, tp=2, dcp=2)]
+
+
+def judge_parallel(result: dict, single: dict) -> tuple[bool, list[str]]:
+    """A multi-GPU run of ours against ours on one GPU: the tie rule on greedy tokens."""
+    verdict = agreement(result["tokens"], single["tokens"], single["gaps"])
+    note = (
+        f"vs ours on one GPU: {verdict['identical']}/{len(single['tokens'])} identical, "
+        f"divergences (prompt, step, first tie) {verdict['divergent']}"
+    )
+    return verdict["ok"], [note]
 
 
 def fallback_specs() -> list[EngineSpec]:
@@ -396,6 +414,23 @@ def main() -> int:
                 all_ok &= ok
                 rows.append((spec.name + " x1.05", "PASS" if ok else "FAIL", note))
                 print(f"[e2e h{args.heads}] selftest {spec.name}: {'PASS' if ok else 'FAIL'} {note}", flush=True)
+    if "parallel" in parts:
+        single_spec = EngineSpec("CUSTOM", "fp8", 64, True)
+        single = run_engine(single_spec, model, prompts)
+        results.append(single)
+        ok, notes = finish_judging(single, "bundled", True, [])
+        all_ok &= ok
+        rows.append((single_spec.name + " (1 GPU)", "PASS" if ok else "FAIL", "; ".join(notes)))
+        for spec in parallel_specs():
+            try:
+                result = run_engine_isolated(spec, model, prompts)
+                ok, notes = judge_parallel(result, single)
+            except Exception as err:
+                result, ok, notes = {"name": spec.name, "error": repr(err)}, False, [repr(err)[:300]]
+            results.append(result)
+            all_ok &= ok
+            rows.append((spec.name, "PASS" if ok else "FAIL", "; ".join(notes)))
+            print(f"[e2e h{args.heads}] {spec.name}: {'PASS' if ok else 'FAIL'} {'; '.join(notes)}", flush=True)
     for spec, route in ours:
         try:
             if spec.spec_tokens and spec.spec_method == "mtp":

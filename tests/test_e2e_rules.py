@@ -17,7 +17,10 @@ from run_e2e import (  # noqa: E402
     agreement,
     judge,
     judge_decode_check,
+    judge_parallel,
     judge_speculation,
+    mtp_specs,
+    parallel_specs,
     rule_calibration,
     runs_of,
 )
@@ -208,3 +211,27 @@ def test_fallback_runs_are_judged_against_triton_mla_not_a_peer_of_it():
     assert judge(result, refs, "fallback")[0]
     result["tokens"] = REF  # what FLASHMLA says, but not what the Triton kernel says
     assert not judge(result, refs, "fallback")[0]
+
+
+def test_parallel_runs_follow_ours_on_one_gpu_up_to_its_first_tie():
+    single = {"tokens": REF, "gaps": [[1.0, 1.0, 0.05, 1.0], [1.0] * 4]}
+    assert judge_parallel({"tokens": [[1, 2, 3, 0], [5, 6, 7, 8]]}, single)[0]  # at a tie
+    assert not judge_parallel({"tokens": [[1, 2, 3, 4], [5, 0, 7, 8]]}, single)[0]  # before any tie
+
+
+def test_every_engine_of_the_matrix_is_valid_engine_arguments_for_vllm():
+    """The LLM(...) keywords of each kind of run, MTP and parallel ones included, are fields vLLM's
+    EngineArgs knows (a misspelt or renamed one is a TypeError here, not on the GPU)."""
+    import dataclasses
+
+    from engine import engine_kwargs
+    from vllm.engine.arg_utils import EngineArgs
+
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    for spec in [*mtp_specs(), *parallel_specs()]:
+        kwargs = engine_kwargs(spec, "/nonexistent", 2048, 0.2)
+        assert set(kwargs) <= fields, set(kwargs) - fields
+    mtp = engine_kwargs(mtp_specs()[0], "/m", 2048, 0.2)["speculative_config"]
+    assert mtp == {"method": "deepseek_mtp", "num_speculative_tokens": 1}
+    dcp = engine_kwargs(parallel_specs()[1], "/m", 2048, 0.2)
+    assert (dcp["tensor_parallel_size"], dcp["decode_context_parallel_size"]) == (2, 2)
