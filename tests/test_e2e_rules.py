@@ -1,5 +1,6 @@
 """The end-to-end pass rules (integration/run_e2e.py) on hand-made token streams."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -235,3 +236,29 @@ def test_every_engine_of_the_matrix_is_valid_engine_arguments_for_vllm():
     assert mtp == {"method": "deepseek_mtp", "num_speculative_tokens": 1}
     dcp = engine_kwargs(parallel_specs()[1], "/m", 2048, 0.2)
     assert (dcp["tensor_parallel_size"], dcp["decode_context_parallel_size"]) == (2, 2)
+
+
+def test_the_serving_check_starts_vllm_serve_with_the_offline_engines_settings():
+    """integration/serve_check.py: every flag names an EngineArgs field (or the server's port), and
+    the values are the offline engine's, so greedy tokens can be compared."""
+    import dataclasses
+
+    from engine import EngineSpec, engine_kwargs
+    from serve_check import serve_command
+    from vllm.engine.arg_utils import EngineArgs
+
+    spec = EngineSpec("CUSTOM", "fp8", 64, True)
+    command = serve_command(spec, "/m", 8123, {"backend": "nope"})
+    assert command[2:5] == ["vllm.entrypoints.cli.main", "serve", "/m"]
+    flags, values = {}, iter(command[5:])
+    for flag in values:
+        name = flag.removeprefix("--").replace("-", "_")
+        flags[name] = True if name in ("skip_tokenizer_init", "no_enable_prefix_caching") else next(values)
+    fields = {f.name for f in dataclasses.fields(EngineArgs)} | {"port", "no_enable_prefix_caching"}
+    assert set(flags) <= fields, set(flags) - fields
+    offline = engine_kwargs(spec, "/m", 2048, 0.3)
+    for name in ("attention_backend", "kv_cache_dtype", "dtype"):
+        assert flags[name] == offline[name]
+    assert int(flags["block_size"]) == offline["block_size"] and not offline["enable_prefix_caching"]
+    assert json.loads(flags["compilation_config"]) == offline["compilation_config"]
+    assert json.loads(flags["additional_config"]) == {"mla_backend": {"backend": "nope"}}

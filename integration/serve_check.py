@@ -1,0 +1,230 @@
+"""Serving check of the vLLM plugin on a GPU: ``vllm serve`` with ``--attention-backend CUSTOM`` on a
+seeded DeepSeek-V3, driven with the ``openai`` client as users drive it.
+
+    python integration/serve_check.py --heads 16 --out results/serve
+
+Pass rules; exit status 1 if one fails:
+- Greedy: completions (token ids in, token ids out) for 8 prompts, sent together, agree with the
+  offline engine (``LLM(...)``, same backend and settings, prefix caching off in both) up to the
+  offline engine's first tie (a top-2 logprob gap below 0.1 nats; integration/run_e2e.py's rule).
+- Load: 96 concurrent streaming requests each finish with the requested number of tokens.
+- ``/metrics`` answers with vLLM's counters; the server stops on SIGINT within a minute.
+- Bad settings stop start-up with our message in the log: an unknown ``backend`` value, and ``xqa``
+  forced on a capability our kernels do not serve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine import EngineSpec, engine_kwargs, run_engine  # noqa: E402
+from run_e2e import agreement, make_prompts  # noqa: E402
+
+from mla_backend.tools.tiny_model import save_tiny_deepseek_v3  # noqa: E402
+
+GREEDY_PROMPTS = 8
+GREEDY_TOKENS = 32
+LOAD_REQUESTS, LOAD_TOKENS = 96, 64
+START_TIMEOUT_S = 600  # includes building the kernels on a machine without the wheel's
+BAD_SETTINGS = {
+    "unknown backend value": ({"backend": "nope"}, "nope"),
+    "xqa on an unserved GPU": ({"backend": "xqa", "device_capability": "8.0"}, "xqa"),
+}
+
+
+def serve_command(spec: EngineSpec, model: str, port: int, mla_backend: dict | None = None) -> list[str]:
+    """``vllm serve`` with the offline engine's settings (engine_kwargs), as command-line flags."""
+    kwargs = engine_kwargs(spec, model, 2048, memory_fraction=0.3)
+    flags = [
+        "--attention-backend", kwargs["attention_backend"],
+        "--kv-cache-dtype", kwargs["kv_cache_dtype"],
+        "--block-size", str(kwargs["block_size"]),
+        "--dtype", kwargs["dtype"],
+        "--seed", str(kwargs["seed"]),
+        "--max-model-len", str(kwargs["max_model_len"]),
+        "--max-num-seqs", str(LOAD_REQUESTS),
+        "--gpu-memory-utilization", str(kwargs["gpu_memory_utilization"]),
+        "--skip-tokenizer-init",
+        "--no-enable-prefix-caching",
+        "--port", str(port),
+    ]  # fmt: skip
+    if "compilation_config" in kwargs:
+        flags += ["--compilation-config", json.dumps(kwargs["compilation_config"])]
+    if mla_backend:
+        flags += ["--additional-config", json.dumps({"mla_backend": mla_backend})]
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, *flags]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_healthy(server: subprocess.Popen, port: int, timeout_s: float) -> bool:
+    """True once /health answers 200; False if the server exits or the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(2)
+    return False
+
+
+async def greedy_completions(client, model: str, prompts: list[list[int]]) -> list[list[int]]:
+    async def one(prompt):
+        response = await client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=GREEDY_TOKENS,
+            temperature=0.0,
+            extra_body={"return_token_ids": True, "ignore_eos": True},
+        )
+        return response.choices[0].model_extra["token_ids"]
+
+    return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+
+async def streamed_token_counts(client, model: str, prompts: list[list[int]]) -> list[int]:
+    async def one(prompt):
+        stream = await client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=LOAD_TOKENS,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        used = 0
+        async for chunk in stream:
+            if chunk.usage is not None:
+                used = chunk.usage.completion_tokens
+        return used
+
+    return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+
+def metrics_answer(port: int) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return response.status == 200 and "vllm:" in response.read().decode()
+
+
+def stop(server: subprocess.Popen, timeout_s: float = 60) -> bool:
+    """SIGINT, as Ctrl-C; True if the server exits in time."""
+    server.send_signal(signal.SIGINT)
+    try:
+        server.wait(timeout_s)
+        return True
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+        return False
+
+
+def serving_checks(spec: EngineSpec, model: str, offline: dict, prompts: list[list[int]], log: Path) -> list:
+    from openai import AsyncOpenAI
+
+    port = free_port()
+    rows = []
+    with open(log, "w") as sink:
+        server = subprocess.Popen(serve_command(spec, model, port), stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        started = time.monotonic()
+        if not wait_until_healthy(server, port, START_TIMEOUT_S):
+            return [("start", False, f"server not healthy (exit {server.poll()}); see {log.name}")]
+        rows.append(("start", True, f"healthy after {time.monotonic() - started:.0f} s"))
+        client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=300)
+        tokens = asyncio.run(greedy_completions(client, model, prompts))
+        verdict = agreement(tokens, offline["tokens"], offline["gaps"])
+        rows.append(
+            (
+                "greedy vs offline",
+                verdict["ok"],
+                f"{verdict['identical']}/{len(prompts)} identical, divergences (prompt, step, first tie) "
+                f"{verdict['divergent']}",
+            )
+        )
+        load_prompts = [make_prompts(seed)[i % 12] for seed in range(8) for i in range(12)][:LOAD_REQUESTS]
+        begun = time.monotonic()
+        counts = asyncio.run(streamed_token_counts(client, model, load_prompts))
+        seconds = time.monotonic() - begun
+        finished = sum(c == LOAD_TOKENS for c in counts)
+        rows.append(
+            (
+                f"{LOAD_REQUESTS} concurrent streams",
+                finished == LOAD_REQUESTS,
+                f"{finished}/{LOAD_REQUESTS} got {LOAD_TOKENS} tokens in {seconds:.1f} s "
+                f"({sum(counts) / seconds:.0f} tok/s)",
+            )
+        )
+        rows.append(("/metrics", metrics_answer(port), "vLLM counters served"))
+    finally:
+        stopped = stop(server)
+        rows.append(("stop on SIGINT", stopped, f"exit {server.returncode}"))
+    return rows
+
+
+def bad_setting_checks(spec: EngineSpec, model: str, out: Path) -> list:
+    """Each bad setting must stop start-up (non-zero exit) with our message in the log."""
+    rows = []
+    for name, (setting, word) in BAD_SETTINGS.items():
+        log = out / f"serve_bad_{setting['backend']}.log"
+        with open(log, "w") as sink:
+            done = subprocess.run(
+                serve_command(spec, model, free_port(), setting),
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                timeout=START_TIMEOUT_S,
+            )
+        ours = [line for line in log.read_text().splitlines() if "mla_backend" in line and word in line]
+        ok = done.returncode != 0 and bool(ours)
+        rows.append(
+            (
+                f"refused: {name}",
+                ok,
+                f"exit {done.returncode}: {ours[-1].strip()[:200] if ours else 'no message of ours'}",
+            )
+        )
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--kv", default="fp8", choices=["fp8", "auto"])
+    parser.add_argument("--out", type=Path, default=Path("results/serve"))
+    parser.add_argument("--model-dir", default="/tmp/mla_backend_models")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = str(save_tiny_deepseek_v3(Path(args.model_dir) / f"dsv3_h{args.heads}", heads=args.heads))
+    spec = EngineSpec("CUSTOM", args.kv, 64, True, max_num_seqs=GREEDY_PROMPTS)
+    prompts = make_prompts(0)[:GREEDY_PROMPTS]
+    offline = run_engine(spec, model, prompts, max_tokens=GREEDY_TOKENS)  # frees the GPU before serving
+    rows = serving_checks(spec, model, offline, prompts, args.out / "serve.log")
+    rows += bad_setting_checks(spec, model, args.out)
+    (args.out / f"serve_h{args.heads}_{args.kv}.json").write_text(json.dumps(rows, indent=1))
+    print(f"\n== vllm serve, {args.heads} heads, kv {args.kv} ==")
+    for name, ok, note in rows:
+        print(f"{'PASS' if ok else 'FAIL':5} {name:28} {note}")
+    return 0 if all(ok for _, ok, _ in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
