@@ -1,0 +1,139 @@
+"""Decode speed at DeepSeek-V3's real attention dimensions through vLLM: ours against FLASHMLA and
+TRITON_MLA in the same run, and the share of a decode step spent in attention.
+
+    python integration/real_dims.py --heads 128,16 --kv fp8 --out results/real_dims
+
+The model: a few decoder layers at DeepSeek-V3's sizes (hidden 7168, q_lora_rank 1536, kv_lora_rank
+512, rope 64, nope 128, v 128, vocabulary 129280), with 128 heads or 16 (a GPU's share under TP8).
+Dense MLPs (intermediate 18432) stand in for MoE, which never reaches the attention backend. Weights
+are vLLM's dummy initialisation: speed only, correctness is the other scripts' job.
+
+Per backend, one engine; for each batch and context, decode tokens/s (mla_backend.tools.demo's
+decode_throughput: the time of N new tokens minus that of one, so prefill cancels). The attention
+share is LAYERS x the backend's kernel time at that shape (the op benchmark's graph replay, same
+process, KV beyond L2) over the decode step time (batch / tokens/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine import EngineSpec, engine_kwargs, release_engine  # noqa: E402
+
+LAYERS = 4
+REAL_DIMS = dict(
+    vocab_size=129280,
+    hidden_size=7168,
+    intermediate_size=18432,
+    num_hidden_layers=LAYERS,
+    first_k_dense_replace=LAYERS,
+    q_lora_rank=1536,
+    kv_lora_rank=512,
+    qk_rope_head_dim=64,
+    qk_nope_head_dim=128,
+    v_head_dim=128,
+    n_routed_experts=256,
+    num_experts_per_tok=8,
+    num_nextn_predict_layers=0,
+    max_position_embeddings=32768,
+    rope_scaling=None,
+    tie_word_embeddings=False,
+)
+BATCHES = (1, 32, 128)
+CONTEXTS = (4096, 16384)
+NEW_TOKENS = 64
+BACKENDS = ("CUSTOM", "FLASHMLA", "TRITON_MLA")
+KERNEL_NAMES = {"CUSTOM": "mla_backend", "FLASHMLA": "flashmla", "TRITON_MLA": "triton_mla"}  # tools/peers.py
+
+
+def save_config(path: Path, heads: int) -> str:
+    """A config-only checkpoint (weights come from load_format="dummy")."""
+    from transformers import DeepseekV3Config
+
+    DeepseekV3Config(**REAL_DIMS, num_attention_heads=heads, num_key_value_heads=heads).save_pretrained(path)
+    return str(path)
+
+
+def engine_rates(backend: str, kv: str, model: str) -> dict[tuple[int, int], float]:
+    """Decode tokens/s of one backend at every (batch, context)."""
+    from vllm import LLM
+
+    from mla_backend.tools.demo import decode_throughput, random_prompts
+
+    spec = EngineSpec(backend, kv, 64, True, max_num_seqs=max(BATCHES))
+    kwargs = engine_kwargs(spec, model, max(CONTEXTS) + NEW_TOKENS + 64, memory_fraction=0.6)
+    rates = {}
+    try:
+        llm = LLM(**kwargs, load_format="dummy")
+        for batch in BATCHES:
+            for context in CONTEXTS:
+                prompts = random_prompts(batch, context, REAL_DIMS["vocab_size"])
+                rates[batch, context] = decode_throughput(llm, prompts, NEW_TOKENS, repeats=1)
+                print(
+                    f"[real dims] {backend} batch {batch} ctx {context}: {rates[batch, context]:.0f} tok/s", flush=True
+                )
+        del llm
+    finally:
+        release_engine()
+    return rates
+
+
+def kernel_us(kv: str, heads: int) -> dict[tuple[str, int, int], float | None]:
+    """Attention kernel time per layer call at each shape, ours and the peers (graph replay)."""
+    import torch
+
+    from mla_backend.tools.bench import bench_shape
+    from mla_backend.vllm.backend import DECODE_WORKSPACE_BYTES
+
+    dtype = torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16
+    # The engine's workspace: the split plan is capped by what it gets.
+    workspace = torch.empty(DECODE_WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+    times = {}
+    for batch in BATCHES:
+        for context in CONTEXTS:
+            for row in bench_shape(dtype, heads, batch, context, 1, workspace):
+                times[row.impl, batch, context] = row.us
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--heads", default="128,16")
+    parser.add_argument("--kv", default="fp8", choices=["fp8", "auto"])
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--out", type=Path, default=Path("results/real_dims"))
+    parser.add_argument("--model-dir", type=Path, default=Path("/tmp/mla_backend_models"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for heads in (int(h) for h in args.heads.split(",")):
+        model = save_config(args.model_dir / f"dsv3_real_dims_h{heads}", heads)
+        rates = {backend: engine_rates(backend, args.kv, model) for backend in args.backends.split(",")}
+        kernels = kernel_us(args.kv, heads)
+        for (batch, context), ours in rates[args.backends.split(",")[0]].items():
+            for backend, by_shape in rates.items():
+                rate = by_shape[batch, context]
+                step_us = batch / rate * 1e6
+                attention = kernels.get((KERNEL_NAMES[backend], batch, context))
+                share = LAYERS * attention / step_us if attention else None
+                rows.append(
+                    dict(heads=heads, batch=batch, context=context, backend=backend, tokens_per_s=rate,
+                         vs_ours=ours / rate, step_us=step_us, attention_us=attention, attention_share=share)
+                )  # fmt: skip
+    (args.out / f"real_dims_{args.kv}.json").write_text(json.dumps(rows, indent=1))
+    print(f"\n== real dimensions, {LAYERS} layers, kv {args.kv}: decode tok/s (ours / backend), attention share ==")
+    for r in rows:
+        share = f"{r['attention_share']:.0%}" if r["attention_share"] is not None else "-"
+        print(
+            f"H{r['heads']:<4} B{r['batch']:<4} ctx {r['context']:<6} {r['backend']:11} {r['tokens_per_s']:9.0f} tok/s "
+            f"(ours/this {r['vs_ours']:.2f})  step {r['step_us']:8.0f} us  attention {share}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
