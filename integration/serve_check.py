@@ -138,43 +138,48 @@ def stop(server: subprocess.Popen, timeout_s: float = 60) -> bool:
         return False
 
 
-def serving_checks(spec: EngineSpec, model: str, offline: dict, prompts: list[list[int]], log: Path) -> list:
+async def drive(port: int, model: str, prompts: list[list[int]], load_prompts: list[list[int]]):
+    """The greedy completions, then the concurrent streams: (tokens, token counts, load seconds)."""
     from openai import AsyncOpenAI
 
+    async with AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=300) as client:
+        tokens = await greedy_completions(client, model, prompts)
+        begun = time.monotonic()
+        counts = await streamed_token_counts(client, model, load_prompts)
+        return tokens, counts, time.monotonic() - begun
+
+
+def serving_checks(spec: EngineSpec, model: str, offline: dict, prompts: list[list[int]], log: Path) -> list:
     port = free_port()
     rows = []
     with open(log, "w") as sink:
         server = subprocess.Popen(serve_command(spec, model, port), stdout=sink, stderr=subprocess.STDOUT)
     try:
         started = time.monotonic()
-        if not wait_until_healthy(server, port, START_TIMEOUT_S):
-            return [("start", False, f"server not healthy (exit {server.poll()}); see {log.name}")]
-        rows.append(("start", True, f"healthy after {time.monotonic() - started:.0f} s"))
-        client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=300)
-        tokens = asyncio.run(greedy_completions(client, model, prompts))
-        verdict = agreement(tokens, offline["tokens"], offline["gaps"])
-        rows.append(
-            (
-                "greedy vs offline",
-                verdict["ok"],
-                f"{verdict['identical']}/{len(prompts)} identical, divergences (prompt, step, first tie) "
-                f"{verdict['divergent']}",
+        healthy = wait_until_healthy(server, port, START_TIMEOUT_S)
+        rows.append(("start", healthy, f"after {time.monotonic() - started:.0f} s (exit {server.poll()}; {log.name})"))
+        if healthy:
+            load_prompts = [make_prompts(seed)[i % 12] for seed in range(8) for i in range(12)][:LOAD_REQUESTS]
+            tokens, counts, seconds = asyncio.run(drive(port, model, prompts, load_prompts))
+            verdict = agreement(tokens, offline["tokens"], offline["gaps"])
+            rows.append(
+                (
+                    "greedy vs offline",
+                    verdict["ok"],
+                    f"{verdict['identical']}/{len(prompts)} identical, divergences (prompt, step, first tie) "
+                    f"{verdict['divergent']}",
+                )
             )
-        )
-        load_prompts = [make_prompts(seed)[i % 12] for seed in range(8) for i in range(12)][:LOAD_REQUESTS]
-        begun = time.monotonic()
-        counts = asyncio.run(streamed_token_counts(client, model, load_prompts))
-        seconds = time.monotonic() - begun
-        finished = sum(c == LOAD_TOKENS for c in counts)
-        rows.append(
-            (
-                f"{LOAD_REQUESTS} concurrent streams",
-                finished == LOAD_REQUESTS,
-                f"{finished}/{LOAD_REQUESTS} got {LOAD_TOKENS} tokens in {seconds:.1f} s "
-                f"({sum(counts) / seconds:.0f} tok/s)",
+            finished = sum(c == LOAD_TOKENS for c in counts)
+            rows.append(
+                (
+                    f"{LOAD_REQUESTS} concurrent streams",
+                    finished == LOAD_REQUESTS,
+                    f"{finished}/{LOAD_REQUESTS} got {LOAD_TOKENS} tokens in {seconds:.1f} s "
+                    f"({sum(counts) / seconds:.0f} tok/s)",
+                )
             )
-        )
-        rows.append(("/metrics", metrics_answer(port), "vLLM counters served"))
+            rows.append(("/metrics", metrics_answer(port), "vLLM counters served"))
     finally:
         stopped = stop(server)
         rows.append(("stop on SIGINT", stopped, f"exit {server.returncode}"))
