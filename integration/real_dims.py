@@ -109,12 +109,13 @@ def main() -> int:
     parser.add_argument("--model-dir", type=Path, default=Path("/tmp/mla_backend_models"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    backends, rows = args.backends.split(","), []
     for heads in (int(h) for h in args.heads.split(",")):
         model = save_config(args.model_dir / f"dsv3_real_dims_h{heads}", heads)
-        rates = {backend: engine_rates(backend, args.kv, model) for backend in args.backends.split(",")}
+        rates = {backend: engine_rates(backend, args.kv, model) for backend in backends}
         kernels = kernel_us(args.kv, heads)
-        for (batch, context), ours in rates[args.backends.split(",")[0]].items():
+        for batch, context in rates[backends[0]]:
+            ours = rates["CUSTOM"][batch, context] if "CUSTOM" in rates else float("nan")
             for backend, by_shape in rates.items():
                 rate = by_shape[batch, context]
                 step_us = batch / rate * 1e6

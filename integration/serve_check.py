@@ -159,7 +159,7 @@ def serving_checks(spec: EngineSpec, model: str, offline: dict, prompts: list[li
         healthy = wait_until_healthy(server, port, START_TIMEOUT_S)
         rows.append(("start", healthy, f"after {time.monotonic() - started:.0f} s (exit {server.poll()}; {log.name})"))
         if healthy:
-            load_prompts = [make_prompts(seed)[i % 12] for seed in range(8) for i in range(12)][:LOAD_REQUESTS]
+            load_prompts = [p for seed in range(LOAD_REQUESTS // 12) for p in make_prompts(seed)]  # 12 per seed
             tokens, counts, seconds = asyncio.run(drive(port, model, prompts, load_prompts))
             verdict = agreement(tokens, offline["tokens"], offline["gaps"])
             rows.append(

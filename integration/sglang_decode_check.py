@@ -76,12 +76,14 @@ def install() -> None:
 
 
 def judge(summary: dict, fp8: bool) -> tuple[bool, str]:
+    from decode_check import MIN_VISIBLE_KEYS
+
     from mla_backend.reference import ROW_ERROR_TOLERANCE
 
     tolerance = ROW_ERROR_TOLERANCE[torch.float8_e4m3fn if fp8 else torch.bfloat16]
     ok = summary["rows"] > 0 and summary["max_rel_err"] <= tolerance
     note = (
         f"max rel err {summary['max_rel_err']:.1e} (tol {tolerance:.0e}; {summary['calls']} calls, "
-        f"{summary['rows']} rows of >= 16 keys)"
+        f"{summary['rows']} rows of >= {MIN_VISIBLE_KEYS} keys)"
     )
     return ok, note

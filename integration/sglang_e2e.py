@@ -79,8 +79,10 @@ def run_engine(model: str, decode: str, kv: str, graphs: bool, greedy_only: bool
     return {"tokens": tokens, "gaps": gaps, "tokens_per_s": THROUGHPUT["batch"] * THROUGHPUT["new_tokens"] / seconds}
 
 
-def run_isolated(model: str, decode: str, kv: str, graphs: bool, log: Path, env: dict | None = None) -> dict:
-    spec = json.dumps({"model": model, "decode": decode, "kv": kv, "graphs": graphs, "greedy_only": env is not None})
+def run_isolated(
+    model: str, decode: str, kv: str, graphs: bool, log: Path, greedy_only: bool = False, env: dict | None = None
+) -> dict:
+    spec = json.dumps({"model": model, "decode": decode, "kv": kv, "graphs": graphs, "greedy_only": greedy_only})
     with open(log, "a") as sink:
         done = subprocess.run(
             [sys.executable, __file__, "--one", spec],
@@ -103,7 +105,7 @@ def run_checked(model: str, kv: str, corruption: float, out: Path, log: Path) ->
     here = str(Path(__file__).resolve().parent)
     path = os.pathsep.join([str(plugin_dir(out / "check_plugin")), here, os.environ.get("PYTHONPATH", "")])
     settings = json.dumps({"corruption": corruption, "summary": str(summary)})
-    run = run_isolated(model, "mla_backend", kv, False, log, env={ENV: settings, "PYTHONPATH": path})
+    run = run_isolated(model, "mla_backend", kv, False, log, greedy_only=True, env={ENV: settings, "PYTHONPATH": path})
     if "error" in run:
         return None, run["error"]
     if not summary.exists():
