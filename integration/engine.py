@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import torch  # noqa: E402
 from decode_check import DecodeChecker  # noqa: E402
+from vllm_worker_check import ENV as WORKER_CHECK_ENV  # noqa: E402
+from vllm_worker_check import merged_summary, plugin_dir  # noqa: E402
 
 KV_DTYPES = {"fp8": torch.float8_e4m3fn, "auto": torch.bfloat16}  # vLLM's --kv-cache-dtype -> torch, bf16 model
 
@@ -128,6 +133,7 @@ def run_engine(
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     load_general_plugins()  # what the engine does first: registers CUSTOM through our entry point
+    worker_check = check_in_workers(spec, corrupt) if spec.tp > 1 else None
     checker = DecodeChecker(
         AttentionBackendEnum[spec.backend].get_class().get_impl_cls(),
         KV_DTYPES[spec.kv_cache_dtype],
@@ -152,11 +158,25 @@ def run_engine(
         result["tokens"] = [list(o.outputs[0].token_ids) for o in outputs]
         result["gaps"] = [[top2_gap(step) for step in o.outputs[0].logprobs] for o in outputs]
         result["routes"] = sorted(ours.ROUTES_CHOSEN)
-        result["decode_check"] = checker.summary()
+        result["decode_check"] = checker.summary() if worker_check is None else merged_summary(worker_check)
         result["spec_decode"] = spec_decode_counts(llm_metrics)
     finally:
         release_engine()
     return result
+
+
+def check_in_workers(spec: EngineSpec, corrupt: float | None) -> Path:
+    """Multi-GPU engines run the model in worker processes: the check goes there through a test-only
+    vLLM plugin (vllm_worker_check.py); the ranks' summaries land in the returned directory. Call
+    in a process of its own (run_engine_isolated): the settings stay in its environment."""
+    here = Path(__file__).resolve().parent
+    directory = Path(tempfile.mkdtemp(prefix="mla_worker_check_"))
+    settings = {"backend": spec.backend, "kv": spec.kv_cache_dtype, "dir": str(directory), "corrupt": corrupt}
+    os.environ[WORKER_CHECK_ENV] = json.dumps(settings)
+    plugins = plugin_dir(directory / "plugin")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugins), str(here), os.environ.get("PYTHONPATH")]))
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # fresh workers read PYTHONPATH and load the plugin
+    return directory
 
 
 def spec_decode_counts(metrics) -> dict:

@@ -54,7 +54,10 @@ def save_config(path: Path, heads: int) -> str:
     """A config-only checkpoint (weights come from load_format="dummy")."""
     from transformers import DeepseekV3Config
 
-    DeepseekV3Config(**REAL_DIMS, num_attention_heads=heads, num_key_value_heads=heads).save_pretrained(path)
+    # Without a model class named, vLLM takes a config-only checkpoint for a pooling model.
+    config = DeepseekV3Config(**REAL_DIMS, num_attention_heads=heads, num_key_value_heads=heads)
+    config.architectures = ["DeepseekV3ForCausalLM"]
+    config.save_pretrained(path)
     return str(path)
 
 

@@ -16,18 +16,14 @@ import os
 from pathlib import Path
 
 import torch
+from entry_point_dir import entry_point_dir
 
 ENV = "MLA_E2E_DECODE_CHECK"  # {"corruption": float, "summary": path}
 
 
 def plugin_dir(root: Path) -> Path:
     """A directory to put on PYTHONPATH: it holds the test-only entry point."""
-    info = root / "mla_backend_e2e_check-0.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mla-backend-e2e-check\nVersion: 0\n")
-    entry = "[sglang.srt.plugins]\nmla_backend_e2e_check = sglang_decode_check:install\n"
-    (info / "entry_points.txt").write_text(entry)
-    return root
+    return entry_point_dir(root, "sglang.srt.plugins", "mla_backend_e2e_check", "sglang_decode_check:install")
 
 
 def install() -> None:

@@ -214,10 +214,74 @@ def test_fallback_runs_are_judged_against_triton_mla_not_a_peer_of_it():
     assert not judge(result, refs, "fallback")[0]
 
 
+TP2 = {**SPEC, "tp": 2}
+
+
+def parallel_run(tokens, **check_changes):
+    return {"spec": TP2, "tokens": tokens, "decode_check": summary(ranks=2, **check_changes)}
+
+
 def test_parallel_runs_follow_ours_on_one_gpu_up_to_its_first_tie():
     single = {"tokens": REF, "gaps": [[1.0, 1.0, 0.05, 1.0], [1.0] * 4]}
-    assert judge_parallel({"tokens": [[1, 2, 3, 0], [5, 6, 7, 8]]}, single)[0]  # at a tie
-    assert not judge_parallel({"tokens": [[1, 2, 3, 4], [5, 0, 7, 8]]}, single)[0]  # before any tie
+    peer = {"tokens": REF}  # the peer keeps the rule between its layouts: ours must too
+    assert judge_parallel(parallel_run([[1, 2, 3, 0], [5, 6, 7, 8]]), single, peer, single)[0]  # at a tie
+    assert not judge_parallel(parallel_run([[1, 2, 3, 4], [5, 0, 7, 8]]), single, peer, single)[0]  # before any tie
+
+
+def test_where_the_peer_breaks_the_tie_rule_across_layouts_ours_must_agree_as_long():
+    single = {"tokens": REF, "gaps": WIDE}
+    ours = parallel_run([[1, 2, 0, 0], [5, 6, 7, 8]])  # 6 steps agreed, the rule broken
+    assert judge_parallel(ours, single, {"tokens": [[1, 0, 0, 0], [5, 6, 7, 8]]}, single)[0]  # peer: 5
+    assert not judge_parallel(ours, single, {"tokens": [[1, 2, 3, 4], [5, 6, 7, 0]]}, single)[0]  # peer: 7
+    assert not judge_parallel(ours, single, {"name": "peer", "error": "boom"}, single)[0]  # no peer run
+
+
+@pytest.mark.parametrize("change", [{"ranks": 1}, {"max_rel_error": {1: 5e-2}}, {"lse_ok": False}])
+def test_parallel_runs_fail_on_any_rank_s_kernel_check(change):
+    single = {"tokens": REF, "gaps": WIDE}
+    run = parallel_run(REF)
+    run["decode_check"].update(change)
+    assert judge_parallel(parallel_run(REF), single, single, single)[0]
+    assert not judge_parallel(run, single, single, single)[0]
+
+
+def test_the_ranks_summaries_merge_into_one_with_the_worst_errors(tmp_path):
+    from vllm_worker_check import merged_summary
+
+    ranks = [
+        summary(q_lens={"1": 10}, max_rel_error={"1": 2e-3}, checked_layers=["a"], max_lse_error=1e-4),
+        summary(q_lens={"1": 12}, max_rel_error={"1": 4e-3}, checked_layers=["b"], lse_ok=False, max_lse_error=None),
+    ]
+    for rank, part in enumerate(ranks):
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(part))
+    merged = merged_summary(tmp_path)
+    assert merged["ranks"] == 2 and merged["q_lens"] == {"1": 22} and merged["max_rel_error"] == {"1": 4e-3}
+    assert merged["checked_layers"] == ["a", "b"] and merged["checked_calls"] == 16 and not merged["lse_ok"]
+    assert merged["max_lse_error"] == 1e-4 and merged_summary(tmp_path / "none")["ranks"] == 0
+
+
+def test_the_worker_check_is_a_vllm_plugin_that_wraps_the_model_runner_only_when_asked(tmp_path, monkeypatch):
+    """vLLM loads every ``vllm.general_plugins`` entry point in each of its processes: the test-only
+    one is found on PYTHONPATH, and install() wraps the worker's model runner only with ENV set."""
+    import importlib.metadata
+
+    import vllm_worker_check as check
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    monkeypatch.syspath_prepend(str(check.plugin_dir(tmp_path / "plugin")))
+    plugins = importlib.metadata.entry_points(group="vllm.general_plugins")
+    found = [e for e in plugins if e.value == "vllm_worker_check:install"]
+    assert len(found) == 1
+    originals = GPUModelRunner.load_model, GPUModelRunner.execute_model
+    monkeypatch.delenv(check.ENV, raising=False)
+    found[0].load()()
+    assert (GPUModelRunner.load_model, GPUModelRunner.execute_model) == originals
+    monkeypatch.setenv(check.ENV, json.dumps({"backend": "CUSTOM", "kv": "fp8", "dir": str(tmp_path)}))
+    for name, original in zip(("load_model", "execute_model"), originals):
+        monkeypatch.setattr(GPUModelRunner, name, original)
+    monkeypatch.setattr(GPUModelRunner, "_mla_worker_check", False, raising=False)
+    found[0].load()()
+    assert GPUModelRunner.load_model is not originals[0] and GPUModelRunner.execute_model is not originals[1]
 
 
 def test_every_engine_of_the_matrix_is_valid_engine_arguments_for_vllm():
@@ -262,3 +326,14 @@ def test_the_serving_check_starts_vllm_serve_with_the_offline_engines_settings()
     assert int(flags["block_size"]) == offline["block_size"] and not offline["enable_prefix_caching"]
     assert json.loads(flags["compilation_config"]) == offline["compilation_config"]
     assert json.loads(flags["additional_config"]) == {"mla_backend": {"backend": "nope"}}
+
+
+def test_the_real_dimension_checkpoint_is_a_generative_deepseek_v3_to_vllm(tmp_path):
+    """integration/real_dims.py's config-only checkpoint: vLLM must serve it as a causal LM (taken
+    for a pooling model, it would run without full CUDA graphs and refuse FULL_DECODE_ONLY)."""
+    from real_dims import save_config
+    from vllm.config import ModelConfig
+
+    config = ModelConfig(model=save_config(tmp_path / "h16", 16), skip_tokenizer_init=True, dtype="bfloat16")
+    assert config.runner_type == "generate" and config.architectures == ["DeepseekV3ForCausalLM"]
+    assert config.hf_config.num_attention_heads == 16 and config.hf_config.kv_lora_rank == 512
