@@ -10,6 +10,7 @@ import contextlib
 import gc
 import json
 import os
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -174,6 +175,7 @@ def check_in_workers(spec: EngineSpec, corrupt: float | None) -> Path:
     settings = {"backend": spec.backend, "kv": spec.kv_cache_dtype, "dir": str(directory), "corrupt": corrupt}
     os.environ[WORKER_CHECK_ENV] = json.dumps(settings)
     plugins = plugin_dir(directory / "plugin")
+    sys.path.insert(0, str(plugins))  # a spawned worker takes its parent's sys.path, not PYTHONPATH
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugins), str(here), os.environ.get("PYTHONPATH")]))
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # fresh workers read PYTHONPATH and load the plugin
     return directory

@@ -1,6 +1,7 @@
 """The end-to-end pass rules (integration/run_e2e.py) on hand-made token streams."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -326,6 +327,65 @@ def test_the_serving_check_starts_vllm_serve_with_the_offline_engines_settings()
     assert int(flags["block_size"]) == offline["block_size"] and not offline["enable_prefix_caching"]
     assert json.loads(flags["compilation_config"]) == offline["compilation_config"]
     assert json.loads(flags["additional_config"]) == {"mla_backend": {"backend": "nope"}}
+
+
+def test_the_worker_check_starts_after_the_model_loads_arms_on_the_first_step_and_reports_each_step(
+    tmp_path, monkeypatch
+):
+    import vllm_worker_check as check
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    events = []
+
+    class Checker:
+        armed = False
+
+        def arm(self):
+            self.armed = True
+            events.append("arm")
+
+        def after_step(self):
+            events.append("check")
+
+        def summary(self):
+            return {"steps": events.count("step")}
+
+    monkeypatch.setattr(GPUModelRunner, "load_model", lambda runner: events.append("load"))
+    monkeypatch.setattr(GPUModelRunner, "execute_model", lambda runner: events.append("step"))
+    monkeypatch.setattr(GPUModelRunner, "_mla_worker_check", False, raising=False)
+    monkeypatch.setattr(check, "start_checker", lambda settings: events.append("start") or Checker())
+    monkeypatch.setenv(check.ENV, json.dumps({"backend": "CUSTOM", "kv": "fp8", "dir": str(tmp_path)}))
+    check.install()
+    runner = object.__new__(GPUModelRunner)
+    runner.load_model()
+    runner.execute_model()
+    runner.execute_model()
+    assert events == ["load", "start", "arm", "step", "check", "step", "check"]
+    assert json.loads((tmp_path / "rank0.json").read_text()) == {"steps": 2}
+
+
+def entry_points_seen_by_a_spawned_process(_=None) -> list[str]:
+    import importlib.metadata
+
+    return [e.value for e in importlib.metadata.entry_points(group="vllm.general_plugins")]
+
+
+def test_workers_that_vllm_spawns_find_the_worker_check(monkeypatch):
+    """vLLM spawns its TP/DCP workers; a spawned process takes its parent's sys.path, so the plugin
+    directory must be there, not only on PYTHONPATH."""
+    import multiprocessing
+
+    from engine import EngineSpec, check_in_workers
+    from vllm_worker_check import ENV
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    for name in (ENV, "PYTHONPATH", "VLLM_WORKER_MULTIPROC_METHOD"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+    directory = check_in_workers(EngineSpec("CUSTOM", "fp8", tp=2), corrupt=None)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        seen = pool.apply(entry_points_seen_by_a_spawned_process)
+    assert "vllm_worker_check:install" in seen
+    assert json.loads(os.environ[ENV])["dir"] == str(directory)
 
 
 def test_the_real_dimension_checkpoint_is_a_generative_deepseek_v3_to_vllm(tmp_path):
