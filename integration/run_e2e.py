@@ -136,7 +136,8 @@ PARALLEL_PEER = "FLASHMLA"  # vLLM's backend run at the same layouts: how far a 
 
 
 def parallel_specs() -> list[EngineSpec]:
-    return [EngineSpec("CUSTOM", "fp8", 64, True, tp=2), EngineSpec("CUSTOM", "fp8", 64, True, tp=2, dcp=2)]
+    """TP 2, and DCP 2 on top, with each KV dtype (run one dtype per call: eight engines take long)."""
+    return [EngineSpec("CUSTOM", kv, 64, True, tp=2, dcp=dcp) for kv in ("fp8", "auto") for dcp in (1, 2)]
 
 
 def judge_parallel(result: dict, single: dict, peer: dict, peer_single: dict) -> tuple[bool, list[str]]:
@@ -453,16 +454,17 @@ def main() -> int:
                 all_ok &= ok
                 rows.append((spec.name + " x1.05", "PASS" if ok else "FAIL", note))
                 print(f"[e2e h{args.heads}] selftest {spec.name}: {'PASS' if ok else 'FAIL'} {note}", flush=True)
-    single: dict = {}
-    peer_single: dict = {}
-    if any(spec.tp > 1 for spec, _ in ours):  # the parallel runs' references: one GPU, ours (checked) and the peer
-        single_spec = EngineSpec("CUSTOM", "fp8", 64, True)
-        single = run_engine(single_spec, model, prompts)
-        results.append(single)
-        ok, notes = finish_judging(single, "bundled", True, [])
+    singles: dict[str, dict] = {}  # per KV dtype: ours on one GPU (checked), the peer on one GPU
+    for kv in sorted({spec.kv_cache_dtype for spec, _ in ours if spec.tp > 1}):
+        single_spec = EngineSpec("CUSTOM", kv, 64, True)
+        singles[kv] = run_engine(single_spec, model, prompts)
+        results.append(singles[kv])
+        ok, notes = finish_judging(singles[kv], "bundled", True, [])
         all_ok &= ok
         rows.append((single_spec.name + " (1 GPU)", "PASS" if ok else "FAIL", "; ".join(notes)))
-        peer_single = run_engine(replace(single_spec, backend=PARALLEL_PEER), model, prompts)
+        parallel_peers[f"{PARALLEL_PEER} {kv} 1 GPU"] = run_engine(
+            replace(single_spec, backend=PARALLEL_PEER), model, prompts
+        )
     for spec, route in ours:
         try:
             if spec.tp > 1:
@@ -470,7 +472,8 @@ def main() -> int:
                 kernel_note = judge_decode_check(result["decode_check"], result["spec"])[1]
                 print(f"[e2e h{args.heads}] {spec.name}: {kernel_note}", flush=True)
                 peer = run_isolated_or_error(replace(spec, backend=PARALLEL_PEER), model, prompts)
-                ok, notes = judge_parallel(result, single, peer, peer_single)
+                kv = spec.kv_cache_dtype
+                ok, notes = judge_parallel(result, singles[kv], peer, parallel_peers[f"{PARALLEL_PEER} {kv} 1 GPU"])
                 parallel_peers[spec.name] = peer
             elif spec.spec_tokens and spec.spec_method == "mtp":
                 result = run_engine_isolated(spec, mtp_model, prompts)
@@ -497,7 +500,7 @@ def main() -> int:
                 "spec_refs": spec_refs,
                 "mtp_refs": mtp_refs,
                 "plain_refs": plain_refs,
-                "parallel_peers": {"one GPU": peer_single, **parallel_peers},
+                "parallel_peers": parallel_peers,
                 "ours": results,
                 "throughput": throughput,
             },
