@@ -115,8 +115,9 @@ def main() -> int:
     backends, rows = args.backends.split(","), []
     for heads in (int(h) for h in args.heads.split(",")):
         model = save_config(args.model_dir / f"dsv3_real_dims_h{heads}", heads)
+        kernels = kernel_us(args.kv, heads)  # first: short, and kept if the engines overrun a time limit
+        print(f"[real dims] H{heads} kernel us per layer call: {kernels}", flush=True)
         rates = {backend: engine_rates(backend, args.kv, model) for backend in backends}
-        kernels = kernel_us(args.kv, heads)
         for batch, context in rates[backends[0]]:
             ours = rates["CUSTOM"][batch, context] if "CUSTOM" in rates else float("nan")
             for backend, by_shape in rates.items():
