@@ -54,6 +54,23 @@ MLA_DEFINE_MMA(mma_bf16, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
 MLA_DEFINE_MMA(mma_f16, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")
 #undef MLA_DEFINE_MMA
 
+// D += scale * (A.B) where A.B (one 16-token k-step) is summed in f16 and only then added into the
+// fp32 accumulators: HMMA with f16 accumulation runs at twice the f32-accumulate rate on GeForce
+// Ada/Blackwell. The f16 D fragment (row g | row g+8, cols 2t, 2t+1) lines up with the f32 one.
+__device__ __forceinline__ void mma_f16_acc16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                              float scale) {
+  uint32_t c0, c1;
+  asm("mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 {%0,%1}, {%2,%3,%4,%5}, {%6,%7}, {%8,%8};\n"
+      : "=r"(c0), "=r"(c1)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0u));
+  const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&c0));
+  const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&c1));
+  d[0] = fmaf(lo.x, scale, d[0]);
+  d[1] = fmaf(lo.y, scale, d[1]);
+  d[2] = fmaf(hi.x, scale, d[2]);
+  d[3] = fmaf(hi.y, scale, d[3]);
+}
+
 // Four e4m3 values (low byte first) -> two f16x2 (bytes 0-1, bytes 2-3), exact. Taking the halves
 // apart in PTX lets F2FP read the upper half directly (R.H1) instead of after a shift.
 __device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t packed, uint32_t& lo, uint32_t& hi) {

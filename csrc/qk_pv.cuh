@@ -5,7 +5,8 @@
 //         mma.sync is emulated (sm_90), Q is widened to f16 once and K per step (kQkF16).
 //   P.V:  P arrives as A fragments (ldmatrix). BF16 V feeds m16n8k16 bf16 via ldmatrix.trans. FP8 V
 //         is widened exactly to f16 (ldmatrix.trans on byte pairs + prmt + cvt.f16x2.e4m3x2) and
-//         multiplied with f16 P: P in e4m3 would cost ~4% relative error.
+//         multiplied with f16 P: P in e4m3 would cost ~4% relative error. With kPvF16Acc each
+//         16-token k-step sums in f16 (P stored scaled down by kPvF16Scale) before it joins the fp32 O.
 #pragma once
 
 #include <stdint.h>
@@ -103,8 +104,13 @@ __device__ __forceinline__ void pv_step(float (&acc)[C::kFragments][16][4], cons
       e4m3x4_to_f16x4(__byte_perm(vr[2 * half + 1], 0, 0x3120), even[1], odd[1]);
 #pragma unroll
       for (int f = 0; f < RF; ++f) {
-        mma_f16(acc[f][q * 4 + half * 2], pf[f][kk], even[0], even[1]);
-        mma_f16(acc[f][q * 4 + half * 2 + 1], pf[f][kk], odd[0], odd[1]);
+        if constexpr (C::kPvF16Acc) {
+          mma_f16_acc16(acc[f][q * 4 + half * 2], pf[f][kk], even[0], even[1], C::kPvF16Scale);
+          mma_f16_acc16(acc[f][q * 4 + half * 2 + 1], pf[f][kk], odd[0], odd[1], C::kPvF16Scale);
+        } else {
+          mma_f16(acc[f][q * 4 + half * 2], pf[f][kk], even[0], even[1]);
+          mma_f16(acc[f][q * 4 + half * 2 + 1], pf[f][kk], odd[0], odd[1]);
+        }
       }
     }
   } else {

@@ -41,6 +41,8 @@ __device__ __forceinline__ void store_partial_scores(float* scores, const float 
 template <class C>
 struct OnlineSoftmax {
   static constexpr int kRowsPerLane = C::kSoftRows / 4;
+  // P as stored for P.V: scaled down where P.V sums in f16 (qk_pv.cuh scales it back up); exact.
+  static constexpr float kPStoredScale = C::kPvF16Acc ? 1.f / C::kPvF16Scale : 1.f;
   const int row0;  // first tile-local row this lane's warp reduces
   float row_max[kRowsPerLane], row_sum[kRowsPerLane];
 
@@ -94,12 +96,12 @@ struct OnlineSoftmax {
       const float correction = rescale ? fast_exp2(old - ref) : 1.f;
       row_max[i] = ref;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) x[e] = fast_exp2(x[e] - base);
+      for (int e = 0; e < 4; ++e) x[e] = fast_exp2(x[e] - base) * kPStoredScale;
       const uint32_t p01 = pack2<C::kFp8>(x[0], x[1]), p23 = pack2<C::kFp8>(x[2], x[3]);
       // The sum is taken over P as rounded for P.V, so a dominant key's rounding cancels in O (with
       // a stale maximum its P is no longer exactly 1).
       const float2 r01 = unpack2<C::kFp8>(p01), r23 = unpack2<C::kFp8>(p23);
-      row_sum[i] = row_sum[i] * correction + ((r01.x + r01.y) + (r23.x + r23.y));
+      row_sum[i] = row_sum[i] * correction + ((r01.x + r01.y) + (r23.x + r23.y)) / kPStoredScale;
       st_shared_v2(p_smem + row * C::kPRowBytes + tok0 * 2, p01, p23);
       if ((lane & 7) == 0) corr_smem[row] = correction;  // exactly 1 unless rescaled
     }

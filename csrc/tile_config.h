@@ -23,6 +23,12 @@ constexpr bool kFp8QkViaF16 = false;
 constexpr int kMaxSmemPerBlock = 99 * 1024;  // SM120 allows 99 KB of shared memory per block
 #endif
 
+#ifdef MLA_FP8_PV_F16_ACC
+constexpr bool kFp8PvF16Acc = true;
+#else
+constexpr bool kFp8PvF16Acc = false;
+#endif
+
 template <bool FP8, int ROW_GROUPS, int RF>
 struct TileConfig {
   static constexpr bool kFp8 = FP8;
@@ -50,6 +56,10 @@ struct TileConfig {
   static constexpr int kQRegFragments = kQInSmem ? 1 : RF;         // Q fragments held in registers (1: unused)
   static constexpr bool kQkF16 = FP8 && kFp8QkViaF16 && kQInSmem;  // Q widened to f16 once
   static constexpr int kQElem = kQkF16 ? 2 : kElem;
+  // FP8 P.V summed in f16 per 16-token k-step, then in fp32 (the fp8_pv setting). P <= 2^8 (stale
+  // maximum) and |V| <= 448, so P is stored scaled by 2^-6: 16 * 2^8 * 2^-6 * 448 = 28672 < 65504.
+  static constexpr bool kPvF16Acc = FP8 && kFp8PvF16Acc;
+  static constexpr float kPvF16Scale = 64.f;
   static constexpr int kSmemQRowBytes = kHeadDim * kQElem + 16;
   static constexpr int kQBytes = kQInSmem ? kTileRows * kSmemQRowBytes : 0;
   // The shared-memory map (byte offsets).

@@ -23,11 +23,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mla_backend.kernel_build import compile_library  # noqa: E402
+from mla_backend.kernel_build import F16_PV_ARCHES, KernelVariant, compile_library  # noqa: E402
 from mla_backend.targets import SHIPPED_ARCHES  # noqa: E402
 from mla_backend.toolkit import find_toolkit  # noqa: E402
 
-VARIANTS = [(arch, "auto") for arch in SHIPPED_ARCHES] + [("sm_90a", "e4m3")]
+VARIANTS = [(arch, KernelVariant()) for arch in SHIPPED_ARCHES] + [
+    ("sm_90a", KernelVariant(fp8_qk="e4m3")),
+    *((arch, KernelVariant(fp8_pv="f16")) for arch in F16_PV_ARCHES),
+]
 
 
 def cuobjdump(nvcc: Path) -> str:
@@ -40,16 +43,17 @@ def cuobjdump(nvcc: Path) -> str:
     return shutil.which("cuobjdump") or "cuobjdump"
 
 
-def dump(arch: str, fp8_qk: str, out: Path, nvcc: Path, work: Path) -> str:
-    library = work / f"{arch}_{fp8_qk}.so"
-    # The wheel builds its variants strict (no spills); sm_90a's e4m3 one is a build-on-request option.
-    compile_library(ROOT / "csrc", arch, library, nvcc, strict=fp8_qk == "auto", fp8_qk=fp8_qk)
+def dump(arch: str, variant: KernelVariant, out: Path, nvcc: Path, work: Path) -> str:
+    name = f"{arch}_{'_'.join(variant.tags(arch)) or 'auto'}"
+    library = work / f"{name}.so"
+    # Strict (no spills) but for sm_90a's e4m3 QK^T, a build-on-request option for testing the SM120 path.
+    compile_library(ROOT / "csrc", arch, library, nvcc, strict=variant.fp8_qk == "auto", variant=variant)
     sass = subprocess.run([cuobjdump(nvcc), "-sass", str(library)], capture_output=True, text=True, check=True).stdout
     # Addresses and encodings stay (they change when code does); the file and line comments go, and
     # runs of blanks shrink to one (cuobjdump pads its columns to the longest line of the file).
     sass = "\n".join(" ".join(line.split()) for line in sass.splitlines() if not re.match(r"\s*//##", line))
-    (out / f"{arch}_{fp8_qk}.sass").write_text(sass)
-    return f"{arch} fp8_qk={fp8_qk}: {sass.count(chr(10))} lines"
+    (out / f"{name}.sass").write_text(sass)
+    return f"{arch} {variant.describe(arch)}: {sass.count(chr(10))} lines"
 
 
 def main() -> int:
@@ -59,7 +63,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     nvcc = find_toolkit().nvcc
     with tempfile.TemporaryDirectory() as work, ThreadPoolExecutor(2) as pool:
-        jobs = [pool.submit(dump, arch, fp8_qk, args.out, nvcc, Path(work)) for arch, fp8_qk in VARIANTS]
+        jobs = [pool.submit(dump, arch, variant, args.out, nvcc, Path(work)) for arch, variant in VARIANTS]
         for job in jobs:
             print(job.result())
     return 0

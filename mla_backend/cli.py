@@ -6,7 +6,8 @@ import argparse
 import logging
 from typing import get_args
 
-from .config import Fp8QkName
+from .config import Fp8PvName, Fp8QkName
+from .kernel_build import KernelVariant
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,6 +30,12 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="FP8 QK^T variant (the fp8_qk setting); e4m3 on sm_90a builds the SM120 code path",
     )
+    build.add_argument(
+        "--fp8-pv",
+        choices=get_args(Fp8PvName),
+        default="auto",
+        help="FP8 P.V accumulation (the fp8_pv setting); f16 sums each 16-token step in f16",
+    )
     bench = sub.add_parser("bench", help="time the decode kernel against the peers importable here")
     bench.add_argument("--quick", action="store_true", help="a few shapes only")
     bench.add_argument(
@@ -48,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         from .jit import build_cli
 
-        return build_cli(args.arch, strict=args.strict, fp8_qk=args.fp8_qk)
+        return build_cli(args.arch, strict=args.strict, variant=KernelVariant(args.fp8_qk, args.fp8_pv))
     from .tools.bench import main as bench_main
 
     return bench_main(quick=args.quick, out_prefix=args.out)

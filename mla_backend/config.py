@@ -14,11 +14,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .kernel_build import KernelVariant
 from .kernel_constants import MAX_KV_SPLITS
 from .targets import ARCH_BY_CAPABILITY, TRTLLM_GEN_CAPABILITIES, served_capabilities
 
 BackendName = Literal["auto", "xqa", "trtllm-gen"]
 Fp8QkName = Literal["auto", "f16", "e4m3"]
+Fp8PvName = Literal["auto", "f32", "f16"]
 # What serves decode: the bundled mma.sync kernels (what backend="xqa" forces), FlashInfer's
 # trtllm-gen, or, on a GPU neither serves, the engine's own portable MLA decode ("fallback": vLLM's
 # Triton MLA; the op itself has none and refuses).
@@ -34,6 +36,7 @@ ENV_FIELDS = {
     "MLA_BACKEND_CACHE_DIR": "cache_dir",
     "MLA_BACKEND_DEVICE_CAPABILITY": "device_capability",
     "MLA_BACKEND_FP8_QK": "fp8_qk",
+    "MLA_BACKEND_FP8_PV": "fp8_pv",
 }
 # Read by the wheel build (setup.py), not a run-time setting: known, so not rejected as a typo.
 BUILD_ENV = {"MLA_BACKEND_ARCHS"}
@@ -81,6 +84,16 @@ class MLABackendConfig(BaseModel):
         "emulated on SM90), or f16 (Q widened once; sm_90a only). auto: f16 on sm_90a, e4m3 elsewhere. "
         "e4m3 on an H100/H200 runs the SM120 code path there, for testing.",
     )
+    fp8_pv: Fp8PvName = Field(
+        "auto",
+        description="How the FP8 kernels sum P.V: f32 (f16 x f16 + f32 MMA), or f16 within each 16-token "
+        "step and f32 across them (f16-accumulate MMA: twice the f32 rate on GeForce Blackwell; built "
+        "for sm_90a, sm_120a, sm_121a). auto: f32 everywhere (docs/performance.md says why).",
+    )
+
+    @property
+    def kernel_variant(self) -> KernelVariant:
+        return KernelVariant(self.fp8_qk, self.fp8_pv)
 
     def capability(self, detected: tuple[int, int]) -> tuple[int, int]:
         """The compute capability kernel choice uses: the override, else the detected one."""

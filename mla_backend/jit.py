@@ -28,10 +28,10 @@ import torch
 
 from .config import MLABackendConfig
 from .kernel_build import (
+    DEFAULT_VARIANT,
+    KernelVariant,
     arch_for_capability,
     compile_library,
-    fp8_qk_variant,
-    is_default_variant,
     library_filename,
     source_stamp,
 )
@@ -52,7 +52,7 @@ class KernelsUnavailableError(RuntimeError):
 @dataclass(frozen=True)
 class LoadedLibrary:
     arch: str
-    fp8_qk: str  # the FP8 QK^T variant actually built in
+    variant: KernelVariant  # as built in (resolved: no "auto")
     path: Path
     origin: str  # "wheel", "cache" or "fresh build"
 
@@ -63,10 +63,10 @@ def prebuilt_manifest() -> dict:
     return json.loads(path.read_text())["libraries"] if path.is_file() else {}
 
 
-def prebuilt_library(arch: str, fp8_qk: str = "auto") -> Path | None:
+def prebuilt_library(arch: str, variant: KernelVariant = DEFAULT_VARIANT) -> Path | None:
     """The shipped library for ``arch`` if it was built from these exact sources and flags."""
     entry = prebuilt_manifest().get(arch)
-    if entry is None or not is_default_variant(arch, fp8_qk):
+    if entry is None or not variant.is_default(arch):
         return None
     path = PREBUILT_DIR / entry["file"]
     if not path.is_file() or entry["stamp"] != source_stamp(csrc_dir(), arch):
@@ -75,26 +75,25 @@ def prebuilt_library(arch: str, fp8_qk: str = "auto") -> Path | None:
     return path
 
 
-def build_dir(arch: str, cache_dir: str | None = None, fp8_qk: str = "auto") -> Path:
+def build_dir(arch: str, cache_dir: str | None = None, variant: KernelVariant = DEFAULT_VARIANT) -> Path:
     """``cache_dir`` defaults to the configured one (MLA_BACKEND_CACHE_DIR), else ~/.cache/mla_backend.
-    Each architecture and FP8 QK^T variant builds in a directory of its own."""
+    Each architecture and kernel variant builds in a directory of its own."""
     cache_dir = cache_dir or MLABackendConfig.from_sources().cache_dir
     root = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "mla_backend"
-    variant = fp8_qk_variant(arch, fp8_qk)
-    return root / (arch if is_default_variant(arch, fp8_qk) else f"{arch}-fp8qk-{variant}")
+    return root / "-".join([arch, *variant.tags(arch)])
 
 
 def build_cached(
-    arch: str, cache_dir: str | None = None, strict: bool = False, fp8_qk: str = "auto"
+    arch: str, cache_dir: str | None = None, strict: bool = False, variant: KernelVariant = DEFAULT_VARIANT
 ) -> tuple[Path, bool]:
     """The cached library for ``arch``, compiled first unless a build of these exact sources and
     flags is there; returns (path, whether it was compiled now). Needs a CUDA toolkit to compile."""
-    directory = build_dir(arch, cache_dir, fp8_qk)
+    directory = build_dir(arch, cache_dir, variant)
     directory.mkdir(parents=True, exist_ok=True)
-    library = directory / library_filename(arch, fp8_qk)
+    library = directory / library_filename(arch, variant)
     stamp_file = directory / "source.sha256"
     csrc = csrc_dir()
-    stamp = source_stamp(csrc, arch, fp8_qk)
+    stamp = source_stamp(csrc, arch, variant)
     with open(directory / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even if we crash
         if library.is_file() and stamp_file.is_file() and stamp_file.read_text() == stamp and not strict:
@@ -108,24 +107,24 @@ def build_cached(
         start = time.perf_counter()
         log.info("mla_backend: building kernels for %s with %s", arch, toolkit.nvcc)
         stamp_file.unlink(missing_ok=True)
-        compile_library(csrc, arch, library, toolkit.nvcc, strict=strict, fp8_qk=fp8_qk)
+        compile_library(csrc, arch, library, toolkit.nvcc, strict=strict, variant=variant)
         stamp_file.write_text(stamp)
         log.info("mla_backend: kernels for %s ready in %.1f s", arch, time.perf_counter() - start)
     return library, True
 
 
-def locate(arch: str, cache_dir: str | None = None, fp8_qk: str = "auto") -> tuple[Path, str]:
+def locate(arch: str, cache_dir: str | None = None, variant: KernelVariant = DEFAULT_VARIANT) -> tuple[Path, str]:
     """(library, origin) for ``arch``: the wheel's, the cache's, or a fresh build."""
-    shipped = prebuilt_library(arch, fp8_qk)
+    shipped = prebuilt_library(arch, variant)
     if shipped is not None:
         return shipped, "wheel"
     try:
-        library, compiled = build_cached(arch, cache_dir, fp8_qk=fp8_qk)
+        library, compiled = build_cached(arch, cache_dir, variant=variant)
     except ToolkitNotFoundError as err:
         shipped_arches = sorted(prebuilt_manifest()) or ["none"]
-        variant = "" if is_default_variant(arch, fp8_qk) else f" with fp8_qk={fp8_qk}"
+        which = "" if variant.is_default(arch) else f" with {variant.describe(arch)}"
         raise KernelsUnavailableError(
-            f"mla_backend has no prebuilt kernels for {arch}{variant} (this install ships: "
+            f"mla_backend has no prebuilt kernels for {arch}{which} (this install ships: "
             f"{', '.join(shipped_arches)}) and cannot build them: {err}; then run "
             f"`python -m mla_backend build --arch {arch}`"
         ) from None
@@ -140,30 +139,32 @@ def loaded_library() -> LoadedLibrary | None:
 
 
 @functools.cache
-def ensure_loaded(device_index: int, cache_dir: str | None = None, fp8_qk: str = "auto") -> LoadedLibrary:
+def ensure_loaded(
+    device_index: int, cache_dir: str | None = None, variant: KernelVariant = DEFAULT_VARIANT
+) -> LoadedLibrary:
     """Load the kernels for the GPU ``device_index`` (building them if nothing prebuilt fits)."""
     capability = torch.cuda.get_device_capability(device_index)
     try:
         arch = arch_for_capability(capability)
     except RuntimeError as err:
         raise KernelsUnavailableError(f"{err}; this install ships {', '.join(SHIPPED_ARCHES)}") from None
-    variant = fp8_qk_variant(arch, fp8_qk)
+    resolved = variant.resolved(arch)
     if _loaded:
-        if (_loaded[0].arch, _loaded[0].fp8_qk) != (arch, variant):
+        if (_loaded[0].arch, _loaded[0].variant) != (arch, resolved):
             raise RuntimeError(
-                f"mla_backend: kernels {(_loaded[0].arch, _loaded[0].fp8_qk)} are loaded in this process "
-                f"and {(arch, variant)} cannot join them (the torch library namespace registers "
-                "once): use another process"
+                f"mla_backend: kernels for {_loaded[0].arch} ({_loaded[0].variant.describe(_loaded[0].arch)}) "
+                f"are loaded in this process and {arch} ({resolved.describe(arch)}) cannot join them (the "
+                "torch library namespace registers once): use another process"
             )
         return _loaded[0]
-    path, origin = locate(arch, cache_dir, fp8_qk)
+    path, origin = locate(arch, cache_dir, variant)
     torch.ops.load_library(str(path))
-    _loaded.append(LoadedLibrary(arch, variant, path, origin))
+    _loaded.append(LoadedLibrary(arch, resolved, path, origin))
     log.info("mla_backend: loaded %s kernels (%s) from %s", arch, origin, path)
     return _loaded[0]
 
 
-def build_cli(arch_list: str | None, strict: bool = False, fp8_qk: str = "auto") -> int:
+def build_cli(arch_list: str | None, strict: bool = False, variant: KernelVariant = DEFAULT_VARIANT) -> int:
     """`python -m mla_backend build`: builds into the cache, several architectures at once."""
     if arch_list is None:
         if not torch.cuda.is_available():
@@ -175,6 +176,12 @@ def build_cli(arch_list: str | None, strict: bool = False, fp8_qk: str = "auto")
     if unknown:
         print(f"unknown architecture(s) {unknown}; choose from {', '.join(SHIPPED_ARCHES)}", file=sys.stderr)
         return 2
+    for arch in arches:
+        try:
+            variant.resolved(arch)
+        except ValueError as err:
+            print(f"mla_backend build: {err}", file=sys.stderr)
+            return 2
     try:
         find_toolkit()
     except ToolkitNotFoundError as err:
@@ -183,12 +190,11 @@ def build_cli(arch_list: str | None, strict: bool = False, fp8_qk: str = "auto")
     # One process per architecture: nvcc is single-threaded, and builds of one arch serialise on its lock.
     code = (
         "import logging, sys; logging.basicConfig(level=logging.INFO, format='%(message)s'); "
-        "from mla_backend.jit import build_cached; "
-        "print(build_cached(sys.argv[1], strict=sys.argv[2] == '1', fp8_qk=sys.argv[3])[0])"
+        "from mla_backend.jit import build_cached; from mla_backend.kernel_build import KernelVariant; "
+        "print(build_cached(sys.argv[1], strict=sys.argv[2] == '1', variant=KernelVariant(*sys.argv[3:5]))[0])"
     )
-    jobs = {
-        arch: subprocess.Popen([sys.executable, "-c", code, arch, "1" if strict else "0", fp8_qk]) for arch in arches
-    }
+    options = ["1" if strict else "0", variant.fp8_qk, variant.fp8_pv]
+    jobs = {arch: subprocess.Popen([sys.executable, "-c", code, arch, *options]) for arch in arches}
     failed = [arch for arch, job in jobs.items() if job.wait() != 0]
     if failed:
         print(f"build failed for {', '.join(failed)}", file=sys.stderr)

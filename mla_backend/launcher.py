@@ -83,7 +83,7 @@ def launch_decode(
 
     device = problem.device
     index = device.index if device.index is not None else torch.cuda.current_device()
-    ensure_loaded(index, config.cache_dir, config.fp8_qk)
+    ensure_loaded(index, config.cache_dir, config.kernel_variant)
     fp8 = problem.dtype == torch.float8_e4m3fn
     rows = problem.q_len * problem.heads
     row_groups, rf = tile_shape(rows, fp8)

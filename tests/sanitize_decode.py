@@ -30,5 +30,5 @@ for splits, dtype, heads, q_len, lengths, split_query in [
     want, _ = mla_decode_reference(p.query, p.kv_cache, p.block_tables, p.seq_lens, 0.07, 1.0)
     err = ((out.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
     worst = max(worst, err)
-print(f"sanitize sweep (fp8_qk={decode_module.default_config().fp8_qk}): worst relative error {worst:.2e}")
+print(f"sanitize sweep ({decode_module.default_config().kernel_variant}): worst relative error {worst:.2e}")
 raise SystemExit(0 if worst < 2e-2 else 1)

@@ -245,7 +245,7 @@ def test_the_bindings_own_checks_reach_python_as_errors(workspace):
     from mla_backend.jit import ensure_loaded
 
     config = MLABackendConfig.from_sources()  # the environment may pick the fp8_qk variant
-    ensure_loaded(torch.cuda.current_device(), config.cache_dir, config.fp8_qk)
+    ensure_loaded(torch.cuda.current_device(), config.cache_dir, config.kernel_variant)
     problem = make_paged_problem([40], 1, 16, page_size=16, device="cuda")
     q = problem.query
     out = torch.full((1, 1, 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -319,13 +319,21 @@ def test_pdl_on_and_off_agree(workspace):
 
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-    reason="an SM90 check: elsewhere the e4m3 path is the default every other test runs",
+    reason="an SM90 check: it runs the other architectures' kernel variants here",
 )
-def test_sm120_q_layout_passes_the_same_tests_on_sm90():
-    # sm_90a widens Q to f16 by default; the SM120 FP8 path (e4m3 Q in shared memory, mma.sync e4m3,
-    # emulated here) is built with fp8_qk=e4m3 and runs this whole file in a fresh process (one
-    # kernel library per process).
-    env = dict(os.environ, MLA_BACKEND_FP8_QK="e4m3")
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"MLA_BACKEND_FP8_QK": "e4m3"},  # the SM120 FP8 layout: e4m3 Q in shared memory, mma.sync e4m3
+        {"MLA_BACKEND_FP8_PV": "f16"},  # P.V summed in f16 per 16-token step
+        {"MLA_BACKEND_FP8_QK": "e4m3", "MLA_BACKEND_FP8_PV": "f16"},  # both, as an SM120 build with f16 P.V
+    ],
+    ids=["e4m3_qk", "f16_pv", "e4m3_qk_f16_pv"],
+)
+def test_variant_passes_the_same_tests_on_sm90(variant):
+    # Each variant is built on request and runs this whole file, with its tolerances, in a fresh
+    # process (one kernel library per process); e4m3 mma.sync is emulated on SM90.
+    env = dict(os.environ, **variant)
     result = subprocess.run(
         [
             sys.executable,
@@ -339,7 +347,7 @@ def test_sm120_q_layout_passes_the_same_tests_on_sm90():
             "no:cacheprovider",
             __file__,
             "-k",
-            "not sm120_q_layout",
+            "not variant_passes",
         ],
         env=env,
         capture_output=True,

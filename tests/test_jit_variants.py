@@ -1,41 +1,75 @@
-"""Build variants of the FP8 QK^T (config fp8_qk): flags, build directories and stamps, no compiler."""
+"""Kernel build variants (config fp8_qk and fp8_pv): flags, build directories and stamps, no compiler."""
 
 from typing import get_args
 
 import pytest
 
-from mla_backend.config import Fp8QkName
+from mla_backend.config import Fp8PvName, Fp8QkName, MLABackendConfig
 from mla_backend.jit import build_dir, csrc_dir
-from mla_backend.kernel_build import FP8_QK_CHOICES, fp8_qk_variant, library_filename, nvcc_flags, source_stamp
+from mla_backend.kernel_build import (
+    F16_PV_ARCHES,
+    FP8_PV_CHOICES,
+    FP8_QK_CHOICES,
+    KernelVariant,
+    library_filename,
+    nvcc_flags,
+    source_stamp,
+)
 
 WIDEN = "-DMLA_FP8_QK_VIA_F16"
+PV_F16 = "-DMLA_FP8_PV_F16_ACC"
+E4M3_QK, F16_PV = KernelVariant(fp8_qk="e4m3"), KernelVariant(fp8_pv="f16")
 
 
 def test_build_module_knows_the_configs_choices():
-    assert FP8_QK_CHOICES == get_args(Fp8QkName)
+    assert FP8_QK_CHOICES == get_args(Fp8QkName) and FP8_PV_CHOICES == get_args(Fp8PvName)
 
 
-def test_auto_widens_q_only_on_sm90():
-    assert fp8_qk_variant("sm_90a") == "f16" and WIDEN in nvcc_flags("sm_90a")
+def test_the_config_names_its_variant():
+    config = MLABackendConfig.from_sources(environ={"MLA_BACKEND_FP8_PV": "f16", "MLA_BACKEND_FP8_QK": "e4m3"})
+    assert config.kernel_variant == KernelVariant("e4m3", "f16")
+    assert MLABackendConfig.from_sources(environ={}).kernel_variant == KernelVariant()
+
+
+def test_auto_widens_q_only_on_sm90_and_sums_pv_in_f32_everywhere():
+    assert KernelVariant().resolved("sm_90a") == KernelVariant("f16", "f32") and WIDEN in nvcc_flags("sm_90a")
     for arch in ("sm_89", "sm_120a", "sm_100a"):
-        assert fp8_qk_variant(arch) == "e4m3" and WIDEN not in nvcc_flags(arch)
+        assert KernelVariant().resolved(arch) == KernelVariant("e4m3", "f32")
+        assert WIDEN not in nvcc_flags(arch) and PV_F16 not in nvcc_flags(arch)
 
 
 def test_the_sm120_layout_builds_for_sm90_apart_from_the_default(tmp_path):
-    assert WIDEN not in nvcc_flags("sm_90a", fp8_qk="e4m3")
-    default, e4m3 = build_dir("sm_90a", str(tmp_path)), build_dir("sm_90a", str(tmp_path), "e4m3")
+    assert WIDEN not in nvcc_flags("sm_90a", variant=E4M3_QK)
+    default, e4m3 = build_dir("sm_90a", str(tmp_path)), build_dir("sm_90a", str(tmp_path), E4M3_QK)
     assert default.name == "sm_90a" and e4m3.name == "sm_90a-fp8qk-e4m3"
-    assert build_dir("sm_90a", str(tmp_path), "f16") == default  # the default spelled out
-    assert library_filename("sm_90a", "e4m3") != library_filename("sm_90a") == library_filename("sm_90a", "f16")
-    assert source_stamp(csrc_dir(), "sm_90a", "e4m3") != source_stamp(csrc_dir(), "sm_90a")
+    assert build_dir("sm_90a", str(tmp_path), KernelVariant("f16", "f32")) == default  # the default spelled out
+    assert library_filename("sm_90a", E4M3_QK) == "mla_backend_sm_90a_fp8qk_e4m3.so"
+    spelled_out = library_filename("sm_90a", KernelVariant(fp8_qk="f16"))
+    assert spelled_out == library_filename("sm_90a") == "mla_backend_sm_90a.so"
+    assert source_stamp(csrc_dir(), "sm_90a", E4M3_QK) != source_stamp(csrc_dir(), "sm_90a")
+
+
+def test_f16_pv_builds_apart_from_the_default_where_it_fits(tmp_path):
+    for arch in F16_PV_ARCHES:
+        assert PV_F16 in nvcc_flags(arch, variant=F16_PV) and PV_F16 not in nvcc_flags(arch)
+        assert build_dir(arch, str(tmp_path), F16_PV).name == f"{arch}-fp8pv-f16"
+        assert source_stamp(csrc_dir(), arch, F16_PV) != source_stamp(csrc_dir(), arch)
+    both = KernelVariant("e4m3", "f16")
+    assert library_filename("sm_90a", both) == "mla_backend_sm_90a_fp8qk_e4m3_fp8pv_f16.so"
+    assert build_dir("sm_90a", str(tmp_path), both).name == "sm_90a-fp8qk-e4m3-fp8pv-f16"
 
 
 def test_flags_target_the_oldest_supported_torch_abi():
     assert "-DTORCH_TARGET_VERSION=0x020b000000000000" in nvcc_flags("sm_120a")
 
 
-def test_f16_q_is_refused_where_shared_memory_is_99_kb():
+def test_variants_are_refused_where_they_do_not_build():
     with pytest.raises(ValueError, match="sm_90a only"):
-        nvcc_flags("sm_120a", fp8_qk="f16")
+        nvcc_flags("sm_120a", variant=KernelVariant(fp8_qk="f16"))
+    for arch in ("sm_89", "sm_100a", "sm_103a"):  # their 32-row kernel spills with f16 P.V
+        with pytest.raises(ValueError, match="spills"):
+            nvcc_flags(arch, variant=F16_PV)
     with pytest.raises(ValueError, match="fp8_qk must be one of"):
-        fp8_qk_variant("sm_90a", "e5m2")
+        KernelVariant("e5m2").resolved("sm_90a")
+    with pytest.raises(ValueError, match="fp8_pv must be one of"):
+        KernelVariant(fp8_pv="bf16").resolved("sm_90a")

@@ -6,7 +6,7 @@ import json
 import pytest
 
 import mla_backend.jit as jit
-from mla_backend.kernel_build import library_filename, source_stamp
+from mla_backend.kernel_build import KernelVariant, library_filename, source_stamp
 from mla_backend.toolkit import ToolkitNotFoundError
 
 
@@ -65,14 +65,16 @@ def test_missing_architecture_without_toolkit_names_capability_shipped_and_fix(p
 
 
 def test_non_default_variant_is_built_not_taken_from_the_wheel(prebuilt, no_toolkit, tmp_path):
-    with pytest.raises(jit.KernelsUnavailableError, match="sm_90a with fp8_qk=e4m3"):
-        jit.locate("sm_90a", str(tmp_path / "cache"), "e4m3")
+    with pytest.raises(jit.KernelsUnavailableError, match="sm_90a with fp8_qk e4m3, fp8_pv f32"):
+        jit.locate("sm_90a", str(tmp_path / "cache"), KernelVariant(fp8_qk="e4m3"))
+    with pytest.raises(jit.KernelsUnavailableError, match="sm_90a with fp8_qk f16, fp8_pv f16"):
+        jit.locate("sm_90a", str(tmp_path / "cache"), KernelVariant(fp8_pv="f16"))
 
 
 def test_cache_then_fresh_build(prebuilt, tmp_path, monkeypatch):
     compiled = []
 
-    def fake_compile(csrc, arch, output, nvcc, strict=False, fp8_qk="auto"):
+    def fake_compile(csrc, arch, output, nvcc, strict=False, variant=KernelVariant()):
         compiled.append(arch)
         output.write_bytes(b"\x7fELF")
 
@@ -97,10 +99,12 @@ def test_unsupported_gpu_names_its_capability(process, monkeypatch):
 
 def test_one_process_loads_one_variant(process, prebuilt, monkeypatch):
     monkeypatch.setattr(jit.torch.cuda, "get_device_capability", lambda index=None: (9, 0))
-    library = jit.ensure_loaded(0, None, "auto")
-    assert (library.arch, library.fp8_qk, library.origin) == ("sm_90a", "f16", "wheel")
-    assert jit.ensure_loaded(0, None, "f16") is library  # the same library, spelled out: nothing to load
-    with pytest.raises(RuntimeError, match="use another process"):
-        jit.ensure_loaded(0, None, "e4m3")
+    library = jit.ensure_loaded(0, None, KernelVariant())
+    assert (library.arch, library.variant, library.origin) == ("sm_90a", KernelVariant("f16", "f32"), "wheel")
+    spelled_out = KernelVariant("f16", "f32")  # the same library: nothing to load
+    assert jit.ensure_loaded(0, None, spelled_out) is library
+    for other in (KernelVariant(fp8_qk="e4m3"), KernelVariant(fp8_pv="f16")):
+        with pytest.raises(RuntimeError, match="use another process"):
+            jit.ensure_loaded(0, None, other)
     assert process == [str(prebuilt / library_filename("sm_90a"))]
     assert jit.loaded_library() is library

@@ -23,10 +23,10 @@ def toolkit_line() -> str:
 def kernels_line(device_index: int, config: MLABackendConfig) -> str:
     """Which library serves this GPU and where it came from (loading it, building it if need be)."""
     try:
-        library = ensure_loaded(device_index, config.cache_dir, config.fp8_qk)
+        library = ensure_loaded(device_index, config.cache_dir, config.kernel_variant)
     except (KernelsUnavailableError, RuntimeError) as err:
         return f"UNAVAILABLE: {err}"
-    return f"{library.arch} (fp8_qk {library.fp8_qk}) from the {library.origin}: {library.path}"
+    return f"{library.arch} ({library.variant.describe(library.arch)}) from the {library.origin}: {library.path}"
 
 
 def report() -> list[str]:
