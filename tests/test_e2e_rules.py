@@ -25,6 +25,7 @@ from run_e2e import (  # noqa: E402
     parallel_specs,
     rule_calibration,
     runs_of,
+    significantly_fewer_steps,
 )
 
 from mla_backend.inputs import make_paged_problem  # noqa: E402
@@ -229,12 +230,22 @@ def test_parallel_runs_follow_ours_on_one_gpu_up_to_its_first_tie():
     assert not judge_parallel(parallel_run([[1, 2, 3, 4], [5, 0, 7, 8]]), single, peer, single)[0]  # before any tie
 
 
-def test_where_the_peer_breaks_the_tie_rule_across_layouts_ours_must_agree_as_long():
-    single = {"tokens": REF, "gaps": WIDE}
-    ours = parallel_run([[1, 2, 0, 0], [5, 6, 7, 8]])  # 6 steps agreed, the rule broken
-    assert judge_parallel(ours, single, {"tokens": [[1, 0, 0, 0], [5, 6, 7, 8]]}, single)[0]  # peer: 5
-    assert not judge_parallel(ours, single, {"tokens": [[1, 2, 3, 4], [5, 6, 7, 0]]}, single)[0]  # peer: 7
-    assert not judge_parallel(ours, single, {"name": "peer", "error": "boom"}, single)[0]  # no peer run
+def test_where_the_peer_breaks_the_tie_rule_across_layouts_ours_must_not_agree_significantly_less():
+    single = {"tokens": [[1, 2, 3, 4]] * 6, "gaps": [[1.0] * 4] * 6}
+    diverging_at = lambda steps: [[1, 2, 3, 4][:k] + [0] * (4 - k) for k in steps]  # noqa: E731
+    peer = {"tokens": diverging_at([2, 3, 2, 3, 2, 3])}
+    # a step fewer on some prompts and more on others: within chance
+    assert judge_parallel(parallel_run(diverging_at([3, 2, 2, 3, 3, 2])), single, peer, single)[0]
+    # a step or more fewer on every prompt: significantly fewer
+    assert not judge_parallel(parallel_run(diverging_at([1, 2, 1, 2, 1, 1])), single, peer, single)[0]
+    assert not judge_parallel(parallel_run(diverging_at([1] * 6)), single, {"error": "boom"}, single)[0]  # no peer
+
+
+def test_significantly_fewer_steps_is_a_paired_test():
+    assert not significantly_fewer_steps([10, 20, 30], [10, 20, 30])
+    assert not significantly_fewer_steps([9, 25, 28], [10, 20, 30])  # mixed: chance
+    assert significantly_fewer_steps([8, 18, 28], [10, 20, 30])  # two fewer on every prompt
+    assert not significantly_fewer_steps([12, 22, 32], [10, 20, 30])
 
 
 @pytest.mark.parametrize("change", [{"ranks": 1}, {"max_rel_error": {1: 5e-2}}, {"lse_ok": False}])
