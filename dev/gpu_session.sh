@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One engine-level job on a lent GPU machine that has torch but no vLLM and no network.
+#
+#   PART=parallel KV=fp8 HEADS=32 bash dev/gpu_session.sh
+#
+# Expects, carried in .gpu/ (git-ignored): the offline vLLM 0.26 bundle (../shared/gpu/README.md),
+# the project's wheel in .gpu/dist/ (built here for the GPU's architecture) and any extra wheels in
+# .gpu/extra/. Installs them under /tmp (kept while the machine stays warm), then runs PART:
+#   serve | mtp | parallel | correctness | realdims | variants | gputests | bench
+# Logs go to $OUT (the lent machine's result folder) or results/.
+set -uo pipefail
+OUT=${OUT:-results}
+mkdir -p "$OUT"
+HEADS=${HEADS:-16}
+KV=${KV:-fp8}
+LIMIT=${LIMIT:-560}
+
+[ -d /tmp/site/vllm ] || bash .gpu/install_on_gpu.sh .gpu /tmp/site >/dev/null || exit 1
+# shellcheck disable=SC1091
+source /tmp/site/env.sh
+if compgen -G ".gpu/extra/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/extra/*.whl 2>/dev/null
+fi
+rm -rf /tmp/mla && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mla .gpu/dist/mla_backend-*.whl
+export PYTHONPATH=/tmp/mla:$PYTHONPATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+# Kernel variants built here ahead of time (python -m mla_backend build --fp8-pv f16 ...), if carried.
+rm -rf /tmp/mla_cache && mkdir -p /tmp/mla_cache && { [ -d .gpu/cache ] && cp -r .gpu/cache/. /tmp/mla_cache/; }
+export MLA_BACKEND_CACHE_DIR=/tmp/mla_cache
+# NCCL only: no NVLink multicast (the lent multi-GPU machines do not support it).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_ALLREDUCE_USE_SYMM_MEM=0
+echo "wheel built at $(cat .gpu/dist/BUILT_AT 2>/dev/null), checkout $(git rev-parse --short HEAD 2>/dev/null)"
+nvidia-smi --query-gpu=name --format=csv,noheader
+
+run() { timeout "$LIMIT" "$@" 2>&1 | tee -a "$OUT/log.txt"; }
+case ${PART:?set PART} in
+  serve) run python3 integration/serve_check.py --heads "$HEADS" --kv "$KV" --out "$OUT" ;;
+  mtp) run python3 integration/run_e2e.py --heads "$HEADS" --parts mtp --kv "$KV" --out "$OUT" ;;
+  parallel) run python3 integration/run_e2e.py --heads "$HEADS" --parts parallel --kv "$KV" --prompt-seeds 0,1 --out "$OUT" ;;
+  correctness) run python3 integration/run_e2e.py --heads "$HEADS" --parts correctness,selftest --kv "$KV" --out "$OUT" ;;
+  realdims) run python3 integration/real_dims.py --heads "$HEADS" --kv "$KV" --out "$OUT" ;;
+  variants) run python3 dev/variant_error.py ;;
+  gputests) run python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode_gpu.py ${TESTS:+-k "$TESTS"} ;;
+  bench) run python3 -m mla_backend bench ${QUICK:+--quick} --out "$OUT/bench" ;;
+  *) echo "unknown PART=$PART" >&2; exit 2 ;;
+esac
