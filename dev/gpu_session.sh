@@ -6,11 +6,12 @@
 # Expects, carried in .gpu/ (git-ignored): the offline vLLM 0.26 bundle (../shared/gpu/README.md),
 # the project's wheel in .gpu/dist/ (built here for the GPU's architecture) and any extra wheels in
 # .gpu/extra/. Installs them under /tmp (kept while the machine stays warm), then runs PART:
-#   serve | mtp | parallel | correctness | realdims | variants | gputests | bench
+#   serve | mtp | parallel | correctness | enginebest | realdims | variants | gputests | bench | routes
+# (several, comma-separated, run in turn; routes writes the SM90 route table into the installed
+# wheel, so a later enginebest part in the same call runs on it).
 # Logs go to $OUT (the lent machine's result folder) or results/.
 set -uo pipefail
-OUT=${OUT:-results}
-mkdir -p "$OUT"
+OUT=$(mkdir -p "${OUT:-results}" && cd "${OUT:-results}" && pwd)
 HEADS=${HEADS:-16}
 KV=${KV:-fp8}
 LIMIT=${LIMIT:-560}
@@ -32,14 +33,23 @@ echo "wheel built at $(cat .gpu/dist/BUILT_AT 2>/dev/null), checkout $(git rev-p
 nvidia-smi --query-gpu=name --format=csv,noheader
 
 run() { timeout "$LIMIT" "$@" 2>&1 | tee -a "$OUT/log.txt"; }
-case ${PART:?set PART} in
-  serve) run python3 integration/serve_check.py --heads "$HEADS" --kv "$KV" --out "$OUT" ;;
-  mtp) run python3 integration/run_e2e.py --heads "$HEADS" --parts mtp --kv "$KV" --out "$OUT" ;;
-  parallel) run python3 integration/run_e2e.py --heads "$HEADS" --parts parallel --kv "$KV" --prompt-seeds 0,1 --out "$OUT" ;;
-  correctness) run python3 integration/run_e2e.py --heads "$HEADS" --parts correctness,selftest --kv "$KV" --out "$OUT" ;;
-  realdims) run python3 integration/real_dims.py --heads "$HEADS" --kv "$KV" --out "$OUT" ;;
-  variants) run python3 dev/variant_error.py ;;
-  gputests) run python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode_gpu.py ${TESTS:+-k "$TESTS"} ;;
-  bench) run python3 -m mla_backend bench ${QUICK:+--quick} --out "$OUT/bench" ;;
-  *) echo "unknown PART=$PART" >&2; exit 2 ;;
-esac
+REPO=$PWD
+for part in ${PART//,/ }; do
+  echo "== $part" | tee -a "$OUT/log.txt"
+  case $part in
+    serve) run python3 integration/serve_check.py --heads "$HEADS" --kv "$KV" --out "$OUT" ;;
+    mtp | parallel | correctness | enginebest)
+      parts=$part; seeds=0
+      [ "$part" = correctness ] && parts=correctness,selftest
+      [ "$part" = parallel ] && seeds=0,1
+      run python3 integration/run_e2e.py --heads "$HEADS" --parts "$parts" --kv "$KV" --prompt-seeds "$seeds" --out "$OUT" ;;
+    realdims) run python3 integration/real_dims.py --heads "$HEADS" --kv "$KV" --out "$OUT" ;;
+    variants) run python3 dev/variant_error.py ;;
+    gputests) run python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode_gpu.py ${TESTS:+-k "$TESTS"} ;;
+    # From /tmp, so that the installed wheel (not the checkout) is the package measured and written.
+    bench) (cd /tmp && run python3 -m mla_backend bench ${QUICK:+--quick} --out "$OUT/bench") ;;
+    routes) (cd /tmp && run python3 -m mla_backend bench --route-table --write --out "$OUT/bench") ;;
+    *) echo "unknown part $part" >&2; exit 2 ;;
+  esac
+done
+cd "$REPO"

@@ -67,7 +67,8 @@ def engine_rates(backend: str, kv: str, model: str) -> dict[tuple[int, int], flo
 
     from mla_backend.tools.demo import decode_throughput, random_prompts
 
-    spec = EngineSpec(backend, kv, 64, True, max_num_seqs=max(BATCHES))
+    ours = {"backend": "xqa"} if backend == "CUSTOM" else {}  # our kernels, not auto's engine-best route
+    spec = EngineSpec(backend, kv, 64, True, max_num_seqs=max(BATCHES), mla_backend=ours)
     kwargs = engine_kwargs(spec, model, max(CONTEXTS) + NEW_TOKENS + 64, memory_fraction=0.6)
     rates = {}
     try:

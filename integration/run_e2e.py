@@ -23,6 +23,10 @@ Pass rules; exit status 1 if any run fails them:
   parallelism 2 on top (vLLM merges our per-rank LSE), against ours on one GPU, whose forward_mqa
   is checked in float64 in the same run: greedy tokens agree up to its first tie. The workers run
   in processes of their own, out of the forward_mqa check's reach.
+- Engine-best runs (--parts enginebest): `auto` at page 64 with CUDA graphs, fp8 and bf16 caches; on
+  SM90 the route is the one the installed table (mla_backend/vllm/sm90_routes.json) picks, vLLM's
+  FlashMLA where it is faster, its outputs checked in float64 as ours are. The other parts pin
+  page-64 engines to our kernels (backend xqa).
 - Fallback runs (device_capability 8.0) are served by vLLM's Triton MLA kernel through our backend
   and judged against TRITON_MLA.
 - Selftest: our engine with its outputs scaled by 1.05 and LSE shifted by 0.5 must fail the
@@ -111,27 +115,51 @@ def agreement(
     return {"identical": len(ours) - len(divergent), "divergent": divergent, "failures": failures, "ok": not failures}
 
 
+def ours_at(block_size: int) -> dict:
+    """additional_config that keeps decode on our kernels: at page 64 on SM90, `auto` may hand it
+    to vLLM's FlashMLA (the engine-best route, judged by its own part)."""
+    return {"backend": "xqa"} if block_size == 64 else {}
+
+
 def correctness_specs() -> list[EngineSpec]:
     return [
-        EngineSpec("CUSTOM", kv, block, graphs)
+        EngineSpec("CUSTOM", kv, block, graphs, mla_backend=ours_at(block))
         for kv in ("fp8", "auto")
         for block in (16, 64)
         for graphs in (True, False)
     ]
 
 
+def engine_best_specs() -> list[EngineSpec]:
+    """`auto` at page 64 with CUDA graphs: on SM90 the route the installed table picks."""
+    return [EngineSpec("CUSTOM", kv, 64, True) for kv in ("fp8", "auto")]
+
+
+def expected_engine_best_route(spec: EngineSpec, heads: int) -> str:
+    """ "flashmla" where the installed route table hands this engine's decode to FlashMLA, else "bundled"."""
+    from mla_backend.config import MLABackendConfig, resolve_backend
+    from mla_backend.vllm import engine_best
+
+    capability = torch.cuda.get_device_capability()
+    config = MLABackendConfig(**spec.mla_backend)
+    shape = engine_best.ShapeClass(heads, 1 + spec.spec_tokens, spec.block_size, spec.kv_cache_dtype == "fp8")
+    best = engine_best.choose(config, resolve_backend(config, capability), capability, shape)
+    return "flashmla" if best.use_flashmla else "bundled"
+
+
 def spec_decode_specs() -> list[EngineSpec]:
     # Graph mode only: in vLLM 0.26 the GPU n-gram proposer drafted nothing under enforce_eager.
     return [
-        EngineSpec("CUSTOM", "fp8", 64, True, spec_tokens=SPEC_TOKENS),
+        EngineSpec("CUSTOM", "fp8", 64, True, spec_tokens=SPEC_TOKENS, mla_backend=ours_at(64)),
         EngineSpec("CUSTOM", "auto", 16, True, spec_tokens=SPEC_TOKENS),
     ]
 
 
 def mtp_specs() -> list[EngineSpec]:
-    return [EngineSpec("CUSTOM", "fp8", 64, True, spec_tokens=k, spec_method="mtp") for k in MTP_TOKENS] + [
-        EngineSpec("CUSTOM", "auto", 16, True, spec_tokens=3, spec_method="mtp")
-    ]
+    return [
+        EngineSpec("CUSTOM", "fp8", 64, True, spec_tokens=k, spec_method="mtp", mla_backend=ours_at(64))
+        for k in MTP_TOKENS
+    ] + [EngineSpec("CUSTOM", "auto", 16, True, spec_tokens=3, spec_method="mtp")]
 
 
 PARALLEL_PEER = "FLASHMLA"  # vLLM's backend run at the same layouts: how far a split moves its tokens
@@ -139,7 +167,11 @@ PARALLEL_PEER = "FLASHMLA"  # vLLM's backend run at the same layouts: how far a 
 
 def parallel_specs() -> list[EngineSpec]:
     """TP 2, and DCP 2 on top, with each KV dtype (run one dtype per call: eight engines take long)."""
-    return [EngineSpec("CUSTOM", kv, 64, True, tp=2, dcp=dcp) for kv in ("fp8", "auto") for dcp in (1, 2)]
+    return [
+        EngineSpec("CUSTOM", kv, 64, True, tp=2, dcp=dcp, mla_backend=ours_at(64))
+        for kv in ("fp8", "auto")
+        for dcp in (1, 2)
+    ]
 
 
 def judge_parallel(result: dict, single: dict, peer: dict, peer_single: dict) -> tuple[bool, list[str]]:
@@ -188,7 +220,7 @@ def fallback_specs() -> list[EngineSpec]:
 
 
 def selftest_specs() -> list[EngineSpec]:
-    return [EngineSpec("CUSTOM", "fp8", 64, True), EngineSpec("CUSTOM", "auto", 16, False)]
+    return [EngineSpec("CUSTOM", "fp8", 64, True, mla_backend=ours_at(64)), EngineSpec("CUSTOM", "auto", 16, False)]
 
 
 def selftest(spec: EngineSpec, model: str, prompts: list[list[int]]) -> tuple[bool, str]:
@@ -428,7 +460,10 @@ def main() -> int:
     throughput = []
     if "throughput" in parts:
         for name in ("CUSTOM", "FLASHMLA", "TRITON_MLA"):
-            throughput.append(decode_tokens_per_s(EngineSpec(name, "fp8", 64, True), model, 32, 2048, 128))
+            ours = ours_at(64) if name == "CUSTOM" else {}
+            throughput.append(
+                decode_tokens_per_s(EngineSpec(name, "fp8", 64, True, mla_backend=ours), model, 32, 2048, 128)
+            )
         base = throughput[0]["tokens_per_s"]
         for t in throughput:
             rows.append(
@@ -441,7 +476,7 @@ def main() -> int:
             )
 
     refs, spec_refs, mtp_refs, plain_refs = {}, {}, {}, {}
-    if parts & {"correctness", "fallback"}:
+    if parts & {"correctness", "fallback", "enginebest"}:
         refs = reference_runs(model, prompts, rows, kvs, repeats=args.reference_runs)
     if "spec" in parts:
         spec_prompts = [p for seed in args.prompt_seeds.split(",") for p in make_spec_prompts(int(seed))]
@@ -464,6 +499,8 @@ def main() -> int:
         ours += [(s, "bundled") for s in mtp_specs()]
     if "parallel" in parts:
         ours += [(s, "bundled") for s in parallel_specs()]
+    if "enginebest" in parts:
+        ours += [(s, expected_engine_best_route(s, args.heads)) for s in engine_best_specs()]
     ours = [(s, route) for s, route in ours if s.kv_cache_dtype in kvs]
     results = []
     parallel_peers: dict[str, dict] = {}
@@ -476,7 +513,7 @@ def main() -> int:
                 print(f"[e2e h{args.heads}] selftest {spec.name}: {'PASS' if ok else 'FAIL'} {note}", flush=True)
     singles: dict[str, dict] = {}  # per KV dtype: ours on one GPU (checked), the peer on one GPU
     for kv in sorted({spec.kv_cache_dtype for spec, _ in ours if spec.tp > 1}):
-        single_spec = EngineSpec("CUSTOM", kv, 64, True)
+        single_spec = EngineSpec("CUSTOM", kv, 64, True, mla_backend=ours_at(64))
         singles[kv] = run_engine(single_spec, model, prompts)
         results.append(singles[kv])
         ok, notes = finish_judging(singles[kv], "bundled", True, [])

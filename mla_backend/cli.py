@@ -41,6 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "--out", default="results/bench_decode", help="prefix of the JSON and PNG written (results/ is git-ignored)"
     )
+    bench.add_argument(
+        "--route-table",
+        action="store_true",
+        help="measure, per shape class, ours against vLLM's FlashMLA: the table auto routes by on SM90",
+    )
+    bench.add_argument("--write", action="store_true", help="with --route-table: store it in the installed package")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
@@ -56,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         from .jit import build_cli
 
         return build_cli(args.arch, strict=args.strict, variant=KernelVariant(args.fp8_qk, args.fp8_pv))
+    if args.route_table:
+        from .tools.route_table import main as route_table
+
+        return route_table(args.out, write=args.write)
     from .tools.bench import main as bench_main
 
     return bench_main(quick=args.quick, out_prefix=args.out)

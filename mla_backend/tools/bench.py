@@ -78,7 +78,7 @@ def ours(problem, workspace):
     return lambda: xqa_batch_decode_with_kv_cache_mla(*args, bmm1_scale=SM_SCALE)
 
 
-def bench_shape(dtype, heads, batch, seq, q_len, workspace, page_size=64) -> list[Row]:
+def bench_shape(dtype, heads, batch, seq, q_len, workspace, page_size=64, peers=tuple(PEERS)) -> list[Row]:
     elem = 1 if dtype == torch.float8_e4m3fn else 2
     kv_bytes = batch * seq * 576 * elem
     copies = max(1, min(32, math.ceil(L2_FLUSH_BYTES / kv_bytes)))
@@ -91,7 +91,7 @@ def bench_shape(dtype, heads, batch, seq, q_len, workspace, page_size=64) -> lis
     name = "fp8" if elem == 1 else "bf16"
     rows = []
     impls = {"mla_backend": lambda p: ours(p, workspace)}
-    impls.update({k: (lambda p, f=f: f(p, SM_SCALE)) for k, f in PEERS.items()})
+    impls.update({k: (lambda p, f=PEERS[k]: f(p, SM_SCALE)) for k in peers})
     for impl, make in impls.items():
         try:
             us = time_graph([make(p) for p in problems])

@@ -11,43 +11,19 @@ import torch
 from ..inputs import PagedProblem
 
 
-def flashmla(problem: PagedProblem, sm_scale: float) -> Callable[[], object]:
-    from vllm.v1.attention.ops import flashmla as fm
+def flashmla(problem: PagedProblem, sm_scale: float) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    from ..vllm import flashmla as fm
 
-    ok, why = fm.is_flashmla_dense_supported()
+    ok, why = fm.available()
     if not ok:
         raise RuntimeError(why)
     batch, q_len, heads, _ = problem.query.shape
-    if problem.kv_cache.shape[-2] != 64:
-        raise RuntimeError("FlashMLA needs page size 64")
-    cache = problem.kv_cache.unsqueeze(-2)  # [P, page, 1, 576]
-    if problem.query.dtype == torch.float8_e4m3fn:
-        tile_md, splits = fm.get_mla_metadata_dense_fp8(problem.seq_lens, q_len * heads, 1)
-        one = torch.ones(1, dtype=torch.float32, device=cache.device)
-        return lambda: fm.flash_mla_with_kvcache_fp8(
-            problem.query,
-            cache,
-            problem.block_tables,
-            problem.seq_lens,
-            512,
-            tile_md,
-            splits,
-            softmax_scale=sm_scale,
-            causal=True,
-            descale_q=one,
-            descale_k=one,
-        )
-    sched, _ = fm.get_mla_metadata(problem.seq_lens, q_len * heads, 1, is_fp8_kvcache=False)
-    return lambda: fm.flash_mla_with_kvcache(
-        problem.query,
-        cache,
-        problem.block_tables,
-        problem.seq_lens,
-        512,
-        tile_scheduler_metadata=sched,
-        softmax_scale=sm_scale,
-        causal=True,
-        is_fp8_kvcache=False,
+    if problem.kv_cache.shape[-2] != fm.PAGE_SIZE:
+        raise RuntimeError(f"FlashMLA needs page size {fm.PAGE_SIZE}")
+    kv_fp8 = problem.query.dtype == torch.float8_e4m3fn
+    schedule = fm.Scheduler(heads, kv_fp8, None, problem.query.device)(problem.seq_lens, q_len)
+    return lambda: fm.decode(
+        problem.query, problem.kv_cache, problem.block_tables, problem.seq_lens, schedule, sm_scale
     )
 
 

@@ -4,12 +4,14 @@ Enabled with ``--attention-backend CUSTOM`` (and ``MLA_BACKEND`` from vLLM 0.32;
 :func:`mla_backend.vllm.register`; release differences live in :mod:`mla_backend.vllm.compat`),
 configured with ``--additional-config '{"mla_backend": {...}}'`` or ``MLA_BACKEND_*`` variables.
 Decode is routed by the resolved kernel: ``bundled`` (our kernels), ``trtllm-gen`` (FlashInfer on
-SM100/103) or ``fallback`` (vLLM's portable Triton MLA decode).
+SM100/103) or ``fallback`` (vLLM's portable Triton MLA decode); with ``auto`` on SM90, vLLM's FlashMLA
+takes the bundled kernels' place where it is faster for the engine's shape class (engine_best.py).
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -19,6 +21,7 @@ from vllm.config.cache import CacheDType
 from vllm.logger import init_logger
 from vllm.model_executor.layers.attention.mla_attention import (
     MLACommonBackend,
+    MLACommonDecodeMetadata,
     MLACommonImpl,
     MLACommonMetadata,
     MLACommonMetadataBuilder,
@@ -34,7 +37,7 @@ from .. import shapes
 from ..checks import query_layout_problem
 from ..config import MLABackendConfig, Resolution, format_validation_error, resolve_backend
 from ..decode import trtllm_batch_decode_with_kv_cache_mla
-from . import compat, fallback
+from . import compat, engine_best, fallback, flashmla
 
 logger = init_logger(__name__)
 
@@ -77,11 +80,35 @@ def announce(route: Resolution) -> None:
         logger.info("mla_backend: MLA decode runs %s: %s", route.kernel, route.reason)
 
 
+def query_tokens_per_request(vllm_config: VllmConfig) -> int:
+    spec = vllm_config.speculative_config
+    return 1 + (spec.num_speculative_tokens if spec is not None else 0)
+
+
 def max_decode_tokens(vllm_config: VllmConfig) -> int:
     """Most query tokens one decode step can carry: requests x (1 + speculative tokens)."""
-    spec = vllm_config.speculative_config
-    per_request = 1 + (spec.num_speculative_tokens if spec is not None else 0)
-    return vllm_config.scheduler_config.max_num_seqs * per_request
+    return vllm_config.scheduler_config.max_num_seqs * query_tokens_per_request(vllm_config)
+
+
+def choose_engine_best(vllm_config: VllmConfig, page_size: int, local_heads: int) -> engine_best.EngineBest:
+    """Whether vLLM's FlashMLA serves this engine's decode in the bundled kernels' place (auto, SM90)."""
+    config = plugin_config(vllm_config)
+    detected = detected_capability()
+    shape = engine_best.ShapeClass(
+        heads=local_heads * vllm_config.parallel_config.decode_context_parallel_size,
+        q_len=query_tokens_per_request(vllm_config),
+        page_size=page_size,
+        kv_fp8=compat.is_quantized_kv_cache(vllm_config.cache_config.cache_dtype),
+    )
+    return engine_best.choose(config, resolve_route(config, detected), config.capability(detected), shape)
+
+
+@functools.cache
+def announce_engine_best(best: engine_best.EngineBest) -> None:
+    if best.use_flashmla:
+        logger.info("mla_backend: auto: MLA decode runs vLLM's FlashMLA: %s", best.reason)
+    else:
+        logger.info("mla_backend: auto keeps the bundled kernels over vLLM's FlashMLA: %s", best.reason)
 
 
 class MLABackend(MLACommonBackend):
@@ -165,15 +192,46 @@ def model_problem(vllm_config: VllmConfig) -> str | None:
     return None
 
 
+@dataclass
+class RoutedDecodeMetadata(MLACommonDecodeMetadata):
+    flashmla: flashmla.Schedule | None = None  # FlashMLA's plan where it serves this engine's decode
+
+
 class MLABackendMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
     # Decode metadata is vLLM's own block_table / seq_lens (persistent buffers) plus max_seq_len;
     # the split count is a host-side function of batch, heads and max_seq_len, so graphs replay.
+    # Where FlashMLA serves decode, its plan is built here per batch, as vLLM's FLASHMLA builds it.
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
     query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.UNIFORM
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         reserve_decode_workspace(vllm_config, self.num_heads, self.mla_dims.kv_lora_rank)
+        self.flashmla_scheduler: flashmla.Scheduler | None = None
+        best = choose_engine_best(vllm_config, kv_cache_spec.block_size, self.num_heads)
+        if best.candidate:
+            announce_engine_best(best)
+        if best.use_flashmla:
+            ROUTES_CHOSEN.discard("bundled")  # the impls resolved it before this builder took decode over
+            ROUTES_CHOSEN.add("flashmla")
+            full_graphs = self.compilation_config.cudagraph_mode.has_full_cudagraphs()
+            graph_buffers = (
+                (current_platform.num_compute_units(), vllm_config.scheduler_config.max_num_seqs)
+                if full_graphs
+                else None
+            )
+            heads = self.num_heads * vllm_config.parallel_config.decode_context_parallel_size
+            kv_fp8 = compat.is_quantized_kv_cache(vllm_config.cache_config.cache_dtype)
+            self.flashmla_scheduler = flashmla.Scheduler(heads, kv_fp8, graph_buffers, self.device)
+
+    def _build_decode(self, **kwargs) -> MLACommonDecodeMetadata:
+        # vLLM passes keywords only; the set differs between releases (0.33 adds max_query_len).
+        decode = super()._build_decode(**kwargs)
+        if self.flashmla_scheduler is None:
+            return decode
+        requests = kwargs["block_table_tensor"].shape[0]
+        schedule = self.flashmla_scheduler(kwargs["seq_lens_device"], kwargs["num_decode_tokens"] // requests)
+        return RoutedDecodeMetadata(decode.block_table, decode.seq_lens, decode.dcp_tot_seq_lens, schedule)
 
 
 def reserve_decode_workspace(vllm_config: VllmConfig, local_heads: int, kv_lora_rank: int) -> None:
@@ -285,6 +343,21 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
                 f"mla_backend needs a uniform query length per request; got {tokens} tokens for {requests} requests"
             )
         q_len = tokens // requests
+        schedule = getattr(decode, "flashmla", None)
+        if schedule is not None:  # auto on SM90, where vLLM's FlashMLA is faster for this engine
+            query = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+            out, lse = flashmla.decode(
+                query.view(requests, q_len, heads, query.shape[-1]),
+                kv_c_and_k_pe_cache,
+                decode.block_table,
+                decode.seq_lens,
+                schedule,
+                self.scale,
+                getattr(layer, "_q_scale", None),
+                getattr(layer, "_k_scale", None),
+                self.kv_lora_rank,
+            )
+            return out, (lse if self.need_to_return_lse_for_decode else None)
         if self.route.kernel == "fallback":
             return fallback.triton_mla_decode(
                 parts[0],

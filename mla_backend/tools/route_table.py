@@ -1,0 +1,119 @@
+"""`python -m mla_backend bench --route-table`: the table `auto` routes decode by on SM90.
+
+Per shape class (KV dtype, heads, query tokens per request; page 64), the bundled kernels against
+vLLM's FlashMLA over a batch x context grid, in one process (CUDA-graph replay, median, KV beyond
+L2: bench.bench_shape), and FlashMLA's output and LSE checked against the float64 reference on the
+(dequantised) inputs. speedup = geometric mean over the grid of our time / FlashMLA's. ``--write``
+stores the table as the installed package's mla_backend/vllm/sm90_routes.json.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from ..inputs import make_paged_problem
+from ..reference import ROW_ERROR_TOLERANCE, mla_decode_reference
+from ..vllm import engine_best
+from .bench import bench_shape
+from .peers import SM_SCALE, flashmla
+
+HEADS = (16, 32, 64, 128)
+Q_LENS = (1, 2, 4)
+BATCHES = (1, 8, 32, 128)
+CONTEXTS = (4096, 32768)
+CHECK_LENGTHS = [300, 1500, 4000]  # every query row sees hundreds of keys
+LSE_ABS_TOLERANCE, LSE_REL_TOLERANCE = 1e-2, 2.0**-8
+DTYPES = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}
+
+
+def flashmla_errors(dtype: torch.dtype, heads: int, q_len: int) -> tuple[float, float]:
+    """(worst row's relative L2 error, worst LSE excess over its tolerance) of FlashMLA vs float64."""
+    problem = make_paged_problem(CHECK_LENGTHS, q_len, heads, 64, dtype, "cuda", seed=7)
+    out, lse = flashmla(problem, SM_SCALE)()
+    want, want_lse = mla_decode_reference(
+        problem.query, problem.kv_cache, problem.block_tables, problem.seq_lens, SM_SCALE
+    )
+    got = out.view(want.shape).double()
+    row_error = ((got - want).norm(dim=-1) / want.norm(dim=-1)).max().item()
+    got_lse = lse.view(want_lse.shape).double()
+    lse_excess = ((got_lse - want_lse).abs() - LSE_REL_TOLERANCE * want_lse.abs()).max().item()
+    return row_error, lse_excess
+
+
+def measure_class(kv: str, heads: int, q_len: int, workspace: torch.Tensor) -> dict:
+    dtype = DTYPES[kv]
+    row_error, lse_excess = flashmla_errors(dtype, heads, q_len)
+    times, ratios = [], []
+    for batch in BATCHES:
+        for context in CONTEXTS:
+            measured = bench_shape(dtype, heads, batch, context, q_len, workspace, peers=("flashmla",))
+            rows = {r.impl: r.us for r in measured}
+            ours, theirs = rows.get("mla_backend"), rows.get("flashmla")
+            times.append([batch, context, ours, theirs])
+            ratios.append(ours / theirs if ours and theirs else 0.0)  # a refused shape counts against FlashMLA
+    speedup = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if all(ratios) else 0.0
+    return dict(
+        kv=kv,
+        heads=heads,
+        q_len=q_len,
+        speedup=round(speedup, 3),
+        flashmla_correct=row_error <= ROW_ERROR_TOLERANCE[dtype] and lse_excess <= LSE_ABS_TOLERANCE,
+        flashmla_row_error=row_error,
+        flashmla_lse_excess=lse_excess,
+        times_us=times,
+    )
+
+
+def main(out_prefix: str, write: bool = False) -> int:
+    if not torch.cuda.is_available():
+        print("the route table needs a CUDA GPU")
+        return 2
+    ok, why = engine_best.flashmla.available()
+    if not ok:
+        print(f"vLLM's FlashMLA is not available here: {why}")
+        return 2
+    import vllm
+
+    workspace = torch.zeros(512 << 20, dtype=torch.uint8, device="cuda")
+    entries = []
+    for kv in DTYPES:
+        for heads in HEADS:
+            for q_len in Q_LENS:
+                entry = measure_class(kv, heads, q_len, workspace)
+                entries.append(entry)
+                print(
+                    f"{kv:4} H{heads:<4} q{q_len}  FlashMLA speedup {entry['speedup']:5.2f}  "
+                    f"correct {entry['flashmla_correct']} (row {entry['flashmla_row_error']:.1e}, "
+                    f"LSE excess {entry['flashmla_lse_excess']:.1e})",
+                    flush=True,
+                )
+    table = dict(
+        device=torch.cuda.get_device_name(),
+        date=datetime.date.today().isoformat(),
+        torch=torch.__version__,
+        vllm=vllm.__version__,
+        grid=dict(batches=BATCHES, contexts=CONTEXTS, page_size=64),
+        entries=entries,
+    )
+    text = json.dumps(table, indent=1) + "\n"
+    Path(out_prefix).parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out_prefix}_routes.json").write_text(text)
+    if write:
+        engine_best.ROUTE_TABLE.write_text(text)
+        print(f"wrote {engine_best.ROUTE_TABLE}")
+    print_routes(table)
+    return 0
+
+
+def print_routes(table: dict) -> None:
+    print(f"\n== auto on SM90: FlashMLA where faster ({table['device']}, vLLM {table['vllm']}) ==")
+    print(f"{'kv':4} {'H':>4} {'q':>2} | {'ours/FlashMLA':>13} | {'FlashMLA correct':>16} | route")
+    for e in table["entries"]:
+        route = "FlashMLA" if e["flashmla_correct"] and e["speedup"] > 1 else "ours"
+        correct = str(e["flashmla_correct"])
+        print(f"{e['kv']:4} {e['heads']:>4} {e['q_len']:>2} | {e['speedup']:>13.2f} | {correct:>16} | {route}")

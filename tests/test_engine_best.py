@@ -1,0 +1,183 @@
+"""`auto` on SM90 hands decode to vLLM's FlashMLA where the route table says it is faster: the
+choice, the shipped table, the builder's per-batch plan and forward_mqa's dispatch, on CPU (vLLM's
+FlashMLA ops are replaced by fakes that record what they were given)."""
+
+import inspect
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_vllm_plugin import make_impl
+from vllm.model_executor.layers.attention.mla_attention import MLACommonDecodeMetadata, MLACommonMetadataBuilder
+from vllm.v1.attention.ops import flashmla as vllm_flashmla_ops
+
+from mla_backend.config import MLABackendConfig, Resolution
+from mla_backend.tools import route_table
+from mla_backend.vllm import backend, engine_best, flashmla
+
+TABLE = {
+    "device": "test GPU",
+    "date": "2026-11-24",
+    "entries": [
+        {"kv": "fp8", "heads": 16, "q_len": 1, "speedup": 1.2, "flashmla_correct": True},
+        {"kv": "fp8", "heads": 128, "q_len": 1, "speedup": 2.5, "flashmla_correct": True},
+        {"kv": "fp8", "heads": 128, "q_len": 4, "speedup": 2.0, "flashmla_correct": False},
+        {"kv": "bf16", "heads": 16, "q_len": 1, "speedup": 0.9, "flashmla_correct": True},
+    ],
+}
+BUNDLED = Resolution("bundled", "test")
+AVAILABLE = (True, None)
+
+
+def choose(heads=128, q_len=1, page=64, fp8=True, backend_name="auto", route=BUNDLED, capability=(9, 0), ok=AVAILABLE):
+    shape = engine_best.ShapeClass(heads, q_len, page, fp8)
+    config = MLABackendConfig(backend=backend_name)
+    return engine_best.choose(config, route, capability, shape, available=ok, table=TABLE)
+
+
+def test_flashmla_serves_the_classes_it_is_faster_for():
+    best = choose()
+    assert best.use_flashmla and best.candidate
+    assert "2.50x" in best.reason and "test GPU" in best.reason
+
+
+@pytest.mark.parametrize(
+    "heads, q_len, measured_heads",
+    [(96, 1, 128), (64, 1, 128), (8, 1, 16), (24, 1, 16)],
+)
+def test_a_class_borrows_the_nearest_measurement_within_a_factor_of_two(heads, q_len, measured_heads):
+    best = choose(heads=heads, q_len=q_len)
+    assert best.use_flashmla
+    assert f"measured at {measured_heads} heads" in best.reason
+
+
+@pytest.mark.parametrize(
+    "kwargs, reason, candidate",
+    [
+        (dict(heads=4), "no measurement near 4 heads", True),
+        (dict(heads=48), "no measurement near 48 heads", True),  # 16 and 128 are both over 2x away
+        (dict(heads=128, q_len=4), "failed the float64 check", True),
+        (dict(heads=16, fp8=False), "bundled kernels are 1.11x FlashMLA's speed", True),
+        (dict(page=16), "pages of 64 tokens, the cache has 16", True),
+        (dict(ok=(False, "no _flashmla_C")), "unavailable: no _flashmla_C", True),
+        (dict(backend_name="xqa"), "backend='xqa' set", False),
+        (dict(route=Resolution("fallback", "old GPU")), "decode runs fallback", False),
+        (dict(capability=(12, 0)), "SM90's", False),
+    ],
+)
+def test_everything_else_stays_on_ours_with_the_reason(kwargs, reason, candidate):
+    best = choose(**kwargs)
+    assert not best.use_flashmla
+    assert reason in best.reason
+    assert best.candidate == candidate
+
+
+def test_the_shipped_table_covers_the_measured_grid():
+    table = engine_best.load_table()
+    assert table["device"] and table["date"] and table["vllm"]
+    classes = {(e["kv"], e["heads"], e["q_len"]) for e in table["entries"]}
+    want = {(kv, h, q) for kv in route_table.DTYPES for h in route_table.HEADS for q in route_table.Q_LENS}
+    assert classes == want
+    for entry in table["entries"]:
+        assert isinstance(entry["flashmla_correct"], bool) and entry["speedup"] >= 0
+        assert len(entry["times_us"]) == len(route_table.BATCHES) * len(route_table.CONTEXTS)
+
+
+# --- the builder's plan and forward_mqa's dispatch -------------------------------------------------
+
+
+def build_decode(builder, requests=3, q_len=2):
+    """Call the builder's _build_decode with the keywords this vLLM release passes."""
+    values = dict(
+        block_table_tensor=torch.zeros(requests, 4, dtype=torch.int32),
+        seq_lens_device=torch.tensor([37, 130, 5][:requests], dtype=torch.int32),
+        max_seq_len=130,
+        query_start_loc_cpu=torch.arange(requests + 1) * q_len,
+        query_start_loc_device=torch.arange(requests + 1) * q_len,
+        num_decode_tokens=requests * q_len,
+        max_query_len=q_len,
+        dcp_tot_seq_lens_device=None,
+    )
+    accepted = inspect.signature(MLACommonMetadataBuilder._build_decode).parameters
+    return builder._build_decode(**{k: v for k, v in values.items() if k in accepted})
+
+
+def test_builder_plans_each_batch_for_flashmla_where_it_serves():
+    builder = object.__new__(backend.MLABackendMetadataBuilder)
+    calls = []
+    builder.flashmla_scheduler = lambda seq_lens, q_len: calls.append((seq_lens.tolist(), q_len)) or "plan"
+    decode = build_decode(builder, requests=3, q_len=2)
+    assert isinstance(decode, backend.RoutedDecodeMetadata)
+    assert decode.flashmla == "plan" and calls == [([37, 130, 5], 2)]
+    assert decode.block_table.shape == (3, 4)
+
+    builder.flashmla_scheduler = None
+    plain = build_decode(builder)
+    assert type(plain) is MLACommonDecodeMetadata
+
+
+@pytest.mark.parametrize("fp8", [True, False])
+@pytest.mark.parametrize("need_lse", [True, False])
+def test_forward_mqa_hands_a_planned_batch_to_flashmla(fp8, need_lse, monkeypatch):
+    monkeypatch.setattr(backend, "detected_capability", lambda: (9, 0))
+    impl = make_impl("fp8" if fp8 else "auto")
+    impl.need_to_return_lse_for_decode = need_lse
+    requests, q_len, heads = 3, 2, 16
+    seen = {}
+
+    def fake_decode(query, cache, block_table, seq_lens, schedule, scale, q_descale, k_descale, rank):
+        seen.update(query=query, schedule=schedule, scale=scale, descales=(q_descale, k_descale))
+        tokens = requests * q_len
+        return torch.full((tokens, heads, rank), 2.0), torch.full((tokens, heads), 3.0)
+
+    monkeypatch.setattr(backend.flashmla, "decode", fake_decode)
+    dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    q = torch.randn(requests * q_len, heads, 576).to(dtype)
+    query = q if fp8 else (q[..., :512], q[..., 512:])  # vLLM hands bf16 queries over as a pair
+    decode = SimpleNamespace(block_table=torch.zeros(requests, 4), seq_lens=torch.ones(requests), flashmla="plan")
+    metadata = SimpleNamespace(num_decodes=requests, max_seq_len=8, decode=decode)
+    layer = SimpleNamespace(_q_scale="q scale", _k_scale="k scale", _q_scale_float=1.0, _k_scale_float=1.0)
+    out, lse = impl.forward_mqa(query, torch.zeros(4, 64, 576), metadata, layer)
+    assert seen["schedule"] == "plan" and seen["scale"] == impl.scale
+    assert seen["query"].shape == (requests, q_len, heads, 576)
+    assert torch.equal(seen["query"].reshape(-1, heads, 576).float(), q.float())
+    assert seen["descales"] == ("q scale", "k scale")
+    assert out.shape == (requests * q_len, heads, 512) and (out == 2).all()
+    assert (lse is not None) == need_lse
+
+
+# --- vLLM's FlashMLA ops, in our layout ---------------------------------------------------------------
+
+
+def test_flashmla_lse_comes_back_per_query_token(monkeypatch):
+    """FlashMLA's LSE is [requests, H, q_len]; DCP merges [tokens, H] with token = request * q_len + i."""
+    requests, q_len, heads = 2, 3, 4
+    lse = torch.arange(requests * heads * q_len, dtype=torch.float32).view(requests, heads, q_len)
+    out = torch.zeros(requests, q_len, heads, 512)
+
+    monkeypatch.setattr(vllm_flashmla_ops, "flash_mla_with_kvcache", lambda **kw: (out, lse))
+    schedule = flashmla.Schedule("plan", None)
+    query = torch.zeros(requests, q_len, heads, 576, dtype=torch.bfloat16)
+    got_out, got_lse = flashmla.decode(query, torch.zeros(2, 64, 576), None, None, schedule, 0.1)
+    assert got_out.shape == (requests * q_len, heads, 512)
+    for r in range(requests):
+        for i in range(q_len):
+            assert torch.equal(got_lse[r * q_len + i], lse[r, :, i])
+
+
+def test_fp8_plans_live_in_graph_buffers(monkeypatch):
+    rows = {"n": 5}
+
+    def plan(seq_lens, query_rows, kv_heads):
+        assert (query_rows, kv_heads) == (2 * 16, 1)
+        return torch.full((rows["n"], 8), 7, dtype=torch.int32), torch.arange(len(seq_lens) + 1, dtype=torch.int32)
+
+    monkeypatch.setattr(vllm_flashmla_ops, "get_mla_metadata_dense_fp8", plan)
+    scheduler = flashmla.Scheduler(16, True, (8, 4), torch.device("cpu"))
+    first = scheduler(torch.ones(3, dtype=torch.int32), 2)
+    second = scheduler(torch.ones(3, dtype=torch.int32), 2)
+    assert first.tile_metadata.data_ptr() == second.tile_metadata.data_ptr() == scheduler.tile_buffer.data_ptr()
+    assert (first.tile_metadata == 7).all() and first.num_splits.tolist() == [0, 1, 2, 3]
+    rows["n"] = 9  # more tiles than SMs: refused, never written past the buffer
+    with pytest.raises(RuntimeError, match="exceeds its graph buffer"):
+        scheduler(torch.ones(3, dtype=torch.int32), 2)
