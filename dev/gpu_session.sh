@@ -22,7 +22,11 @@ source /tmp/site/env.sh
 if compgen -G ".gpu/extra/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/extra/*.whl 2>/dev/null
 fi
-rm -rf /tmp/mla && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mla .gpu/dist/mla_backend-*.whl
+# Reinstalled only when the wheel changed: a route table written by an earlier call stays.
+if ! cmp -s .gpu/dist/mla_backend-*.whl /tmp/mla.whl; then
+  rm -rf /tmp/mla && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mla .gpu/dist/mla_backend-*.whl
+  cp .gpu/dist/mla_backend-*.whl /tmp/mla.whl
+fi
 export PYTHONPATH=/tmp/mla:$PYTHONPATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 # Kernel variants built here ahead of time (python -m mla_backend build --fp8-pv f16 ...), if carried.
 rm -rf /tmp/mla_cache && mkdir -p /tmp/mla_cache && { [ -d .gpu/cache ] && cp -r .gpu/cache/. /tmp/mla_cache/; }

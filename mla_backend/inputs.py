@@ -25,8 +25,13 @@ class PagedProblem:
 
 
 def _random_fp(shape, dtype, device, generator, scale: float) -> torch.Tensor:
-    data = torch.randn(shape, generator=generator, device="cpu", dtype=torch.float32) * scale
-    return data.to(dtype).to(device)
+    device = torch.device(device)
+    if device.type == "cuda":  # drawn on the GPU: gigabyte caches take seconds on the CPU
+        seed = int(torch.randint(2**62, (1,), generator=generator))
+        on_device = torch.Generator(device=device).manual_seed(seed)
+        return (torch.randn(shape, generator=on_device, device=device, dtype=torch.float32) * scale).to(dtype)
+    data = torch.randn(shape, generator=generator, dtype=torch.float32) * scale
+    return data.to(dtype)
 
 
 def make_paged_problem(
