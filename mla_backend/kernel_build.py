@@ -20,6 +20,10 @@ HEADER_PATTERNS = ("*.h", "*.cuh")  # every header of csrc/ is part of the sourc
 FP8_QK_CHOICES = ("auto", "f16", "e4m3")  # config.Fp8QkName; a test keeps the two equal
 FP8_PV_CHOICES = ("auto", "f32", "f16")  # config.Fp8PvName; likewise
 F16_PV_ARCHES = ("sm_90a", "sm_120a", "sm_121a")  # fp8_pv="f16" builds without spills here
+# ... and is auto's choice here: at 128 heads P.V bounds SM120's tensor pipe, where f16 x f16 + f32
+# runs at half the f16-accumulate rate (docs/performance.md); its error over the FP8 sweep matched
+# f32's on an H100 (dev/variant_error.py: worst 1.70e-3 vs 1.69e-3). SM90 sums in f32 at full rate.
+F16_PV_DEFAULT_ARCHES = ("sm_120a", "sm_121a")
 TORCH_ABI_TARGET = (2, 11)  # oldest torch the library must load into
 TORCH_LIBRARIES = ("torch_cpu", "torch_cuda")  # where the stable shim's symbols live
 
@@ -42,7 +46,7 @@ class KernelVariant:
     (mma.sync e4m3: native QMMA on SM 8.9/10.x/12.x).
     fp8_pv: P.V summed in "f32" (f16 x f16 + f32 HMMA) or "f16" within each 16-token step, then in
     fp32 (HMMA at the f16-accumulate rate: twice the f32 rate on GeForce Blackwell). Built where it
-    fits in registers without spills (F16_PV_ARCHES)."""
+    fits in registers without spills (F16_PV_ARCHES); auto's choice on F16_PV_DEFAULT_ARCHES."""
 
     fp8_qk: str = "auto"
     fp8_pv: str = "auto"
@@ -63,7 +67,7 @@ class KernelVariant:
                 "kernel spills registers"
             )
         qk = ("f16" if arch == "sm_90a" else "e4m3") if self.fp8_qk == "auto" else self.fp8_qk
-        pv = "f32" if self.fp8_pv == "auto" else self.fp8_pv
+        pv = ("f16" if arch in F16_PV_DEFAULT_ARCHES else "f32") if self.fp8_pv == "auto" else self.fp8_pv
         return KernelVariant(qk, pv)
 
     def is_default(self, arch: str) -> bool:

@@ -117,17 +117,20 @@ def assert_registers_ops(library: Path) -> None:
     assert "mla_backend::ctas_per_sm(bool fp8, int row_groups, int rf) -> int" in result.stdout
 
 
-def test_f16_pv_builds_for_sm120_without_spills_and_sums_pv_in_f16(built, tmp_path):
-    """fp8_pv="f16": the FP8 P.V MMAs accumulate in f16 (HMMA.16816.F16), QK^T stays native QMMA, and the
-    32-row kernel still fits in registers; the default build keeps f32 accumulation."""
+def test_sm120_sums_fp8_pv_in_f16_by_default_and_in_f32_on_request(built, tmp_path):
+    """sm_120a's default: the FP8 P.V MMAs accumulate in f16 (HMMA.16816.F16) next to native QMMA for
+    QK^T, without spills; fp8_pv="f32" builds apart (strict) with f32 accumulation only; sm_90a sums
+    in f32."""
     from mla_backend.kernel_build import KernelVariant
 
+    default = sass(built["sm_120a"])
+    assert re.search(r"HMMA\.16816\.F16\b", default) and re.search(r"QMMA\.16832\.F32\.E4M3\.E4M3", default)
+    assert not re.search(r"HMMA\.16816\.F16\b", sass(built["sm_90a"]))
     env = dict(os.environ, MLA_BACKEND_CACHE_DIR=str(tmp_path))
-    command = [sys.executable, "-m", "mla_backend", "build", "--arch", "sm_120a", "--fp8-pv", "f16", "--strict"]
+    command = [sys.executable, "-m", "mla_backend", "build", "--arch", "sm_120a", "--fp8-pv", "f32", "--strict"]
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     assert result.returncode == 0, f"build failed (spills count as failures):\n{result.stderr[-4000:]}"
-    variant = KernelVariant(fp8_pv="f16")
+    variant = KernelVariant(fp8_pv="f32")
     code = sass(build_dir("sm_120a", str(tmp_path), variant) / library_filename("sm_120a", variant))
-    assert "HMMA.16816.F16" in code and re.search(r"QMMA\.16832\.F32\.E4M3\.E4M3", code)
+    assert not re.search(r"HMMA\.16816\.F16\b", code) and re.search(r"QMMA\.16832\.F32\.E4M3\.E4M3", code)
     assert not re.search(r"\b(LDL|STL)\b", code)
-    assert not re.search(r"HMMA\.16816\.F16\b", sass(built["sm_120a"]))

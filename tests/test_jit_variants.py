@@ -8,6 +8,7 @@ from mla_backend.config import Fp8PvName, Fp8QkName, MLABackendConfig
 from mla_backend.jit import build_dir, csrc_dir
 from mla_backend.kernel_build import (
     F16_PV_ARCHES,
+    F16_PV_DEFAULT_ARCHES,
     FP8_PV_CHOICES,
     FP8_QK_CHOICES,
     KernelVariant,
@@ -18,7 +19,7 @@ from mla_backend.kernel_build import (
 
 WIDEN = "-DMLA_FP8_QK_VIA_F16"
 PV_F16 = "-DMLA_FP8_PV_F16_ACC"
-E4M3_QK, F16_PV = KernelVariant(fp8_qk="e4m3"), KernelVariant(fp8_pv="f16")
+E4M3_QK, F16_PV, F32_PV = KernelVariant(fp8_qk="e4m3"), KernelVariant(fp8_pv="f16"), KernelVariant(fp8_pv="f32")
 
 
 def test_build_module_knows_the_configs_choices():
@@ -31,11 +32,16 @@ def test_the_config_names_its_variant():
     assert MLABackendConfig.from_sources(environ={}).kernel_variant == KernelVariant()
 
 
-def test_auto_widens_q_only_on_sm90_and_sums_pv_in_f32_everywhere():
+def test_auto_widens_q_only_on_sm90_and_sums_pv_in_f16_only_on_sm120():
     assert KernelVariant().resolved("sm_90a") == KernelVariant("f16", "f32") and WIDEN in nvcc_flags("sm_90a")
-    for arch in ("sm_89", "sm_120a", "sm_100a"):
+    assert PV_F16 not in nvcc_flags("sm_90a")
+    for arch in ("sm_89", "sm_100a", "sm_103a"):
         assert KernelVariant().resolved(arch) == KernelVariant("e4m3", "f32")
         assert WIDEN not in nvcc_flags(arch) and PV_F16 not in nvcc_flags(arch)
+    assert F16_PV_DEFAULT_ARCHES == ("sm_120a", "sm_121a")
+    for arch in F16_PV_DEFAULT_ARCHES:
+        assert KernelVariant().resolved(arch) == KernelVariant("e4m3", "f16")
+        assert WIDEN not in nvcc_flags(arch) and PV_F16 in nvcc_flags(arch)
 
 
 def test_the_sm120_layout_builds_for_sm90_apart_from_the_default(tmp_path):
@@ -49,11 +55,14 @@ def test_the_sm120_layout_builds_for_sm90_apart_from_the_default(tmp_path):
     assert source_stamp(csrc_dir(), "sm_90a", E4M3_QK) != source_stamp(csrc_dir(), "sm_90a")
 
 
-def test_f16_pv_builds_apart_from_the_default_where_it_fits(tmp_path):
+def test_the_other_pv_sum_builds_apart_from_the_default_where_it_fits(tmp_path):
     for arch in F16_PV_ARCHES:
-        assert PV_F16 in nvcc_flags(arch, variant=F16_PV) and PV_F16 not in nvcc_flags(arch)
-        assert build_dir(arch, str(tmp_path), F16_PV).name == f"{arch}-fp8pv-f16"
-        assert source_stamp(csrc_dir(), arch, F16_PV) != source_stamp(csrc_dir(), arch)
+        other, name = (F32_PV, "f32") if arch in F16_PV_DEFAULT_ARCHES else (F16_PV, "f16")
+        assert (PV_F16 in nvcc_flags(arch, variant=other)) == (name == "f16")
+        assert (PV_F16 in nvcc_flags(arch)) == (name == "f32")
+        assert build_dir(arch, str(tmp_path), other).name == f"{arch}-fp8pv-{name}"
+        assert library_filename(arch, other) == f"mla_backend_{arch}_fp8pv_{name}.so"
+        assert source_stamp(csrc_dir(), arch, other) != source_stamp(csrc_dir(), arch)
     both = KernelVariant("e4m3", "f16")
     assert library_filename("sm_90a", both) == "mla_backend_sm_90a_fp8qk_e4m3_fp8pv_f16.so"
     assert build_dir("sm_90a", str(tmp_path), both).name == "sm_90a-fp8qk-e4m3-fp8pv-f16"
