@@ -310,6 +310,38 @@ MUTATIONS = [
     # the shared tile table
     M("mla_backend/launcher.py", "rows <= shape.max_rows", "rows < shape.max_rows", "16 rows take the 32-row tile"),
     M("csrc/constants.h", "X(0, 16, 1, 1)", "X(0, 8, 1, 1)", "tile table edited on one side only"),
+    # auto's FlashMLA route (vLLM on SM90)
+    M(
+        "mla_backend/vllm/flashmla.py",
+        "lse.permute(0, 2, 1).reshape(tokens, heads)",
+        "lse.reshape(tokens, heads)",
+        "FlashMLA's LSE read in its own layout",
+    ),
+    M("mla_backend/vllm/engine_best.py", "if speedup <= 1.0:", "if speedup < 0.5:", "FlashMLA taken where slower"),
+    M(
+        "mla_backend/vllm/engine_best.py",
+        'if not entry["flashmla_correct"]:',
+        "if False:",
+        "FlashMLA taken where it failed its check",
+    ),
+    M(
+        "mla_backend/vllm/backend.py",
+        "        if schedule is not None:  # auto on SM90",
+        "        if False:  # auto on SM90",
+        "planned batches still sent to ours",
+    ),
+    M(
+        "mla_backend/vllm/flashmla.py",
+        "            tiles = _into(self.tile_buffer, tiles)",
+        "            pass",
+        "fp8 plans outside the graph buffers",
+    ),
+    M(
+        "mla_backend/vllm/flashmla.py",
+        "        query_rows = q_len * self.heads",
+        "        query_rows = self.heads",
+        "plan ignores the draft tokens",
+    ),
 ]
 
 
