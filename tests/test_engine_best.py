@@ -72,6 +72,11 @@ def test_everything_else_stays_on_ours_with_the_reason(kwargs, reason, candidate
     assert best.candidate == candidate
 
 
+def test_doctor_lists_the_classes_flashmla_serves():
+    want = "fp8: 16 heads q_len 1, 128 heads q_len 1; bf16: none (measured on test GPU, 2026-11-24)"
+    assert engine_best.summary(TABLE) == want  # 128 heads q_len 4 failed its check, bf16 16 is slower
+
+
 def test_the_shipped_table_covers_the_measured_grid():
     table = engine_best.load_table()
     assert table["device"] and table["date"] and table["vllm"]

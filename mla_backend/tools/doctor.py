@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from ..config import BackendUnavailableError, MLABackendConfig, flashinfer_available, resolve_backend
 from ..jit import KernelsUnavailableError, ensure_loaded, prebuilt_manifest
 from ..toolkit import ToolkitNotFoundError, find_toolkit
+from ..vllm import engine_best
 
 
 def toolkit_line() -> str:
@@ -58,6 +59,8 @@ def report() -> list[str]:
         )
         if resolution is not None and resolution.kernel == "bundled":
             lines.append(f"kernels {index}      {kernels_line(index, config)}")
+            if capability[0] == 9 and config.backend == "auto":
+                lines.append(f"in vLLM {index}      page 64: vLLM's FlashMLA where faster: {engine_best.summary()}")
     return lines
 
 

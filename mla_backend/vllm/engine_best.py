@@ -61,6 +61,20 @@ def nearest(entries: list[dict], shape: ShapeClass) -> dict | None:
     return min(close, key=distance) if close else None
 
 
+def summary(table: dict | None = None) -> str:
+    """The classes the table hands to FlashMLA, per KV dtype and heads, for doctor."""
+    table = table if table is not None else load_table()
+    parts = []
+    for kv in ("fp8", "bf16"):
+        chosen = [e for e in table["entries"] if e["kv"] == kv and e["flashmla_correct"] and e["speedup"] > 1]
+        by_heads: dict[int, list[int]] = {}
+        for e in chosen:
+            by_heads.setdefault(e["heads"], []).append(e["q_len"])
+        classes = ", ".join(f"{h} heads q_len {'/'.join(map(str, sorted(q)))}" for h, q in sorted(by_heads.items()))
+        parts.append(f"{kv}: {classes or 'none'}")
+    return f"{'; '.join(parts)} (measured on {table['device']}, {table['date']})"
+
+
 def choose(
     config: MLABackendConfig,
     route: Resolution,
