@@ -29,8 +29,10 @@ BUNDLED = Resolution("bundled", "test")
 AVAILABLE = (True, None)
 
 
-def choose(heads=128, q_len=1, page=64, fp8=True, backend_name="auto", route=BUNDLED, capability=(9, 0), ok=AVAILABLE):
-    shape = engine_best.ShapeClass(heads, q_len, page, fp8)
+def choose(
+    heads=128, q_len=1, page=64, fp8=True, backend_name="auto", route=BUNDLED, capability=(9, 0), ok=AVAILABLE, dcp=1
+):
+    shape = engine_best.ShapeClass(heads, q_len, page, fp8, dcp)
     config = MLABackendConfig(backend=backend_name)
     return engine_best.choose(config, route, capability, shape, available=ok, table=TABLE)
 
@@ -59,6 +61,7 @@ def test_a_class_borrows_the_nearest_measurement_within_a_factor_of_two(heads, q
         (dict(heads=128, q_len=4), "failed the float64 check", True),
         (dict(heads=16, fp8=False), "bundled kernels are 1.11x FlashMLA's speed", True),
         (dict(page=16), "pages of 64 tokens, the cache has 16", True),
+        (dict(dcp=2), "decode context parallelism", True),
         (dict(ok=(False, "no _flashmla_C")), "unavailable: no _flashmla_C", True),
         (dict(backend_name="xqa"), "backend='xqa' set", False),
         (dict(route=Resolution("fallback", "old GPU")), "decode runs fallback", False),

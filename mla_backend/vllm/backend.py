@@ -94,11 +94,13 @@ def choose_engine_best(vllm_config: VllmConfig, page_size: int, local_heads: int
     """Whether vLLM's FlashMLA serves this engine's decode in the bundled kernels' place (auto, SM90)."""
     config = plugin_config(vllm_config)
     detected = detected_capability()
+    dcp = vllm_config.parallel_config.decode_context_parallel_size
     shape = engine_best.ShapeClass(
-        heads=local_heads * vllm_config.parallel_config.decode_context_parallel_size,
+        heads=local_heads * dcp,
         q_len=query_tokens_per_request(vllm_config),
         page_size=page_size,
         kv_fp8=compat.is_quantized_kv_cache(vllm_config.cache_config.cache_dtype),
+        dcp=dcp,
     )
     return engine_best.choose(config, resolve_route(config, detected), config.capability(detected), shape)
 

@@ -26,10 +26,11 @@ NEAREST_FACTOR = 2.0  # a class borrows the measurement of the nearest one measu
 
 @dataclass(frozen=True)
 class ShapeClass:
-    heads: int
+    heads: int  # query heads per GPU, after decode context parallelism gathers them
     q_len: int
     page_size: int
     kv_fp8: bool
+    dcp: int = 1  # decode context parallel size
 
     def describe(self) -> str:
         kv = "fp8" if self.kv_fp8 else "bf16"
@@ -93,6 +94,8 @@ def choose(
     if shape.page_size != flashmla.PAGE_SIZE:
         pages = f"FlashMLA reads pages of {flashmla.PAGE_SIZE} tokens, the cache has {shape.page_size}"
         return EngineBest(False, pages)
+    if shape.dcp > 1:  # ours is checked end to end under DCP (docs/validation.md); this route is not yet
+        return EngineBest(False, "decode context parallelism has not been checked end to end on FlashMLA's route")
     ok, why = available if available is not None else flashmla.available()
     if not ok:
         return EngineBest(False, f"vLLM's FlashMLA is unavailable: {why}")
