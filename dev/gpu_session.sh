@@ -6,7 +6,7 @@
 # Expects, carried in .gpu/ (git-ignored): the offline vLLM 0.26 bundle (../shared/gpu/README.md),
 # the project's wheel in .gpu/dist/ (built here for the GPU's architecture) and any extra wheels in
 # .gpu/extra/. Installs them under /tmp (kept while the machine stays warm), then runs PART:
-#   serve | mtp | parallel | correctness | enginebest | realdims | variants | gputests | bench | routes
+#   serve | mtp | parallel | correctness | enginebest | realdims | variants | inputs | gputests | bench | routes
 # (several, comma-separated, run in turn; routes writes the SM90 route table into the installed
 # wheel, so a later enginebest part in the same call runs on it).
 # Logs go to $OUT (the lent machine's result folder) or results/.
@@ -49,6 +49,7 @@ for part in ${PART//,/ }; do
       run python3 integration/run_e2e.py --heads "$HEADS" --parts "$parts" --kv "$KV" --prompt-seeds "$seeds" --out "$OUT" ;;
     realdims) run python3 integration/real_dims.py --heads "$HEADS" --kv "$KV" --out "$OUT" ;;
     variants) run python3 dev/variant_error.py ;;
+    inputs) run python3 dev/input_ab.py ;;
     gputests) run python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode_gpu.py ${TESTS:+-k "$TESTS"} ;;
     # From /tmp, so that the installed wheel (not the checkout) is the package measured and written.
     bench) (cd /tmp && run python3 -m mla_backend bench ${QUICK:+--quick} --out "$OUT/bench") ;;
