@@ -20,11 +20,15 @@ from dataclasses import dataclass
 
 import torch
 
-from mla_backend.reference import ROW_ERROR_TOLERANCE, mla_decode_reference, visible_lengths
+from mla_backend.reference import (
+    LSE_ABS_TOLERANCE,
+    LSE_REL_TOLERANCE,
+    ROW_ERROR_TOLERANCE,
+    mla_decode_reference,
+    visible_lengths,
+)
 
 MIN_VISIBLE_KEYS = 16
-LSE_ABS_TOLERANCE = 1e-2  # plus LSE_REL_TOLERANCE x |lse|: vLLM's Triton MLA returns the LSE in bf16
-LSE_REL_TOLERANCE = 2.0**-8
 MAX_PROBES = 4096  # graph-captured calls the counters cover (layers x captured batch sizes)
 
 

@@ -17,6 +17,10 @@ from .shapes import pages_view
 # Largest relative L2 error of one (request, token, head) output row a kernel may show against this
 # reference, by KV dtype (fp8 results are judged against the dequantised inputs).
 ROW_ERROR_TOLERANCE = {torch.float8_e4m3fn: 2e-2, torch.bfloat16: 5e-3}
+# Largest |LSE - reference| of a row: LSE_ABS_TOLERANCE + LSE_REL_TOLERANCE x |reference|
+# (vLLM's Triton MLA returns the LSE in bf16).
+LSE_ABS_TOLERANCE = 1e-2
+LSE_REL_TOLERANCE = 2.0**-8
 
 
 def scale_value(scale: float | torch.Tensor) -> float:

@@ -173,6 +173,24 @@ def test_flashmla_lse_comes_back_per_query_token(monkeypatch):
             assert torch.equal(got_lse[r * q_len + i], lse[r, :, i])
 
 
+def test_fp8_decode_passes_the_plan_and_the_descales(monkeypatch):
+    requests, q_len, heads = 2, 1, 4
+    seen = {}
+
+    def fake(**kwargs):
+        seen.update(kwargs)
+        return torch.zeros(requests, q_len, heads, 512), torch.zeros(requests, heads, q_len)
+
+    monkeypatch.setattr(vllm_flashmla_ops, "flash_mla_with_kvcache_fp8", fake)
+    splits = torch.tensor([0, 1, 2], dtype=torch.int32)
+    query = torch.zeros(requests, q_len, heads, 576)
+    schedule = flashmla.Schedule("tiles", splits)
+    flashmla.decode(query, torch.zeros(2, 64, 576), None, None, schedule, 0.1, torch.tensor(0.5))
+    assert seen["tile_scheduler_metadata"] == "tiles" and seen["num_splits"] is splits
+    assert seen["descale_q"].tolist() == [0.5] and seen["descale_k"].tolist() == [1.0]  # k: none given
+    assert seen["k_cache"].shape == (2, 64, 1, 576) and seen["causal"] and seen["softmax_scale"] == 0.1
+
+
 def test_fp8_plans_live_in_graph_buffers(monkeypatch):
     rows = {"n": 5}
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..inputs import make_paged_problem
-from ..reference import mla_decode_reference
+from ..reference import LSE_ABS_TOLERANCE, LSE_REL_TOLERANCE, mla_decode_reference
 from ..vllm import engine_best
 from .bench import bench_shape
 from .peers import SM_SCALE, flashmla
@@ -28,7 +28,6 @@ Q_LENS = (1, 2, 4)
 BATCHES = (1, 8, 32, 128)
 CONTEXTS = (4096, 16384)
 CHECK_LENGTHS = [300, 1500, 4000]  # every query row sees hundreds of keys
-LSE_ABS_TOLERANCE, LSE_REL_TOLERANCE = 1e-2, 2.0**-8
 DTYPES = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}
 FLASHMLA_BAR = engine_best.flashmla.ROW_ERROR_TOLERANCE
 
@@ -116,6 +115,6 @@ def print_routes(table: dict) -> None:
     print(f"\n== auto on SM90: FlashMLA where faster ({table['device']}, vLLM {table['vllm']}) ==")
     print(f"{'kv':4} {'H':>4} {'q':>2} | {'ours/FlashMLA':>13} | {'FlashMLA correct':>16} | route")
     for e in table["entries"]:
-        route = "FlashMLA" if e["flashmla_correct"] and e["speedup"] > 1 else "ours"
+        route = "FlashMLA" if engine_best.routes_to_flashmla(e) else "ours"
         correct = str(e["flashmla_correct"])
         print(f"{e['kv']:4} {e['heads']:>4} {e['q_len']:>2} | {e['speedup']:>13.2f} | {correct:>16} | {route}")

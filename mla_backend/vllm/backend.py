@@ -90,18 +90,22 @@ def max_decode_tokens(vllm_config: VllmConfig) -> int:
     return vllm_config.scheduler_config.max_num_seqs * query_tokens_per_request(vllm_config)
 
 
-def choose_engine_best(vllm_config: VllmConfig, page_size: int, local_heads: int) -> engine_best.EngineBest:
-    """Whether vLLM's FlashMLA serves this engine's decode in the bundled kernels' place (auto, SM90)."""
-    config = plugin_config(vllm_config)
-    detected = detected_capability()
+def engine_shape(vllm_config: VllmConfig, page_size: int, local_heads: int) -> engine_best.ShapeClass:
+    """What this engine decodes all its life: the class `auto` weighs FlashMLA for."""
     dcp = vllm_config.parallel_config.decode_context_parallel_size
-    shape = engine_best.ShapeClass(
-        heads=local_heads * dcp,
+    return engine_best.ShapeClass(
+        heads=local_heads * dcp,  # DCP all-gathers the query heads before forward_mqa
         q_len=query_tokens_per_request(vllm_config),
         page_size=page_size,
         kv_fp8=compat.is_quantized_kv_cache(vllm_config.cache_config.cache_dtype),
         dcp=dcp,
     )
+
+
+def choose_engine_best(vllm_config: VllmConfig, shape: engine_best.ShapeClass) -> engine_best.EngineBest:
+    """Whether vLLM's FlashMLA serves this engine's decode in the bundled kernels' place (auto, SM90)."""
+    config = plugin_config(vllm_config)
+    detected = detected_capability()
     return engine_best.choose(config, resolve_route(config, detected), config.capability(detected), shape)
 
 
@@ -210,7 +214,8 @@ class MLABackendMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         reserve_decode_workspace(vllm_config, self.num_heads, self.mla_dims.kv_lora_rank)
         self.flashmla_scheduler: flashmla.Scheduler | None = None
-        best = choose_engine_best(vllm_config, kv_cache_spec.block_size, self.num_heads)
+        shape = engine_shape(vllm_config, kv_cache_spec.block_size, self.num_heads)
+        best = choose_engine_best(vllm_config, shape)
         if best.candidate:
             announce_engine_best(best)
         if best.use_flashmla:
@@ -222,9 +227,7 @@ class MLABackendMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                 if full_graphs
                 else None
             )
-            heads = self.num_heads * vllm_config.parallel_config.decode_context_parallel_size
-            kv_fp8 = compat.is_quantized_kv_cache(vllm_config.cache_config.cache_dtype)
-            self.flashmla_scheduler = flashmla.Scheduler(heads, kv_fp8, graph_buffers, self.device)
+            self.flashmla_scheduler = flashmla.Scheduler(shape.heads, shape.kv_fp8, graph_buffers, self.device)
 
     def _build_decode(self, **kwargs) -> MLACommonDecodeMetadata:
         # vLLM passes keywords only; the set differs between releases (0.33 adds max_query_len).

@@ -62,12 +62,17 @@ def nearest(entries: list[dict], shape: ShapeClass) -> dict | None:
     return min(close, key=distance) if close else None
 
 
+def routes_to_flashmla(entry: dict) -> bool:
+    """A measured class goes to FlashMLA: its output passed the float64 check and it is faster."""
+    return entry["flashmla_correct"] and entry["speedup"] > 1.0
+
+
 def summary(table: dict | None = None) -> str:
     """The classes the table hands to FlashMLA, per KV dtype and heads, for doctor."""
     table = table if table is not None else load_table()
     parts = []
     for kv in ("fp8", "bf16"):
-        chosen = [e for e in table["entries"] if e["kv"] == kv and e["flashmla_correct"] and e["speedup"] > 1]
+        chosen = [e for e in table["entries"] if e["kv"] == kv and routes_to_flashmla(e)]
         by_heads: dict[int, list[int]] = {}
         for e in chosen:
             by_heads.setdefault(e["heads"], []).append(e["q_len"])

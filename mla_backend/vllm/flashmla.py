@@ -71,6 +71,11 @@ def _into(buffer: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return buffer[: values.shape[0]]
 
 
+def _one_element(scale: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """An FP8 descale as FlashMLA takes it: a one-element fp32 tensor (1 where none is given)."""
+    return scale.reshape(1) if scale is not None else torch.ones(1, dtype=torch.float32, device=device)
+
+
 def decode(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -87,33 +92,22 @@ def decode(
     from vllm.v1.attention.ops import flashmla as ops
 
     requests, q_len, heads, _ = query.shape
-    cache = kv_cache.unsqueeze(-2)  # FlashMLA's one KV head
-    if schedule.num_splits is not None:
-        one = torch.ones(1, dtype=torch.float32, device=query.device)
-        out, lse = ops.flash_mla_with_kvcache_fp8(
-            q=query,
-            k_cache=cache,
-            block_table=block_table,
-            cache_seqlens=seq_lens,
-            head_dim_v=kv_lora_rank,
-            tile_scheduler_metadata=schedule.tile_metadata,
-            num_splits=schedule.num_splits,
-            softmax_scale=softmax_scale,
-            causal=True,
-            descale_q=(q_descale if q_descale is not None else one).reshape(1),
-            descale_k=(k_descale if k_descale is not None else one).reshape(1),
-        )
+    common = dict(
+        q=query,
+        k_cache=kv_cache.unsqueeze(-2),  # FlashMLA's one KV head
+        block_table=block_table,
+        cache_seqlens=seq_lens,
+        head_dim_v=kv_lora_rank,
+        tile_scheduler_metadata=schedule.tile_metadata,
+        softmax_scale=softmax_scale,
+        causal=True,
+    )
+    if schedule.num_splits is None:
+        out, lse = ops.flash_mla_with_kvcache(**common, is_fp8_kvcache=False)
     else:
-        out, lse = ops.flash_mla_with_kvcache(
-            q=query,
-            k_cache=cache,
-            block_table=block_table,
-            cache_seqlens=seq_lens,
-            head_dim_v=kv_lora_rank,
-            tile_scheduler_metadata=schedule.tile_metadata,
-            softmax_scale=softmax_scale,
-            causal=True,
-            is_fp8_kvcache=False,
+        descale_q, descale_k = (_one_element(scale, query.device) for scale in (q_descale, k_descale))
+        out, lse = ops.flash_mla_with_kvcache_fp8(
+            **common, num_splits=schedule.num_splits, descale_q=descale_q, descale_k=descale_k
         )
     tokens = requests * q_len
     # FlashMLA's LSE is [requests, H, q_len]; ours (and what DCP merges) is [tokens, H].
