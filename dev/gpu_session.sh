@@ -6,7 +6,8 @@
 # Expects, carried in .gpu/ (git-ignored): the offline vLLM 0.26 bundle (../shared/gpu/README.md),
 # the project's wheel in .gpu/dist/ (built here for the GPU's architecture) and any extra wheels in
 # .gpu/extra/. Installs them under /tmp (kept while the machine stays warm), then runs PART:
-#   serve | mtp | parallel | correctness | enginebest | realdims | variants | inputs | gputests | bench | routes
+#   serve | mtp | parallel | correctness | enginebest | realdims | variants | inputs | placement | gputests | bench | routes
+#   | script (runs python3 $SCRIPT: a one-off probe on the installed wheel)
 # (several, comma-separated, run in turn; routes writes the SM90 route table into the installed
 # wheel, so a later enginebest part in the same call runs on it).
 # Logs go to $OUT (the lent machine's result folder) or results/.
@@ -50,6 +51,8 @@ for part in ${PART//,/ }; do
     realdims) run python3 integration/real_dims.py --heads "$HEADS" --kv "$KV" --out "$OUT" ;;
     variants) run python3 dev/variant_error.py ;;
     inputs) run python3 dev/input_ab.py ;;
+    placement) run python3 dev/cache_placement.py ;;
+    script) run python3 "$SCRIPT" ;;
     gputests) run python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode_gpu.py ${TESTS:+-k "$TESTS"} ;;
     # From /tmp, so that the installed wheel (not the checkout) is the package measured and written.
     bench) (cd /tmp && run python3 -m mla_backend bench ${QUICK:+--quick} --out "$OUT/bench") ;;

@@ -16,7 +16,7 @@ from mla_backend import (
     trtllm_batch_decode_with_kv_cache_mla,
     xqa_batch_decode_with_kv_cache_mla,
 )
-from mla_backend.inputs import make_paged_problem, vllm_bf16_query_layout
+from mla_backend.inputs import DRAW_CHUNK_ELEMENTS, make_paged_problem, vllm_bf16_query_layout
 from mla_backend.reference import ROW_ERROR_TOLERANCE
 
 pytestmark = [
@@ -533,3 +533,20 @@ def test_workspace_bound_written_out(monkeypatch):
     with pytest.raises(ValueError, match=f"needs {need}"):
         xqa_batch_decode_with_kv_cache_mla(*op_args(problem, torch.empty(need - 1, dtype=torch.uint8, device="cuda")))
     run_and_check(problem, torch.empty(need, dtype=torch.uint8, device="cuda"), torch.bfloat16)
+
+
+def test_a_cache_drawn_on_the_gpu_is_filled_without_a_full_size_scratch():
+    # The benchmark's times depend on where the cache sits (docs/performance.md): a float32 scratch
+    # of the cache's size allocated first would move it. Every element is drawn (NaN-poisoned
+    # allocations would show a gap) with the requested spread.
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    problem = make_paged_problem([65536] * 16, 1, 16, 64, torch.float8_e4m3fn, "cuda", kv_scale=0.5)
+    peak = torch.cuda.max_memory_allocated() - before
+    scratch_bound = 4 * DRAW_CHUNK_ELEMENTS + (64 << 20)
+    assert 4 * problem.kv_cache.nbytes > scratch_bound  # a full-size float32 scratch cannot pass
+    assert peak < problem.kv_cache.nbytes + scratch_bound
+    cache = problem.kv_cache[::7].float()
+    assert torch.isfinite(cache).all()
+    assert abs(cache.std().item() - 0.5) < 0.01
