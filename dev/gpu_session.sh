@@ -6,7 +6,7 @@
 # Expects, carried in .gpu/ (git-ignored): the offline vLLM 0.26 bundle (../shared/gpu/README.md),
 # the project's wheel in .gpu/dist/ (built here for the GPU's architecture) and any extra wheels in
 # .gpu/extra/. Installs them under /tmp (kept while the machine stays warm), then runs PART:
-#   serve | mtp | parallel | correctness | enginebest | realdims | variants | inputs | placement | gputests | bench | routes
+#   serve | mtp | parallel | correctness | enginebest | enginebest_parallel | realdims | variants | inputs | placement | gputests | bench | routes
 #   | script (runs python3 $SCRIPT: a one-off probe on the installed wheel)
 # (several, comma-separated, run in turn; routes writes the SM90 route table into the installed
 # wheel, so a later enginebest part in the same call runs on it).
@@ -43,7 +43,7 @@ for part in ${PART//,/ }; do
   echo "== $part" | tee -a "$OUT/log.txt"
   case $part in
     serve) run python3 integration/serve_check.py --heads "$HEADS" --kv "$KV" --out "$OUT" ;;
-    mtp | parallel | correctness | enginebest)
+    mtp | parallel | correctness | enginebest | enginebest_parallel)
       parts=$part; seeds=0
       [ "$part" = correctness ] && parts=correctness,selftest
       [ "$part" = parallel ] && seeds=0,1

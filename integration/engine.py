@@ -158,8 +158,11 @@ def run_engine(
             del llm
         result["tokens"] = [list(o.outputs[0].token_ids) for o in outputs]
         result["gaps"] = [[top2_gap(step) for step in o.outputs[0].logprobs] for o in outputs]
-        result["routes"] = sorted(ours.ROUTES_CHOSEN)
-        result["decode_check"] = checker.summary() if worker_check is None else merged_summary(worker_check)
+        if worker_check is None:
+            result["routes"], result["decode_check"] = sorted(ours.ROUTES_CHOSEN), checker.summary()
+        else:  # the workers built the model: their routes
+            result["decode_check"] = merged_summary(worker_check)
+            result["routes"] = result["decode_check"].pop("routes")
         result["spec_decode"] = spec_decode_counts(llm_metrics)
     finally:
         release_engine()

@@ -26,7 +26,10 @@ Pass rules; exit status 1 if any run fails them:
 - Engine-best runs (--parts enginebest): `auto` at page 64 with CUDA graphs, fp8 and bf16 caches; on
   SM90 the route is the one the installed table (mla_backend/vllm/sm90_routes.json) picks, vLLM's
   FlashMLA where it is faster, its outputs checked in float64 as ours are. The other parts pin
-  page-64 engines to our kernels (backend xqa).
+  page-64 engines to our kernels (backend xqa). --parts enginebest_parallel (two GPUs) does the same
+  with TP 2, and DCP 2 on top, each rank's route and forward_mqa checked; where FlashMLA serves, the
+  tokens are judged against vLLM's FLASHMLA at the same layout (the same kernel and plan: identical
+  up to its first tie), else as the parallel runs are.
 - Fallback runs (device_capability 8.0) are served by vLLM's Triton MLA kernel through our backend
   and judged against TRITON_MLA.
 - Selftest: our engine with its outputs scaled by 1.05 and LSE shifted by 0.5 must fail the
@@ -135,6 +138,11 @@ def engine_best_specs() -> list[EngineSpec]:
     return [EngineSpec("CUSTOM", kv, 64, True) for kv in ("fp8", "auto")]
 
 
+def engine_best_parallel_specs() -> list[EngineSpec]:
+    """`auto` with TP 2, and DCP 2 on top: the shape class is the heads each rank decodes."""
+    return [EngineSpec("CUSTOM", kv, 64, True, tp=2, dcp=dcp) for kv in ("fp8", "auto") for dcp in (1, 2)]
+
+
 def expected_engine_best_route(spec: EngineSpec, heads: int) -> str:
     """ "flashmla" where the installed route table hands this engine's decode to FlashMLA, else "bundled"."""
     from mla_backend.config import MLABackendConfig, resolve_backend
@@ -142,7 +150,13 @@ def expected_engine_best_route(spec: EngineSpec, heads: int) -> str:
 
     capability = torch.cuda.get_device_capability()
     config = MLABackendConfig(**spec.mla_backend)
-    shape = engine_best.ShapeClass(heads, 1 + spec.spec_tokens, spec.block_size, spec.kv_cache_dtype == "fp8")
+    shape = engine_best.ShapeClass(
+        heads // spec.tp * spec.dcp,  # each rank's heads, gathered over DCP
+        1 + spec.spec_tokens,
+        spec.block_size,
+        spec.kv_cache_dtype == "fp8",
+        spec.dcp,
+    )
     best = engine_best.choose(config, resolve_backend(config, capability), capability, shape)
     return "flashmla" if best.use_flashmla else "bundled"
 
@@ -208,6 +222,26 @@ def judge_parallel(result: dict, single: dict, peer: dict, peer_single: dict) ->
         ok = False
         note += f", tie rule broken {ours['failures']}; no {PARALLEL_PEER} run to compare: {peer.get('error')}"
     notes.append(note)
+    return ok, notes
+
+
+def judge_flashmla_parallel(result: dict, peer: dict) -> tuple[bool, list[str]]:
+    """FlashMLA's route split over GPUs: every rank's forward_mqa against float64 at FlashMLA's bar,
+    and the tokens against vLLM's FLASHMLA at the same layout, which runs the same kernel with the
+    same plan, under the tie rule."""
+    ok, check_note = judge_decode_check(result["decode_check"], result["spec"])
+    notes = [check_note]
+    if result["decode_check"].get("ranks") != result["spec"]["tp"]:
+        ok = False
+        notes.append(f"{result['decode_check'].get('ranks')} ranks checked of {result['spec']['tp']}")
+    if "tokens" not in peer:
+        return False, [*notes, f"no {PARALLEL_PEER} run at this layout: {peer.get('error')}"]
+    verdict = agreement(result["tokens"], peer["tokens"], peer["gaps"])
+    ok &= verdict["ok"]
+    notes.append(
+        f"vs {PARALLEL_PEER} at the same layout: {verdict['identical']}/{len(peer['tokens'])} identical"
+        + ("" if verdict["ok"] else f", tie rule broken {verdict['failures']}")
+    )
     return ok, notes
 
 
@@ -501,6 +535,8 @@ def main() -> int:
         ours += [(s, "bundled") for s in parallel_specs()]
     if "enginebest" in parts:
         ours += [(s, expected_engine_best_route(s, args.heads)) for s in engine_best_specs()]
+    if "enginebest_parallel" in parts:
+        ours += [(s, expected_engine_best_route(s, args.heads)) for s in engine_best_parallel_specs()]
     ours = [(s, route) for s, route in ours if s.kv_cache_dtype in kvs]
     results = []
     parallel_peers: dict[str, dict] = {}
@@ -512,7 +548,7 @@ def main() -> int:
                 rows.append((spec.name + " x1.05", "PASS" if ok else "FAIL", note))
                 print(f"[e2e h{args.heads}] selftest {spec.name}: {'PASS' if ok else 'FAIL'} {note}", flush=True)
     singles: dict[str, dict] = {}  # per KV dtype: ours on one GPU (checked), the peer on one GPU
-    for kv in sorted({spec.kv_cache_dtype for spec, _ in ours if spec.tp > 1}):
+    for kv in sorted({spec.kv_cache_dtype for spec, route in ours if spec.tp > 1 and route == "bundled"}):
         single_spec = EngineSpec("CUSTOM", kv, 64, True, mla_backend=ours_at(64))
         singles[kv] = run_engine(single_spec, model, prompts)
         results.append(singles[kv])
@@ -528,9 +564,16 @@ def main() -> int:
                 result = run_engine_isolated(spec, model, prompts)
                 kernel_note = judge_decode_check(result["decode_check"], result["spec"])[1]
                 print(f"[e2e h{args.heads}] {spec.name}: {kernel_note}", flush=True)
-                peer = run_isolated_or_error(replace(spec, backend=PARALLEL_PEER), model, prompts)
+                peer = run_isolated_or_error(replace(spec, backend=PARALLEL_PEER, mla_backend={}), model, prompts)
                 kv = spec.kv_cache_dtype
-                ok, notes = judge_parallel(result, singles[kv], peer, parallel_peers[f"{PARALLEL_PEER} {kv} 1 GPU"])
+                if route == "flashmla":
+                    ok, notes = judge_flashmla_parallel(result, peer)
+                else:
+                    single_peer = parallel_peers[f"{PARALLEL_PEER} {kv} 1 GPU"]
+                    ok, notes = judge_parallel(result, singles[kv], peer, single_peer)
+                if result["routes"] != [route]:
+                    ok = False
+                    notes.append(f"route {result['routes']} != {route}")
                 parallel_peers[spec.name] = peer
             elif spec.spec_tokens and spec.spec_method == "mtp":
                 result = run_engine_isolated(spec, mtp_model, prompts)

@@ -55,7 +55,8 @@ def install() -> None:
         result = execute_model(runner, *args, **kwargs)
         if checker is not None:
             checker.after_step()
-            summary_path(settings["dir"]).write_text(json.dumps(checker.summary()))
+            summary = {**checker.summary(), "routes": routes_chosen()}
+            summary_path(settings["dir"]).write_text(json.dumps(summary))
         return result
 
     GPUModelRunner.load_model = checked_load_model
@@ -76,6 +77,13 @@ def start_checker(settings: dict):
     )
     checker.__enter__()  # wraps forward_mqa for the life of the worker
     return checker
+
+
+def routes_chosen() -> list[str]:
+    """The kernels our backend chose in this worker (the engine's own process builds no model)."""
+    from mla_backend.vllm import backend
+
+    return sorted(backend.ROUTES_CHOSEN)
 
 
 def summary_path(directory: str) -> Path:
@@ -99,6 +107,7 @@ def merged_summary(directory: Path) -> dict:
     lse_errors = [p["max_lse_error"] for p in parts if p["max_lse_error"] is not None]
     return {
         "ranks": len(parts),
+        "routes": sorted({route for p in parts for route in p.get("routes", [])}),
         "q_lens": q_lens,
         "graph_calls": sum(p["graph_calls"] for p in parts),
         "checked_calls": sum(p["checked_calls"] for p in parts),

@@ -19,6 +19,7 @@ from run_e2e import (  # noqa: E402
     agreement,
     judge,
     judge_decode_check,
+    judge_flashmla_parallel,
     judge_parallel,
     judge_speculation,
     mtp_specs,
@@ -220,7 +221,7 @@ TP2 = {**SPEC, "tp": 2}
 
 
 def parallel_run(tokens, **check_changes):
-    return {"spec": TP2, "tokens": tokens, "decode_check": summary(ranks=2, **check_changes)}
+    return {"spec": TP2, "tokens": tokens, "decode_check": summary(**{"ranks": 2, **check_changes})}
 
 
 def test_parallel_runs_follow_ours_on_one_gpu_up_to_its_first_tie():
@@ -239,6 +240,22 @@ def test_where_the_peer_breaks_the_tie_rule_across_layouts_ours_must_not_agree_s
     # a step or more fewer on every prompt: significantly fewer
     assert not judge_parallel(parallel_run(diverging_at([1, 2, 1, 2, 1, 1])), single, peer, single)[0]
     assert not judge_parallel(parallel_run(diverging_at([1] * 6)), single, {"error": "boom"}, single)[0]  # no peer
+
+
+@pytest.mark.parametrize(
+    "tokens, change, peer, ok",
+    [
+        (REF, {}, {"tokens": REF, "gaps": WIDE}, True),
+        ([[1, 2, 3, 0], [5, 6, 7, 8]], {}, {"tokens": REF, "gaps": [[1.0, 1.0, 1.0, 0.05], [1.0] * 4]}, True),
+        ([[1, 2, 0, 4], [5, 6, 7, 8]], {}, {"tokens": REF, "gaps": WIDE}, False),  # before any tie
+        (REF, {"ranks": 1}, {"tokens": REF, "gaps": WIDE}, False),
+        (REF, {"max_rel_error": {1: 6e-2}, "tolerance": 5e-2}, {"tokens": REF, "gaps": WIDE}, False),
+        (REF, {}, {"error": "boom"}, False),
+    ],
+    ids=["identical", "at a tie", "before a tie", "one rank", "over the bar", "no peer"],
+)
+def test_flashmla_route_split_over_gpus_follows_flashmla_at_the_same_layout(tokens, change, peer, ok):
+    assert judge_flashmla_parallel(parallel_run(tokens, **change), peer)[0] == ok
 
 
 def test_significantly_fewer_steps_is_a_paired_test():
@@ -264,12 +281,14 @@ def test_the_ranks_summaries_merge_into_one_with_the_worst_errors(tmp_path):
         summary(q_lens={"1": 10}, max_rel_error={"1": 2e-3}, checked_layers=["a"], max_lse_error=1e-4),
         summary(q_lens={"1": 12}, max_rel_error={"1": 4e-3}, checked_layers=["b"], lse_ok=False, max_lse_error=None),
     ]
+    ranks[0]["routes"], ranks[1]["routes"] = ["flashmla"], ["bundled"]
     for rank, part in enumerate(ranks):
         (tmp_path / f"rank{rank}.json").write_text(json.dumps(part))
     merged = merged_summary(tmp_path)
     assert merged["ranks"] == 2 and merged["q_lens"] == {"1": 22} and merged["max_rel_error"] == {"1": 4e-3}
     assert merged["checked_layers"] == ["a", "b"] and merged["checked_calls"] == 16 and not merged["lse_ok"]
     assert merged["max_lse_error"] == 1e-4 and merged_summary(tmp_path / "none")["ranks"] == 0
+    assert merged["routes"] == ["bundled", "flashmla"]  # ranks that chose differently cannot pass as one route
 
 
 def test_the_worker_check_is_a_vllm_plugin_that_wraps_the_model_runner_only_when_asked(tmp_path, monkeypatch):
@@ -365,6 +384,9 @@ def test_the_worker_check_starts_after_the_model_loads_arms_on_the_first_step_an
     monkeypatch.setattr(GPUModelRunner, "execute_model", lambda runner: events.append("step"))
     monkeypatch.setattr(GPUModelRunner, "_mla_worker_check", False, raising=False)
     monkeypatch.setattr(check, "start_checker", lambda settings: events.append("start") or Checker())
+    from mla_backend.vllm import backend
+
+    monkeypatch.setattr(backend, "ROUTES_CHOSEN", {"flashmla"})
     monkeypatch.setenv(check.ENV, json.dumps({"backend": "CUSTOM", "kv": "fp8", "dir": str(tmp_path)}))
     check.install()
     runner = object.__new__(GPUModelRunner)
@@ -372,7 +394,7 @@ def test_the_worker_check_starts_after_the_model_loads_arms_on_the_first_step_an
     runner.execute_model()
     runner.execute_model()
     assert events == ["load", "start", "arm", "step", "check", "step", "check"]
-    assert json.loads((tmp_path / "rank0.json").read_text()) == {"steps": 2}
+    assert json.loads((tmp_path / "rank0.json").read_text()) == {"steps": 2, "routes": ["flashmla"]}
 
 
 def entry_points_seen_by_a_spawned_process(_=None) -> list[str]:
