@@ -104,4 +104,76 @@ __global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const _
     p.lse[out_row] = weight_sum > 0.f ? (best + __log2f(weight_sum)) * kLn2 : -INFINITY;
 }
 
+// Few splits (large batches: the split plan gives each request a handful): one warp per row, all
+// 512 dims (16 per lane) and every split in registers, no shared memory or barriers. The kernel
+// above gives such a row four blocks of eight warps, mostly idle, and its barriers then dominate.
+constexpr int kFewSplitsMax = 8;
+constexpr int kFewSplitsRowsPerBlock = 8;
+constexpr int kFewSplitsDimsPerLane = kDimV / 32;
+
+template <bool HALF_PARTIALS>
+__global__ void __launch_bounds__(32 * kFewSplitsRowsPerBlock)
+    mla_merge_few_splits_kernel(const __grid_constant__ DecodeParams p) {
+  pdl_wait();
+  const int lane = threadIdx.x & 31;
+  const long long problem_row = (long long)blockIdx.x * kFewSplitsRowsPerBlock + (threadIdx.x >> 5);
+  if (problem_row >= (long long)p.batch * p.rows) return;
+  const long long b = problem_row / p.rows, row = problem_row % p.rows;
+  const long long first = b * p.num_splits * p.rows + row;
+  const int dim = lane * kFewSplitsDimsPerLane;
+
+  float lse[kFewSplitsMax];
+  float best = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < kFewSplitsMax; ++s) {
+    lse[s] = s < p.num_splits ? p.part_lse[first + s * p.rows] : -INFINITY;
+    best = fmaxf(best, lse[s]);
+  }
+  const float base = best == -INFINITY ? 0.f : best;
+  float acc[kFewSplitsDimsPerLane] = {};
+  float weight_sum = 0.f;
+#pragma unroll
+  for (int s = 0; s < kFewSplitsMax; ++s) {
+    if (s >= p.num_splits) break;
+    const float w = fast_exp2(lse[s] - base);  // empty splits: LSE -inf, weight 0, zeros written
+    weight_sum += w;
+    const long long at = (first + s * p.rows) * kDimV + dim;
+    if constexpr (HALF_PARTIALS) {
+      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const __half*>(p.part_o) + at);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const uint4 raw = src[c];
+        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 v = unpack2<true>(words[k]);
+          acc[8 * c + 2 * k] += w * v.x;
+          acc[8 * c + 2 * k + 1] += w * v.y;
+        }
+      }
+    } else {
+      const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.part_o) + at);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float4 v = src[c];
+        acc[4 * c] += w * v.x;
+        acc[4 * c + 1] += w * v.y;
+        acc[4 * c + 2] += w * v.z;
+        acc[4 * c + 3] += w * v.w;
+      }
+    }
+  }
+  const float scale = weight_sum > 0.f ? read_scale(p.bmm2_ptr, p.bmm2) / weight_sum : 0.f;
+  const long long out_row = b * p.rows + row;
+  uint4* dst = reinterpret_cast<uint4*>(p.out + out_row * kDimV + dim);
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const float* v = acc + 8 * c;
+    dst[c] = make_uint4(pack2<false>(v[0] * scale, v[1] * scale), pack2<false>(v[2] * scale, v[3] * scale),
+                        pack2<false>(v[4] * scale, v[5] * scale), pack2<false>(v[6] * scale, v[7] * scale));
+  }
+  if (lane == 0 && p.lse != nullptr)
+    p.lse[out_row] = weight_sum > 0.f ? (best + __log2f(weight_sum)) * kLn2 : -INFINITY;
+}
+
 }  // namespace mla

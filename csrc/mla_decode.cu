@@ -48,9 +48,9 @@ void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t 
 }
 
 template <bool FP8, int ROW_GROUPS, int RF>
-void launch_decode(const DecodeParams& params, int batch, cudaStream_t stream, bool pdl) {
+void launch_decode(const DecodeParams& params, cudaStream_t stream, bool pdl) {
   using C = TileConfig<FP8, ROW_GROUPS, RF>;
-  const dim3 grid((params.rows + C::kTileRows - 1) / C::kTileRows, params.num_splits, batch);
+  const dim3 grid((params.rows + C::kTileRows - 1) / C::kTileRows, params.num_splits, params.batch);
   launch(mla_decode_kernel<FP8, ROW_GROUPS, RF>, grid, C::kThreads, C::kSmemBytes, stream, pdl, params);
 }
 
@@ -85,12 +85,11 @@ int64_t ctas_per_sm(bool fp8, int64_t row_groups, int64_t rf) {
 
 struct LaunchDecode {
   const DecodeParams& params;
-  int batch;
   cudaStream_t stream;
   bool pdl;
   template <bool FP8, int ROW_GROUPS, int RF>
   void operator()() const {
-    launch_decode<FP8, ROW_GROUPS, RF>(params, batch, stream, pdl);
+    launch_decode<FP8, ROW_GROUPS, RF>(params, stream, pdl);
   }
 };
 
@@ -174,6 +173,7 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor s
   p.page_shift = __builtin_ctzll(page_size);
   p.max_pages = static_cast<int>(block_tables.size(1));
   p.bt_stride = static_cast<int>(block_tables.stride(0));
+  p.batch = static_cast<int>(batch);
   p.num_splits = static_cast<int>(num_splits);
   p.max_seq_len =
       static_cast<int>(std::clamp<int64_t>(max_seq_len, 0, static_cast<int64_t>(p.max_pages) << p.page_shift));
@@ -193,8 +193,12 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor s
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(q.get_device_index(), &current_stream));
   const cudaStream_t stream = static_cast<cudaStream_t>(current_stream);
   if (batch == 0) return;
-  with_tile_shape(fp8, row_groups, rf, LaunchDecode{p, static_cast<int>(batch), stream, pdl});
-  if (num_splits > 1) {
+  with_tile_shape(fp8, row_groups, rf, LaunchDecode{p, stream, pdl});
+  if (num_splits > 1 && num_splits <= kFewSplitsMax) {
+    const int64_t blocks = (batch * rows + kFewSplitsRowsPerBlock - 1) / kFewSplitsRowsPerBlock;
+    launch(fp8 ? mla_merge_few_splits_kernel<true> : mla_merge_few_splits_kernel<false>,
+           dim3(static_cast<unsigned>(blocks)), 32 * kFewSplitsRowsPerBlock, 0, stream, pdl, p);
+  } else if (num_splits > 1) {
     launch(fp8 ? mla_merge_splits_kernel<true> : mla_merge_splits_kernel<false>, dim3(rows, batch, kMergeSlices),
            kMergeThreads, 0, stream, pdl, p);
   }

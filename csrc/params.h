@@ -41,6 +41,7 @@ struct DecodeParams {
   int max_seq_len;         // the host's bound on seq_lens (<= max_pages * page_size): a guess
                            // that lets page ids be fetched before seq_len arrives
   int bt_stride;
+  int batch;  // requests
   int num_splits;
 };
 

@@ -7,6 +7,8 @@
 # the project's wheel in .gpu/dist/ (built here for the GPU's architecture) and any extra wheels in
 # .gpu/extra/. Installs them under /tmp (kept while the machine stays warm), then runs PART:
 #   serve | mtp | parallel | correctness | enginebest | enginebest_parallel | realdims | variants | inputs | placement | gputests | bench | routes
+#   | profile (Nsight Compute on ours and FlashMLA at SHAPE="heads batch seq", FP8; reports in $OUT)
+#   | ab (our times, dev/time_ours.py, alternating the wheel in .gpu/ab/ (base) and .gpu/dist/, 3 rounds)
 #   | script (runs python3 $SCRIPT: a one-off probe on the installed wheel)
 # (several, comma-separated, run in turn; routes writes the SM90 route table into the installed
 # wheel, so a later enginebest part in the same call runs on it).
@@ -52,6 +54,22 @@ for part in ${PART//,/ }; do
     variants) run python3 dev/variant_error.py ;;
     inputs) run python3 dev/input_ab.py ;;
     placement) run python3 dev/cache_placement.py ;;
+    profile)
+      ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      for kernel in ours flashmla; do
+        run "$ncu" --nvtx --nvtx-include "profile/" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+          --section Occupancy --section WarpStateStats --section LaunchStats --section SchedulerStats \
+          --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+          python3 dev/profile_shape.py "$kernel" ${SHAPE:-16 128 16384} >"$OUT/ncu_$kernel.txt"
+      done ;;
+    ab)
+      rm -rf /tmp/mla_base && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mla_base .gpu/ab/*.whl
+      for round in 1 2 3; do
+        for side in base new; do
+          lib=/tmp/mla; [ $side = base ] && lib=/tmp/mla_base
+          PYTHONPATH=$lib:${PYTHONPATH#/tmp/mla:} run python3 dev/time_ours.py | sed "s/^/$side r$round /"
+        done
+      done ;;
     script) run python3 "$SCRIPT" ;;
     gputests) run python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode_gpu.py ${TESTS:+-k "$TESTS"} ;;
     # From /tmp, so that the installed wheel (not the checkout) is the package measured and written.

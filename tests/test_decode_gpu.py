@@ -203,15 +203,14 @@ def test_a_dominant_key_costs_no_more_than_output_rounding(workspace, dtype):
         run_and_check(problem, workspace, dtype, bmm1=0.072, bmm2=1.0, tolerance=2.5e-3)
 
 
-@pytest.mark.parametrize("splits", [1, 2, 3, 7, 64])
-def test_explicit_split_counts_agree(workspace, monkeypatch, splits):
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
+@pytest.mark.parametrize("splits", [1, 2, 3, 7, 8, 9, 64])  # up to 8: the few-splits merge, else the wide one
+def test_explicit_split_counts_agree(workspace, monkeypatch, splits, dtype):
     # from_sources keeps the environment's settings (MLA_BACKEND_FP8_QK in the SM120-layout run)
     config = MLABackendConfig.from_sources({"num_kv_splits": splits})
     monkeypatch.setattr(decode_module, "default_config", lambda: config)
-    problem = make_paged_problem(
-        [1000, 33, 0, 5000], 4, 32, page_size=16, dtype=torch.float8_e4m3fn, device="cuda", seed=splits
-    )
-    run_and_check(problem, workspace, torch.float8_e4m3fn, bmm1=0.11, bmm2=0.7)
+    problem = make_paged_problem([1000, 33, 0, 5000], 4, 32, page_size=16, dtype=dtype, device="cuda", seed=splits)
+    run_and_check(problem, workspace, dtype, bmm1=0.11, bmm2=0.7)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
