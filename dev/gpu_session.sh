@@ -67,7 +67,7 @@ for part in ${PART//,/ }; do
       for round in 1 2 3; do
         for side in base new; do
           lib=/tmp/mla; [ $side = base ] && lib=/tmp/mla_base
-          PYTHONPATH=$lib:${PYTHONPATH#/tmp/mla:} run python3 dev/time_ours.py | sed "s/^/$side r$round /"
+          PYTHONPATH=$lib:${PYTHONPATH#/tmp/mla:} run python3 dev/time_ours.py ${SHAPES:-} | sed "s/^/$side r$round /"
         done
       done ;;
     script) run python3 "$SCRIPT" ;;
