@@ -53,6 +53,14 @@ def test_a_class_borrows_the_nearest_measurement_within_a_factor_of_two(heads, q
     assert f"measured at {measured_heads} heads" in best.reason
 
 
+def test_under_decode_context_parallelism_the_class_is_the_gathered_heads():
+    # vLLM's FlashMLA plans DCP's all-gathered heads over each rank's share of the cache, as our
+    # builder does (checked end to end: run_e2e.py --parts enginebest_parallel).
+    assert choose(heads=128, dcp=2).use_flashmla
+    best = choose(heads=4, dcp=2)
+    assert not best.use_flashmla and "4 heads (gathered over DCP 2)" in best.reason
+
+
 @pytest.mark.parametrize("dcp, spec_tokens", [(1, 0), (2, 0), (4, 3)])
 def test_the_engine_shape_counts_gathered_heads_and_draft_tokens(dcp, spec_tokens):
     speculative = SimpleNamespace(num_speculative_tokens=spec_tokens) if spec_tokens else None
@@ -73,7 +81,6 @@ def test_the_engine_shape_counts_gathered_heads_and_draft_tokens(dcp, spec_token
         (dict(heads=128, q_len=4), "failed the float64 check", True),
         (dict(heads=16, fp8=False), "bundled kernels are 1.11x FlashMLA's speed", True),
         (dict(page=16), "pages of 64 tokens, the cache has 16", True),
-        (dict(dcp=2), "decode context parallelism", True),
         (dict(ok=(False, "no _flashmla_C")), "unavailable: no _flashmla_C", True),
         (dict(backend_name="xqa"), "backend='xqa' set", False),
         (dict(route=Resolution("fallback", "old GPU")), "decode runs fallback", False),

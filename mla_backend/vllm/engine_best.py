@@ -34,7 +34,8 @@ class ShapeClass:
 
     def describe(self) -> str:
         kv = "fp8" if self.kv_fp8 else "bf16"
-        return f"{self.heads} heads, {self.q_len} query tokens, page {self.page_size}, {kv} KV"
+        gathered = f" (gathered over DCP {self.dcp})" if self.dcp > 1 else ""
+        return f"{self.heads} heads{gathered}, {self.q_len} query tokens, page {self.page_size}, {kv} KV"
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,6 @@ def choose(
     if shape.page_size != flashmla.PAGE_SIZE:
         pages = f"FlashMLA reads pages of {flashmla.PAGE_SIZE} tokens, the cache has {shape.page_size}"
         return EngineBest(False, pages)
-    if shape.dcp > 1:  # ours is checked end to end under DCP (docs/validation.md); this route is not yet
-        return EngineBest(False, "decode context parallelism has not been checked end to end on FlashMLA's route")
     ok, why = available if available is not None else flashmla.available()
     if not ok:
         return EngineBest(False, f"vLLM's FlashMLA is unavailable: {why}")
