@@ -9,23 +9,20 @@ together with vLLM's FlashMLA where importable as a control. Prints µs per roun
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import torch
 
 from mla_backend.inputs import make_paged_problem
-from mla_backend.tools.bench import L2_FLUSH_BYTES, QUICK_GRID, ours, time_graph
+from mla_backend.tools.bench import QUICK_GRID, copies_past_l2, ours, time_graph
 from mla_backend.tools.peers import SM_SCALE, flashmla
 
 ROUNDS = 3
 
 
 def problems(heads: int, batch: int, seq: int, where: str) -> list:
-    kv_bytes = batch * seq * 576
-    copies = max(1, min(32, math.ceil(L2_FLUSH_BYTES / kv_bytes)))
     made = []
-    for seed in range(copies):
+    for seed in range(copies_past_l2(batch * seq * 576)):
         p = make_paged_problem([seq] * batch, 1, heads, 64, torch.float8_e4m3fn, where, seed=seed, extra_pages=0)
         if where == "cpu":
             p = replace(

@@ -189,6 +189,18 @@ def parallel_specs() -> list[EngineSpec]:
     ]
 
 
+def judge_every_rank(result: dict) -> tuple[bool, list[str]]:
+    """A run split over GPUs: forward_mqa against float64 on every rank (judge_decode_check), and
+    every rank reporting."""
+    check = result["decode_check"]
+    ok, check_note = judge_decode_check(check, result["spec"])
+    notes = [check_note]
+    if check.get("ranks") != result["spec"]["tp"]:
+        ok = False
+        notes.append(f"{check.get('ranks')} ranks checked of {result['spec']['tp']}")
+    return ok, notes
+
+
 def judge_parallel(result: dict, single: dict, peer: dict, peer_single: dict) -> tuple[bool, list[str]]:
     """Ours split over GPUs, in two parts.
 
@@ -198,12 +210,7 @@ def judge_parallel(result: dict, single: dict, peer: dict, peer_single: dict) ->
     the split changes upstream rounding, which flips e4m3 roundings of new cache entries), ours must
     instead not stay with its one-GPU tokens significantly fewer steps than the peer stays with its
     own (significantly_fewer_steps: per prompt, paired)."""
-    check = result["decode_check"]
-    ok, check_note = judge_decode_check(check, result["spec"])
-    notes = [check_note]
-    if check.get("ranks") != result["spec"]["tp"]:
-        ok = False
-        notes.append(f"{check.get('ranks')} ranks checked of {result['spec']['tp']}")
+    ok, notes = judge_every_rank(result)
     ours = agreement(result["tokens"], single["tokens"], single["gaps"])
     note = f"vs ours on one GPU: {ours['identical']}/{len(single['tokens'])} identical"
     if ours["ok"]:
@@ -230,11 +237,7 @@ def judge_flashmla_parallel(result: dict, peer: dict) -> tuple[bool, list[str]]:
     """FlashMLA's route split over GPUs: every rank's forward_mqa against float64 at FlashMLA's bar,
     and the tokens against vLLM's FLASHMLA at the same layout, which runs the same kernel with the
     same plan, under the tie rule."""
-    ok, check_note = judge_decode_check(result["decode_check"], result["spec"])
-    notes = [check_note]
-    if result["decode_check"].get("ranks") != result["spec"]["tp"]:
-        ok = False
-        notes.append(f"{result['decode_check'].get('ranks')} ranks checked of {result['spec']['tp']}")
+    ok, notes = judge_every_rank(result)
     if "tokens" not in peer:
         return False, [*notes, f"no {PARALLEL_PEER} run at this layout: {peer.get('error')}"]
     verdict = agreement(result["tokens"], peer["tokens"], peer["gaps"])
