@@ -25,25 +25,31 @@ __device__ __forceinline__ int page_of(const DecodeParams& p, const int* bt_row,
   return pos < seq_len ? __ldg(bt_row + (pos >> p.page_shift)) : -1;
 }
 
-// One KV tile (32 tokens x 576) into shared memory; tokens at or past seq_len (page -1) are
-// zero-filled.
+// One KV tile (32 tokens x 576) into shared memory: a token's 512 latent dims from its row of p.kv,
+// its 64 rope dims from its row of p.kv_pe (one cache's two column ranges, or two caches); tokens at
+// or past seq_len (page -1) are zero-filled. The rope row's address is formed only for its own
+// copies, after the latent ones, so it holds registers briefly.
 template <class C>
 __device__ __forceinline__ void load_kv_tile(uint32_t stage, const DecodeParams& p, int tile, int page) {
-  const int tok = threadIdx.x / C::kThreadsPerToken, first = threadIdx.x % C::kThreadsPerToken;
-  const int pos = tile * kBlockN + tok;
-  const uint8_t* src = p.kv;
-  int bytes = 0;
-  if (page >= 0) {
-    src += page * p.page_stride + (pos & ((1 << p.page_shift) - 1)) * C::kRowBytes;
-    bytes = 16;
-  }
+  constexpr int kLatentChunks = kDimV * C::kElem / 16, kRopeChunks = kRopeDim * C::kElem / 16;
+  constexpr int kThreads = C::kThreadsPerToken;
+  static_assert(kLatentChunks % kThreads == 0, "each thread's latent chunks stay in the latent part");
+  const int tok = threadIdx.x / kThreads, first = threadIdx.x % kThreads;
+  const int slot = (tile * kBlockN + tok) & ((1 << p.page_shift) - 1);
+  const int bytes = page >= 0 ? 16 : 0;
+  const long long page_offset = page >= 0 ? page : 0;
   const uint32_t dst = stage + tok * C::kSmemRowBytes;
+  const uint8_t* latent = p.kv + page_offset * p.page_stride + slot * p.token_stride;
 #pragma unroll
-  for (int i = 0; i < C::kChunksPerThread; ++i) {
-    const int col = i * C::kThreadsPerToken + first;
-    if (C::kChunksPerRow % C::kThreadsPerToken == 0 || col < C::kChunksPerRow) {
-      cp_async_16(dst + col * 16, src + col * 16, bytes);
-    }
+  for (int i = 0; i < kLatentChunks / kThreads; ++i) {
+    const int col = i * kThreads + first;
+    cp_async_16(dst + col * 16, latent + col * 16, bytes);
+  }
+  const uint8_t* rope = p.kv_pe + page_offset * p.pe_page_stride + slot * p.pe_token_stride;
+#pragma unroll
+  for (int i = 0; i < (kRopeChunks + kThreads - 1) / kThreads; ++i) {
+    const int col = i * kThreads + first;
+    if (kRopeChunks % kThreads == 0 || col < kRopeChunks) cp_async_16(dst + (kLatentChunks + col) * 16, rope + col * 16, bytes);
   }
 }
 

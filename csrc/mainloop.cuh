@@ -87,7 +87,8 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   const float scale_log2 = read_scale(p.bmm1_ptr, p.bmm1) * kLog2e;
   float acc[RF][16][4];
   zero_fill(acc);
-  OnlineSoftmax<C> softmax(wr * C::kRowsPerWarp + wd * C::kSoftRows);
+  OnlineSoftmax<C> softmax(wr * C::kRowsPerWarp + wd * C::kSoftRows,
+                           reinterpret_cast<float*>(smem + C::kExactSumOffset), lane);
 
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {

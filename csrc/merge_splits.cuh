@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const _
       make_uint2(pack2<false>(acc.x * scale, acc.y * scale), pack2<false>(acc.z * scale, acc.w * scale));
   *reinterpret_cast<uint2*>(p.out + out_row * kDimV + dim) = packed;
   if (blockIdx.z == 0 && lane == 0 && p.lse != nullptr)
-    p.lse[out_row] = weight_sum > 0.f ? (best + __log2f(weight_sum)) * kLn2 : -INFINITY;
+    p.lse[out_row] = weight_sum > 0.f ? (best + log2f(weight_sum)) * kLn2 : -INFINITY;
 }
 
 // Few splits (large batches: the split plan gives each request a handful): one warp per row, all
@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(32 * kFewSplitsRowsPerBlock)
                         pack2<false>(v[4] * scale, v[5] * scale), pack2<false>(v[6] * scale, v[7] * scale));
   }
   if (lane == 0 && p.lse != nullptr)
-    p.lse[out_row] = weight_sum > 0.f ? (best + __log2f(weight_sum)) * kLn2 : -INFINITY;
+    p.lse[out_row] = weight_sum > 0.f ? (best + log2f(weight_sum)) * kLn2 : -INFINITY;
 }
 
 }  // namespace mla

@@ -116,8 +116,19 @@ void set_q_strides(long long (&dst)[3], const Tensor& t) {
   for (int d = 0; d < 3; ++d) dst[d] = t.size(d) == 1 ? 0 : t.stride(d) * t.element_size();
 }
 
+// One part of the KV cache, [pages, page, dim] (a column range of one [.., 576] cache, or a cache of
+// its own): rows contiguous; start, token stride and page stride 16-byte aligned (16-byte copies).
+void check_kv_part(const Tensor& t, const Tensor& q, int64_t dim, const char* name) {
+  STD_TORCH_CHECK(t.is_cuda() && t.scalar_type() == q.scalar_type() && t.dim() == 3 && t.size(2) == dim &&
+                      t.stride(2) == 1,
+                  name, ": [pages, page, ", dim, "] CUDA tensor of the query's dtype with contiguous rows");
+  STD_TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(1) * t.element_size() % 16 == 0 &&
+                      (t.size(0) == 1 || t.stride(0) * t.element_size() % 16 == 0),
+                  name, ": start, token stride and page stride must be 16-byte aligned");
+}
+
 // Stable boxing passes tensors by value (reference-counted handles).
-void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor seq_lens, Tensor out,
+void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_tables, Tensor seq_lens, Tensor out,
             std::optional<Tensor> lse, Tensor workspace, int64_t max_seq_len, int64_t num_splits, int64_t row_groups,
             int64_t rf, double bmm1, std::optional<Tensor> bmm1_tensor, double bmm2, std::optional<Tensor> bmm2_tensor,
             bool pdl) {
@@ -129,12 +140,9 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor s
   const Tensor& q = q_nope;
   const bool fp8 = q.scalar_type() == ScalarType::Float8_e4m3fn;
   STD_TORCH_CHECK(fp8 || q.scalar_type() == ScalarType::BFloat16, "q must be bf16 or fp8 e4m3");
-  STD_TORCH_CHECK(kv.scalar_type() == q.scalar_type() && kv.dim() == 3 && kv.size(2) == kHeadDim && kv.stride(2) == 1 &&
-                      kv.stride(1) == kHeadDim,
-                  "kv: [pages, page, 576], rows contiguous");
-  STD_TORCH_CHECK(reinterpret_cast<uintptr_t>(kv.data_ptr()) % 16 == 0 &&
-                      (kv.size(0) == 1 || kv.stride(0) * kv.element_size() % 16 == 0),
-                  "kv: start and page stride must be 16-byte aligned (16-byte copies)");
+  check_kv_part(kv, q, kDimV, "kv");
+  check_kv_part(kv_pe, q, kRopeDim, "kv_pe");
+  STD_TORCH_CHECK(kv_pe.size(0) == kv.size(0) && kv_pe.size(1) == kv.size(1), "kv_pe: same pages and page size as kv");
   const int64_t page_size = kv.size(1);
   STD_TORCH_CHECK(page_size >= 16 && (page_size & (page_size - 1)) == 0, "page size must be a power of two >= 16");
   STD_TORCH_CHECK(block_tables.scalar_type() == ScalarType::Int && block_tables.stride(1) == 1,
@@ -151,6 +159,7 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor s
   set_q_strides(p.q_nope_stride, q_nope);
   set_q_strides(p.q_pe_stride, q_pe);
   p.kv = static_cast<const uint8_t*>(kv.data_ptr());
+  p.kv_pe = static_cast<const uint8_t*>(kv_pe.data_ptr());
   p.block_tables = static_cast<const int*>(block_tables.data_ptr());
   p.seq_lens = static_cast<const int*>(seq_lens.data_ptr());
   p.out = reinterpret_cast<__nv_bfloat16*>(out.data_ptr());
@@ -165,6 +174,9 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor s
   p.bmm1 = static_cast<float>(bmm1);
   p.bmm2 = static_cast<float>(bmm2);
   p.page_stride = kv.stride(0) * kv.element_size();
+  p.pe_page_stride = kv_pe.stride(0) * kv_pe.element_size();
+  p.token_stride = static_cast<int>(kv.stride(1) * kv.element_size());
+  p.pe_token_stride = static_cast<int>(kv_pe.stride(1) * kv_pe.element_size());
   p.q_len = static_cast<int>(q.size(1));
   p.heads = static_cast<int>(q.size(2));
   p.rows = static_cast<int>(rows);
@@ -209,7 +221,7 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor s
 
 STABLE_TORCH_LIBRARY(mla_backend, m) {
   m.def(
-      "decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor block_tables, Tensor seq_lens, Tensor(a!) out, Tensor(b!)? "
+      "decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_tables, Tensor seq_lens, Tensor(a!) out, Tensor(b!)? "
       "lse, "
       "Tensor(c!) workspace, int max_seq_len, int num_splits, int row_groups, int rf, float bmm1, Tensor? bmm1_tensor, "
       "float bmm2, Tensor? bmm2_tensor, bool pdl) -> ()");

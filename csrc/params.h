@@ -22,7 +22,8 @@ struct DecodeParams {
   const uint8_t* q_pe;         // [B, q_len, H, 64] rope part (a separate tensor or a view of one Q)
   long long q_nope_stride[3];  // bytes between requests, query tokens, heads (multiples of 16)
   long long q_pe_stride[3];
-  const uint8_t* kv;        // pages of [page_size, 576]
+  const uint8_t* kv;        // latent part (512) of the first token row: pages of [page_size, >= 512]
+  const uint8_t* kv_pe;     // rope part (64): the same rows 512 elements on, or a separate cache
   const int* block_tables;  // [B, bt_stride]
   const int* seq_lens;      // [B]
   __nv_bfloat16* out;       // [B, q_len, H, 512]
@@ -33,7 +34,10 @@ struct DecodeParams {
   const float* bmm1_ptr;    // device scale or nullptr
   const float* bmm2_ptr;
   float bmm1, bmm2;
-  long long page_stride;   // bytes between pages
+  long long page_stride;   // bytes between pages of kv
+  long long pe_page_stride;  // ... of kv_pe
+  int token_stride;          // bytes between token rows of kv (multiples of 16)
+  int pe_token_stride;       // ... of kv_pe
   int q_len, heads, rows;  // rows = q_len * heads
   int heads_recip;         // ceil(2^20 / heads): row / heads == (row * heads_recip) >> 20 for rows < 1024
   int page_shift;          // log2(page_size)

@@ -2,7 +2,10 @@
 // shared memory (store_partial_scores); each warp then sums them for a quarter of its row group's
 // rows and runs the softmax there, so it runs once per row, not four times. P (16-bit) and the
 // per-row rescale factors go back through shared memory to every warp of the row group. Scores
-// are in the log2 domain; a row's LSE and 1 / sum come out at the end (publish).
+// are in the log2 domain; a row's LSE and 1 / sum come out at the end (publish). Each row keeps two
+// sums: of P as rounded for P.V (normalises O, so a dominant key's rounding cancels there; per lane,
+// in registers) and of P before rounding (the LSE, which callers merge by: exact to fp32, not to P's
+// 8 or 11 bits; per row, in shared memory, since the FP8 two-fragment kernel has no register left).
 #pragma once
 
 #include <stdint.h>
@@ -43,14 +46,19 @@ struct OnlineSoftmax {
   static constexpr int kRowsPerLane = C::kSoftRows / 4;
   // P as stored for P.V: scaled down where P.V sums in f16 (qk_pv.cuh scales it back up); exact.
   static constexpr float kPStoredScale = C::kPvF16Acc ? 1.f / C::kPvF16Scale : 1.f;
-  const int row0;  // first tile-local row this lane's warp reduces
-  float row_max[kRowsPerLane], row_sum[kRowsPerLane];
+  const int row0;    // first tile-local row this lane's warp reduces
+  float* exact_sum;  // [tile rows] in shared memory: each row's sum of P before rounding (the LSE),
+                     // read and written only by the row's first lane
+  float row_max[kRowsPerLane];
+  float row_sum[kRowsPerLane];  // this lane's share of the row's sum of P as rounded for P.V
 
-  __device__ __forceinline__ explicit OnlineSoftmax(int first_row) : row0(first_row) {
+  __device__ __forceinline__ OnlineSoftmax(int first_row, float* exact_sum_smem, int lane)
+      : row0(first_row), exact_sum(exact_sum_smem) {
 #pragma unroll
     for (int i = 0; i < kRowsPerLane; ++i) {
       row_max[i] = -INFINITY;
       row_sum[i] = 0.f;
+      if ((lane & 7) == 0) exact_sum[row0 + 4 * i + (lane >> 3)] = 0.f;
     }
   }
 
@@ -96,9 +104,14 @@ struct OnlineSoftmax {
       const float correction = rescale ? fast_exp2(old - ref) : 1.f;
       row_max[i] = ref;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) x[e] = fast_exp2(x[e] - base) * kPStoredScale;
-      const uint32_t p01 = pack2<C::kFp8>(x[0], x[1]), p23 = pack2<C::kFp8>(x[2], x[3]);
-      // The sum is taken over P as rounded for P.V, so a dominant key's rounding cancels in O (with
+      for (int e = 0; e < 4; ++e) x[e] = fast_exp2(x[e] - base);
+      float tile_sum = (x[0] + x[1]) + (x[2] + x[3]);
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, o);
+      if ((lane & 7) == 0) exact_sum[row] = exact_sum[row] * correction + tile_sum;
+      const uint32_t p01 = pack2<C::kFp8>(x[0] * kPStoredScale, x[1] * kPStoredScale);
+      const uint32_t p23 = pack2<C::kFp8>(x[2] * kPStoredScale, x[3] * kPStoredScale);
+      // O's sum is taken over P as rounded for P.V, so a dominant key's rounding cancels in O (with
       // a stale maximum its P is no longer exactly 1).
       const float2 r01 = unpack2<C::kFp8>(p01), r23 = unpack2<C::kFp8>(p23);
       row_sum[i] = row_sum[i] * correction + ((r01.x + r01.y) + (r23.x + r23.y)) / kPStoredScale;
@@ -107,8 +120,8 @@ struct OnlineSoftmax {
     }
   }
 
-  // After the last tile: (1 / sum, LSE in log2) of each row into row_stats[tile-local row];
-  // (0, -inf) for a row that saw no key.
+  // After the last tile: (1 / rounded sum, LSE in log2 from the exact sum) of each row into
+  // row_stats[tile-local row]; (0, -inf) for a row that saw no key.
   __device__ __forceinline__ void publish(float2* row_stats, const WarpRole& w) const {
     const int lane = w.lane;
 #pragma unroll
@@ -116,9 +129,10 @@ struct OnlineSoftmax {
       float total = row_sum[i];
 #pragma unroll
       for (int o = 1; o < 8; o <<= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+      const int row = row0 + 4 * i + (lane >> 3);
       if ((lane & 7) == 0)
-        row_stats[row0 + 4 * i + (lane >> 3)] =
-            total > 0.f ? make_float2(1.f / total, row_max[i] + __log2f(total)) : make_float2(0.f, -INFINITY);
+        row_stats[row] =
+            total > 0.f ? make_float2(1.f / total, row_max[i] + log2f(exact_sum[row])) : make_float2(0.f, -INFINITY);
     }
   }
 };

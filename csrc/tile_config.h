@@ -5,7 +5,7 @@
 // warps form ROW_GROUPS x 4: each warp owns RF 16-row fragments of its row group and one quarter
 // of the 512 output dims (and of the QK^T reduction dims). Shared memory holds, in this order: the
 // KV ring (kStages tiles of kBlockN tokens), the four dim quarters' partial scores, Q (when it is not
-// kept in registers), P, and the per-row rescale factors.
+// kept in registers), P, the per-row rescale factors and the per-row exact sums of P (the LSE).
 #pragma once
 
 #include <stdint.h>
@@ -51,7 +51,8 @@ struct TileConfig {
   // P (f16 for FP8, bf16 for BF16) for the P.V A fragments; 16-byte row pad for ldmatrix.
   static constexpr int kPRowBytes = kBlockN * 2 + 16;
   static constexpr int kPBytes = kTileRows * kPRowBytes;
-  static constexpr int kCorrBytes = kTileRows * 4;  // per-row rescale factor of the tile
+  static constexpr int kCorrBytes = kTileRows * 4;      // per-row rescale factor of the tile
+  static constexpr int kExactSumBytes = kTileRows * 4;  // per-row sum of P before rounding (the LSE)
   static constexpr bool kQInSmem = RF > 1;
   static constexpr int kQRegFragments = kQInSmem ? 1 : RF;         // Q fragments held in registers (1: unused)
   static constexpr bool kQkF16 = FP8 && kFp8QkViaF16 && kQInSmem;  // Q widened to f16 once
@@ -67,7 +68,8 @@ struct TileConfig {
   static constexpr int kQOffset = kScoresOffset + kScoreBytes;
   static constexpr int kPOffset = kQOffset + kQBytes;
   static constexpr int kCorrOffset = kPOffset + kPBytes;
-  static constexpr int kSmemBytes = kCorrOffset + kCorrBytes;
+  static constexpr int kExactSumOffset = kCorrOffset + kCorrBytes;
+  static constexpr int kSmemBytes = kExactSumOffset + kExactSumBytes;
   // The loader gives each token of a tile kThreadsPerToken threads (one page lookup per thread).
   static constexpr int kThreadsPerToken = kThreads / kBlockN;
   static constexpr int kChunksPerThread = (kChunksPerRow + kThreadsPerToken - 1) / kThreadsPerToken;

@@ -1,10 +1,16 @@
 """mla_backend: fast MLA (DeepSeek-V3/R1) decode for vLLM, SM120 first.
 
-The ops mirror FlashInfer's, so switching is a change of import.
+FlashInfer's MLA decode functions are here under their own names, signatures and conventions, so
+switching is a change of import; ``mla_decode`` is the package's own op (natural-log LSE).
 """
 
 from .config import BackendUnavailableError, MLABackendConfig, Resolution, resolve_backend
-from .decode import trtllm_batch_decode_with_kv_cache_mla, xqa_batch_decode_with_kv_cache_mla
+from .decode import mla_decode
+from .flashinfer_api import (
+    batch_mla_paged_attention,
+    trtllm_batch_decode_with_kv_cache_mla,
+    xqa_batch_decode_with_kv_cache_mla,
+)
 from .reference import mla_decode_reference
 
 __version__ = "0.1.0"
@@ -13,6 +19,8 @@ __all__ = [
     "BackendUnavailableError",
     "MLABackendConfig",
     "Resolution",
+    "batch_mla_paged_attention",
+    "mla_decode",
     "mla_decode_reference",
     "resolve_backend",
     "trtllm_batch_decode_with_kv_cache_mla",

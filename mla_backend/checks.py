@@ -16,7 +16,9 @@ class DecodeProblem:
     q_nope: torch.Tensor  # [B, q_len, H, 512] latent part of the query, read in place
     q_pe: torch.Tensor  # [B, q_len, H, 64] rope part (both: rows contiguous, strides 16-byte multiples)
     query_given: torch.Tensor | None  # the caller's [B, q_len, H, 576] tensor, when it passed one
-    cache: torch.Tensor  # [P, page, 576], each token row contiguous
+    kv_nope: torch.Tensor  # [P, page, 512] latent part of the cache, read in place
+    kv_pe: torch.Tensor  # [P, page, 64] rope part (both: rows contiguous, strides 16-byte multiples)
+    kv_given: torch.Tensor | None  # the caller's [P, page, 576] cache (3-D view), when it passed one
     block_tables: torch.Tensor  # int32 [B, max_pages], rows contiguous
     seq_lens: torch.Tensor  # int32 [B]
     max_seq_len: int
@@ -30,6 +32,11 @@ class DecodeProblem:
     def query(self) -> torch.Tensor:
         """The whole [B, q_len, H, 576] query (a new tensor if the caller passed the two parts)."""
         return self.query_given if self.query_given is not None else torch.cat((self.q_nope, self.q_pe), dim=-1)
+
+    @property
+    def cache(self) -> torch.Tensor:
+        """The whole [P, page, 576] cache (a new tensor if the caller passed the two parts)."""
+        return self.kv_given if self.kv_given is not None else torch.cat((self.kv_nope, self.kv_pe), dim=-1)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -53,7 +60,11 @@ class DecodeProblem:
 
     @property
     def page_size(self) -> int:
-        return self.cache.shape[1]
+        return self.kv_nope.shape[1]
+
+    @property
+    def num_pages(self) -> int:
+        return self.kv_nope.shape[0]
 
 
 def _require(cond: bool, message: str, exc: type[Exception] = ValueError) -> None:
@@ -115,6 +126,63 @@ def split_query(query) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
     return query[..., : shapes.KV_LORA_RANK], query[..., shapes.KV_LORA_RANK :], query
 
 
+def split_kv_cache(kv_cache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(latent [P, page, 512], rope [P, page, 64], the caller's whole cache as [P, page, 576] or None)
+    from one [P, page, 576] / [P, 1, page, 576] cache or a (ckv_cache, kpe_cache) pair of such caches."""
+    if isinstance(kv_cache, (tuple, list)):
+        _require(
+            len(kv_cache) == 2 and all(isinstance(t, torch.Tensor) for t in kv_cache),
+            "a split KV cache must be a pair of tensors (ckv_cache, kpe_cache)",
+            TypeError,
+        )
+        parts = []
+        for name, t, dim in zip(("ckv_cache", "kpe_cache"), kv_cache, (shapes.KV_LORA_RANK, shapes.ROPE_DIM)):
+            _require(
+                t.dim() in (3, 4) and (t.dim() == 3 or t.shape[1] == 1) and t.shape[-1] == dim,
+                f"{name} must be [pages, page_size, {dim}] or [pages, 1, page_size, {dim}], got {tuple(t.shape)}",
+            )
+            parts.append(shapes.pages_view(t))
+        ckv, kpe = parts
+        _require(
+            kpe.shape[:2] == ckv.shape[:2],
+            f"ckv_cache {tuple(ckv.shape)} and kpe_cache {tuple(kpe.shape)} must agree in pages and page size",
+        )
+        _require(
+            kpe.dtype == ckv.dtype, f"kpe_cache dtype {kpe.dtype} must match ckv_cache dtype {ckv.dtype}", TypeError
+        )
+        _require(kpe.device == ckv.device, f"kpe_cache is on {kpe.device} but ckv_cache is on {ckv.device}")
+        return ckv, kpe, None
+    _require(
+        isinstance(kv_cache, torch.Tensor),
+        f"kv_cache must be a torch.Tensor or a (ckv_cache, kpe_cache) pair, got {type(kv_cache).__name__}",
+        TypeError,
+    )
+    _require(
+        kv_cache.dim() in (3, 4),
+        f"kv_cache must be [pages, page_size, 576] or [pages, 1, page_size, 576], got {tuple(kv_cache.shape)}",
+    )
+    if kv_cache.dim() == 4:
+        _require(kv_cache.shape[1] == 1, f"4-D kv_cache must have size 1 in dim 1, got {tuple(kv_cache.shape)}")
+    cache = shapes.pages_view(kv_cache)
+    _require(cache.shape[-1] == shapes.HEAD_DIM, f"kv_cache last dim must be {shapes.HEAD_DIM}, got {cache.shape[-1]}")
+    return cache[..., : shapes.KV_LORA_RANK], cache[..., shapes.KV_LORA_RANK :], cache
+
+
+def kv_layout_problem(name: str, t: torch.Tensor) -> str | None:
+    """Why the kernels cannot copy this cache part's token rows in 16-byte chunks, or None."""
+    size = t.element_size()
+    if t.stride(-1) != 1:
+        return f"{name} token rows must be contiguous (last-dim stride 1), got strides {t.stride()}"
+    if t.stride(1) * size % 16 or (t.shape[0] > 1 and t.stride(0) * size % 16):
+        return (
+            f"{name} token and page strides must be multiples of 16 bytes (the kernels copy 16-byte chunks), "
+            f"got {tuple(st * size for st in t.stride())} bytes"
+        )
+    if t.data_ptr() % 16:
+        return f"{name} must start at a 16-byte aligned address"
+    return None
+
+
 def query_layout_problem(name: str, t: torch.Tensor) -> str | None:
     """Why the kernels cannot read this query part in place with 16-byte loads (rows contiguous,
     strides and start 16-byte aligned), or None."""
@@ -133,19 +201,16 @@ def check_decode_inputs(
     kv_cache: torch.Tensor,
     workspace_buffer: torch.Tensor | None,
     qk_nope_head_dim: int,
-    kv_lora_rank: int,
-    qk_rope_head_dim: int,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     max_seq_len: int,
     out: torch.Tensor | None,
     bmm1_scale,
     bmm2_scale,
-    sinks,
 ) -> DecodeProblem:
     q_nope, q_pe, query_given = split_query(query)
+    kv_nope, kv_pe, kv_given = split_kv_cache(kv_cache)
     for name, t in (
-        ("kv_cache", kv_cache),
         ("block_tables", block_tables),
         ("seq_lens", seq_lens),
         ("workspace_buffer", workspace_buffer),
@@ -156,9 +221,6 @@ def check_decode_inputs(
             f"{name} must be a torch.Tensor, got {type(t).__name__}",
             TypeError,
         )
-    _require(sinks is None, "sinks are not supported by MLA decode (DeepSeek-V3-class models have none)")
-    _require(kv_lora_rank == shapes.KV_LORA_RANK, f"kv_lora_rank must be {shapes.KV_LORA_RANK}, got {kv_lora_rank}")
-    _require(qk_rope_head_dim == shapes.ROPE_DIM, f"qk_rope_head_dim must be {shapes.ROPE_DIM}, got {qk_rope_head_dim}")
     _require(
         qk_nope_head_dim in shapes.QK_NOPE_HEAD_DIMS,
         f"qk_nope_head_dim must be one of {shapes.QK_NOPE_HEAD_DIMS}, got {qk_nope_head_dim}",
@@ -169,8 +231,8 @@ def check_decode_inputs(
         q_nope.dtype in shapes.DTYPES, f"query dtype must be bfloat16 or float8_e4m3fn, got {q_nope.dtype}", TypeError
     )
     _require(
-        kv_cache.dtype == q_nope.dtype,
-        f"kv_cache dtype {kv_cache.dtype} must match query dtype {q_nope.dtype}",
+        kv_nope.dtype == q_nope.dtype,
+        f"kv_cache dtype {kv_nope.dtype} must match query dtype {q_nope.dtype}",
         TypeError,
     )
     _require(block_tables.dtype == torch.int32, f"block_tables must be int32, got {block_tables.dtype}", TypeError)
@@ -180,15 +242,7 @@ def check_decode_inputs(
     batch, q_len, heads, _ = q_nope.shape
     _require(1 <= q_len <= shapes.MAX_Q_LEN, f"q_len (query.shape[1]) must be 1..{shapes.MAX_Q_LEN}, got {q_len}")
     _require(1 <= heads <= shapes.MAX_HEADS, f"number of heads must be 1..{shapes.MAX_HEADS}, got {heads}")
-    _require(
-        kv_cache.dim() in (3, 4),
-        f"kv_cache must be [pages, page_size, 576] or [pages, 1, page_size, 576], got {tuple(kv_cache.shape)}",
-    )
-    if kv_cache.dim() == 4:
-        _require(kv_cache.shape[1] == 1, f"4-D kv_cache must have size 1 in dim 1, got {tuple(kv_cache.shape)}")
-    cache = shapes.pages_view(kv_cache)
-    num_pages, page_size, kv_dim = cache.shape
-    _require(kv_dim == shapes.HEAD_DIM, f"kv_cache last dim must be {shapes.HEAD_DIM}, got {kv_dim}")
+    num_pages, page_size, _ = kv_nope.shape
     _require(page_size in shapes.PAGE_SIZES, f"page size must be one of {shapes.PAGE_SIZES}, got {page_size}")
     _require(
         block_tables.dim() == 2 and block_tables.shape[0] == batch,
@@ -213,7 +267,7 @@ def check_decode_inputs(
     # devices
     device = q_nope.device
     for name, t in (
-        ("kv_cache", kv_cache),
+        ("kv_cache", kv_nope),
         ("block_tables", block_tables),
         ("seq_lens", seq_lens),
         ("workspace_buffer", workspace_buffer),
@@ -227,16 +281,10 @@ def check_decode_inputs(
     for name, part in parts.items():
         problem = query_layout_problem(name, part)
         _require(problem is None, str(problem))
-    _require(
-        cache.stride(2) == 1 and cache.stride(1) == shapes.HEAD_DIM,
-        f"kv_cache token rows must be contiguous (strides ..., {shapes.HEAD_DIM}, 1), got {cache.stride()}",
-    )
-    page_stride_bytes = cache.stride(0) * cache.element_size()
-    _require(
-        cache.data_ptr() % 16 == 0 and (cache.shape[0] == 1 or page_stride_bytes % 16 == 0),
-        f"kv_cache must start at a 16-byte aligned address and its page stride must be a multiple of 16 bytes "
-        f"(the kernels copy 16-byte chunks), got page stride {page_stride_bytes} bytes",
-    )
+    kv_parts = {"kv_cache": kv_given} if kv_given is not None else {"ckv_cache": kv_nope, "kpe_cache": kv_pe}
+    for name, part in kv_parts.items():
+        problem = kv_layout_problem(name, part)
+        _require(problem is None, str(problem))
     _require(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
     _require(seq_lens.is_contiguous(), "seq_lens must be contiguous")
     if workspace_buffer is not None:
@@ -259,7 +307,9 @@ def check_decode_inputs(
         q_nope=q_nope,
         q_pe=q_pe,
         query_given=query_given,
-        cache=cache,
+        kv_nope=kv_nope,
+        kv_pe=kv_pe,
+        kv_given=kv_given,
         block_tables=block_tables,
         seq_lens=seq_lens,
         max_seq_len=max_seq_len,
@@ -276,7 +326,7 @@ def check_page_ids(problem: DecodeProblem) -> None:
 
     Reads seq_lens and block_tables on the host (a device sync on GPU tensors)."""
     lengths = problem.seq_lens.tolist()
-    num_pages = problem.cache.shape[0]
+    num_pages = problem.num_pages
     for b, seq_len in enumerate(lengths):
         _require(
             0 <= seq_len <= problem.max_seq_len,

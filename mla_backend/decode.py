@@ -1,12 +1,9 @@
-"""FlashInfer-compatible MLA decode ops.
+"""The package's own MLA decode op, ``mla_decode``: the engines' entry point.
 
-Switch from FlashInfer by changing the import::
-
-    from mla_backend import trtllm_batch_decode_with_kv_cache_mla
-
-Semantics (FlashInfer's documented contract; see README): logits = (q . k) * bmm1_scale,
-out = softmax(logits) . v * bmm2_scale, causal over the q_len new tokens, bf16 output,
-optional natural-log LSE. CPU tensors run the float64 reference.
+Semantics: logits = (q . k) * bmm1_scale, out = softmax(logits) . v * bmm2_scale with
+v = k[..., :512], causal over the q_len new tokens, bf16 output, and the LSE as the natural log of
+the sum of exp(logits) (-inf for a row that sees no key). CPU tensors run the float64 reference.
+FlashInfer's names, signatures and conventions (base-2 LSE) are in ``flashinfer_api``.
 """
 
 from __future__ import annotations
@@ -24,6 +21,9 @@ Scale = float | torch.Tensor
 # One [B, q_len, H, 576] tensor (FlashInfer's form), or the (q_nope [.., 512], q_pe [.., 64]) pair
 # read in place: the kernels take any strides with contiguous, 16-byte aligned rows.
 Query = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+# One [pages, page_size, 576] cache (or [pages, 1, page_size, 576]), or the (ckv_cache [.., 512],
+# kpe_cache [.., 64]) pair, read in place the same way.
+KVCache = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 LN2 = math.log(2.0)
 
 
@@ -33,48 +33,41 @@ def default_config() -> MLABackendConfig:
     return MLABackendConfig.from_sources()
 
 
-def _run_reference(problem: DecodeProblem):
-    out, lse = mla_decode_reference(
-        problem.query,
-        problem.cache,
-        problem.block_tables,
-        problem.seq_lens,
-        problem.bmm1_scale,
-        problem.bmm2_scale,
-    )
-    problem.out.copy_(out)
-    return problem.out, lse.to(torch.float32)
-
-
-def _finish(problem: DecodeProblem, lse: torch.Tensor, return_lse: bool):
-    out = problem.out_given if problem.out_given is not None else problem.out
-    return (out, lse) if return_lse else out
-
-
 def _decode(
     problem: DecodeProblem,
     workspace_buffer,
     config: MLABackendConfig,
     kernel: str,
     enable_pdl: bool | None,
-    return_lse: bool,
-):
+    lse: torch.Tensor | None,
+) -> None:
+    """Fill problem.out and, when given, lse ([B, q_len, H] fp32, natural log)."""
     if problem.device.type == "cpu":
         check_page_ids(problem)
-        _, lse = _run_reference(problem)
-        return _finish(problem, lse, return_lse)
+        out, reference_lse = mla_decode_reference(
+            problem.query,
+            problem.cache,
+            problem.block_tables,
+            problem.seq_lens,
+            problem.bmm1_scale,
+            problem.bmm2_scale,
+        )
+        problem.out.copy_(out)
+        if lse is not None:
+            lse.copy_(reference_lse)
+        return
     if config.validate_page_ids:
         check_page_ids(problem)
     if kernel == "bundled":
         from .launcher import launch_decode
 
-        lse = launch_decode(problem, workspace_buffer, config, enable_pdl, return_lse)
-        return _finish(problem, lse, return_lse)
+        launch_decode(problem, workspace_buffer, config, enable_pdl, lse)
+        return
     assert kernel == "trtllm-gen", kernel
-    return _run_flashinfer_trtllm_gen(problem, workspace_buffer, enable_pdl, return_lse)
+    _run_flashinfer_trtllm_gen(problem, workspace_buffer, enable_pdl, lse)
 
 
-def _run_flashinfer_trtllm_gen(problem: DecodeProblem, workspace_buffer, enable_pdl, return_lse):
+def _run_flashinfer_trtllm_gen(problem: DecodeProblem, workspace_buffer, enable_pdl, lse: torch.Tensor | None) -> None:
     import flashinfer.mla
 
     result = flashinfer.mla.trtllm_batch_decode_with_kv_cache_mla(
@@ -92,122 +85,102 @@ def _run_flashinfer_trtllm_gen(problem: DecodeProblem, workspace_buffer, enable_
         bmm2_scale=problem.bmm2_scale,
         enable_pdl=enable_pdl,
         backend="trtllm-gen",
-        return_lse=return_lse,
+        return_lse=lse is not None,
     )
-    if not return_lse:
-        return _finish(problem, None, False)
-    _, lse_log2 = result
-    # trtllm-gen reports the LSE in base 2; this op's contract is the natural log.
-    lse = lse_log2.float().view(problem.batch, problem.q_len, problem.heads) * LN2
-    return _finish(problem, lse, True)
+    if lse is not None:
+        _, lse_log2 = result
+        # trtllm-gen reports the LSE in base 2; this op's contract is the natural log.
+        lse.copy_(lse_log2.float().view(lse.shape) * LN2)
 
 
-def trtllm_batch_decode_with_kv_cache_mla(
+def check_lse_buffer(lse: torch.Tensor, shapes: list[tuple[int, ...]], device: torch.device) -> None:
+    """A caller's LSE buffer: float32, one of ``shapes``, on the query's device."""
+    if not isinstance(lse, torch.Tensor):
+        raise TypeError(f"lse must be a float32 torch.Tensor, got {type(lse).__name__}")
+    if lse.dtype != torch.float32:
+        raise TypeError(f"lse must be float32, got {lse.dtype}")
+    if tuple(lse.shape) not in shapes:
+        raise ValueError(f"lse must have shape {' or '.join(map(str, shapes))}, got {tuple(lse.shape)}")
+    if lse.device != device:
+        raise ValueError(f"lse is on {lse.device} but query is on {device}")
+
+
+def resolve_kernel(
+    problem: DecodeProblem, config: MLABackendConfig, backend: BackendName
+) -> tuple[MLABackendConfig, str]:
+    """(settings with ``backend`` applied, the kernel that serves the problem: reference/bundled/trtllm-gen)."""
+    if backend != "auto":
+        config = config.model_copy(update={"backend": MLABackendConfig(backend=backend).backend})
+    if problem.device.type != "cuda":
+        return config, "reference"
+    resolution = resolve_backend(config, config.capability(torch.cuda.get_device_capability(problem.device)))
+    if resolution.kernel == "fallback":  # as FlashInfer does on a GPU it has no kernel for
+        raise BackendUnavailableError(
+            f"no MLA decode kernel here: {resolution.reason}. The vLLM plugin serves such GPUs with vLLM's "
+            "Triton MLA; the op runs the float64 reference on CPU tensors"
+        )
+    return config, resolution.kernel
+
+
+def mla_decode(
     query: Query,
-    kv_cache: torch.Tensor,
-    workspace_buffer: torch.Tensor,
-    qk_nope_head_dim: int,
-    kv_lora_rank: int,
-    qk_rope_head_dim: int,
+    kv_cache: KVCache,
+    workspace_buffer: torch.Tensor | None,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     max_seq_len: int,
-    sparse_mla_top_k: int = 0,
+    *,
     out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
     bmm1_scale: Scale = 1.0,
     bmm2_scale: Scale = 1.0,
-    sinks: list[torch.Tensor] | None = None,
-    skip_softmax_threshold_scale_factor: float | None = None,
+    return_lse: bool = False,
     enable_pdl: bool | None = None,
     backend: BackendName = "auto",
-    return_lse: bool = False,
     config: MLABackendConfig | None = None,
+    qk_nope_head_dim: int = 128,
 ):
-    """FlashInfer's ``trtllm_batch_decode_with_kv_cache_mla``, dispatched by the config resolver.
+    """Paged MLA decode; returns ``out``, or ``(out, lse)`` with ``return_lse=True``.
 
-    ``query`` is FlashInfer's [B, q_len, H, 576] tensor or, beyond FlashInfer, the (q_nope, q_pe)
-    pair, which the bundled kernels read in place (no concatenated copy). ``backend`` overrides the
-    configured one ("auto" keeps the configured choice); ``config`` replaces the settings read from
-    the environment. Returns ``out``, or ``(out, lse)`` with ``return_lse=True``.
+    ``query``: [B, q_len, H, 576] (512 latent + 64 rope), or the pair (q_nope [.., 512], q_pe [.., 64]),
+    read in place. ``kv_cache``: [pages, page_size, 576] or [pages, 1, page_size, 576], or the pair
+    (ckv_cache [.., 512], kpe_cache [.., 64]), read in place. ``lse``: an fp32 [B, q_len, H] (or
+    [B * q_len, H]) buffer to fill and return; the LSE is the natural log, -inf for a row that sees
+    no key. ``backend`` overrides the configured one ("auto" keeps it); ``config`` replaces the
+    settings read from the environment. ``qk_nope_head_dim`` is the model's pre-absorption nope dim,
+    which only FlashInfer's trtllm-gen route takes.
     """
-    if sparse_mla_top_k != 0:
-        raise ValueError(f"sparse MLA (sparse_mla_top_k={sparse_mla_top_k}) is not supported; pass 0")
-    if skip_softmax_threshold_scale_factor is not None:
-        raise ValueError("skip_softmax_threshold_scale_factor is not supported (exact softmax only)")
     problem = check_decode_inputs(
         query,
         kv_cache,
         workspace_buffer,
         qk_nope_head_dim,
-        kv_lora_rank,
-        qk_rope_head_dim,
         block_tables,
         seq_lens,
         max_seq_len,
         out,
         bmm1_scale,
         bmm2_scale,
-        sinks,
     )
-    config = config or default_config()
-    if backend != "auto":
-        config = config.model_copy(update={"backend": MLABackendConfig(backend=backend).backend})
-    kernel = "reference"
-    if problem.device.type == "cuda":
-        resolution = resolve_backend(config, config.capability(torch.cuda.get_device_capability(problem.device)))
-        if resolution.kernel == "fallback":  # as FlashInfer does on a GPU it has no kernel for
-            raise BackendUnavailableError(
-                f"no MLA decode kernel here: {resolution.reason}. The vLLM plugin serves such GPUs with vLLM's "
-                "Triton MLA; the op runs the float64 reference on CPU tensors"
-            )
-        kernel = resolution.kernel
-    return _decode(problem, workspace_buffer, config, kernel, enable_pdl, return_lse)
+    rows = (problem.batch, problem.q_len, problem.heads)
+    if lse is not None:
+        check_lse_buffer(lse, [rows, (problem.batch * problem.q_len, problem.heads)], problem.device)
+    config, kernel = resolve_kernel(problem, config or default_config(), backend)
+    wanted = lse is not None or return_lse
+    lse_rows = None
+    if wanted:
+        lse_rows = (
+            lse.view(rows)
+            if lse is not None and lse.is_contiguous()
+            else torch.empty(rows, dtype=torch.float32, device=problem.device)
+        )
+    _decode(problem, workspace_buffer, config, kernel, enable_pdl, lse_rows)
+    if lse is not None and lse_rows is not None and lse_rows.data_ptr() != lse.data_ptr():
+        lse.copy_(lse_rows.view(lse.shape))
+    result_out = problem.out_given if problem.out_given is not None else problem.out
+    if not return_lse:
+        return result_out
+    return result_out, (lse if lse is not None else lse_rows)
 
 
-def xqa_batch_decode_with_kv_cache_mla(
-    query: Query,
-    kv_cache: torch.Tensor,
-    workspace_buffer: torch.Tensor,
-    qk_nope_head_dim: int,
-    kv_lora_rank: int,
-    qk_rope_head_dim: int,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_seq_len: int,
-    out: torch.Tensor | None = None,
-    bmm1_scale: Scale = 1.0,
-    bmm2_scale: Scale = 1.0,
-    sinks: list[torch.Tensor] | None = None,
-    enable_pdl: bool | None = None,
-    return_lse: bool = False,
-):
-    """FlashInfer's ``xqa_batch_decode_with_kv_cache_mla`` on the bundled kernels, plus ``return_lse``.
-
-    Unlike FlashInfer's SM120-only XQA MLA: bf16 and fp8, 1-128 heads, q_len 1-8, split-KV, LSE,
-    and ``query`` may be the (q_nope, q_pe) pair. The same op as ``backend="xqa"`` above.
-    """
-    return trtllm_batch_decode_with_kv_cache_mla(
-        query,
-        kv_cache,
-        workspace_buffer,
-        qk_nope_head_dim,
-        kv_lora_rank,
-        qk_rope_head_dim,
-        block_tables,
-        seq_lens,
-        max_seq_len,
-        out=out,
-        bmm1_scale=bmm1_scale,
-        bmm2_scale=bmm2_scale,
-        sinks=sinks,
-        enable_pdl=enable_pdl,
-        backend="xqa",
-        return_lse=return_lse,
-    )
-
-
-__all__ = [
-    "BackendUnavailableError",
-    "trtllm_batch_decode_with_kv_cache_mla",
-    "xqa_batch_decode_with_kv_cache_mla",
-]
+__all__ = ["BackendUnavailableError", "mla_decode"]

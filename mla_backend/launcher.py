@@ -76,9 +76,10 @@ def launch_decode(
     workspace: torch.Tensor | None,
     config: MLABackendConfig,
     enable_pdl: bool | None,
-    return_lse: bool,
-) -> torch.Tensor | None:
-    """Launch the kernel for a validated problem; fills ``problem.out``, returns the LSE or None."""
+    lse: torch.Tensor | None,
+) -> None:
+    """Launch the kernel for a validated problem; fills ``problem.out`` and, when given, ``lse``
+    (contiguous fp32 [B, q_len, H], natural log)."""
     from .jit import ensure_loaded
 
     device = problem.device
@@ -103,11 +104,7 @@ def launch_decode(
         enable_pdl = config.enable_pdl
     if enable_pdl is None:
         enable_pdl = torch.cuda.get_device_capability(device)[0] >= 9
-    lse = (
-        torch.empty(problem.batch, problem.q_len, problem.heads, dtype=torch.float32, device=device)
-        if return_lse
-        else None
-    )
+    assert lse is None or (lse.is_contiguous() and lse.dtype == torch.float32), "lse: contiguous fp32"
     if workspace is None:
         workspace = torch.empty(0, dtype=torch.uint8, device=device)
     bmm1, bmm1_t = _scale_args(problem.bmm1_scale)
@@ -115,7 +112,8 @@ def launch_decode(
     torch.ops.mla_backend.decode(
         problem.q_nope,
         problem.q_pe,
-        problem.cache,
+        problem.kv_nope,
+        problem.kv_pe,
         problem.block_tables,
         problem.seq_lens,
         problem.out,
@@ -131,4 +129,3 @@ def launch_decode(
         bmm2_t,
         bool(enable_pdl),
     )
-    return lse

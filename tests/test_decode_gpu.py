@@ -102,7 +102,12 @@ def run_and_check(
     shape = (batch, heads, 512) if out_3d else (batch, q_len, heads, 512)
     out = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")  # poison
     got, lse = xqa_batch_decode_with_kv_cache_mla(
-        *op_args(problem, workspace, query), out=out, bmm1_scale=s1, bmm2_scale=s2, return_lse=True
+        *op_args(problem, workspace, query),
+        out=out,
+        bmm1_scale=s1,
+        bmm2_scale=s2,
+        return_lse=True,
+        return_lse_base="basee",
     )
     assert got is out
     got = got.view(batch, q_len, heads, 512)
@@ -225,7 +230,11 @@ def test_page_ids_guessed_from_max_seq_len_any_bound(workspace, monkeypatch, dty
     page_capacity = problem.block_tables.shape[1] * 16
     for bound in (page_capacity, 700, 1, 0):
         out, lse = xqa_batch_decode_with_kv_cache_mla(
-            *op_args(problem, workspace, max_seq_len=bound), bmm1_scale=SM_SCALE, bmm2_scale=1.3, return_lse=True
+            *op_args(problem, workspace, max_seq_len=bound),
+            bmm1_scale=SM_SCALE,
+            bmm2_scale=1.3,
+            return_lse=True,
+            return_lse_base="basee",
         )
         assert torch.equal(out, want) and torch.equal(lse, want_lse), f"max_seq_len={bound}"
 
@@ -252,7 +261,8 @@ def test_the_bindings_own_checks_reach_python_as_errors(workspace):
         torch.ops.mla_backend.decode(
             q[..., :512],
             q[..., 512:],
-            problem.kv_cache,
+            problem.kv_cache[..., :512],
+            problem.kv_cache[..., 512:],
             problem.block_tables.long(),
             problem.seq_lens,
             out,
@@ -292,7 +302,7 @@ def test_cuda_graph_replay_is_bit_identical_to_eager(workspace, dtype):
 
     def step():
         return xqa_batch_decode_with_kv_cache_mla(
-            *op_args(problem, workspace), bmm1_scale=scale, bmm2_scale=1.0, return_lse=True
+            *op_args(problem, workspace), bmm1_scale=scale, bmm2_scale=1.0, return_lse=True, return_lse_base="basee"
         )
 
     eager_out, eager_lse = step()
@@ -368,7 +378,7 @@ def test_a_kernel_that_writes_nothing_fails_the_check(workspace, monkeypatch):
     monkeypatch.setattr(torch.ops.mla_backend, "decode", lambda *args: None)
     with pytest.raises(AssertionError, match="NaN"):
         run_and_check(problem, workspace, torch.bfloat16)
-    out = xqa_batch_decode_with_kv_cache_mla(*op_args(problem, workspace), return_lse=True)[1]
+    out = xqa_batch_decode_with_kv_cache_mla(*op_args(problem, workspace), return_lse=True, return_lse_base="basee")[1]
     assert torch.isnan(out).all(), "the op's own LSE allocation is poisoned too"
 
 
@@ -417,6 +427,7 @@ def test_graph_replayed_with_new_inputs_matches_the_reference(workspace, dtype, 
             bmm1_scale=SM_SCALE,
             bmm2_scale=1.3,
             return_lse=True,
+            return_lse_base="basee",
         )
 
     graph, (_, lse) = capture(step)
@@ -496,7 +507,13 @@ def test_public_op_serves_auto_and_xqa_with_the_kernels(workspace, backend):
     problem = make_paged_problem([900, 37], 2, 32, page_size=32, dtype=torch.float8_e4m3fn, device="cuda", seed=8)
     out = torch.full((2, 2, 32, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     got, lse = trtllm_batch_decode_with_kv_cache_mla(
-        *op_args(problem, workspace), out=out, bmm1_scale=SM_SCALE, bmm2_scale=1.3, backend=backend, return_lse=True
+        *op_args(problem, workspace),
+        out=out,
+        bmm1_scale=SM_SCALE,
+        bmm2_scale=1.3,
+        backend=backend,
+        return_lse=True,
+        return_lse_base="basee",
     )
     assert got is out
     assert_matches_reference(got, lse, problem, SM_SCALE, 1.3, torch.float8_e4m3fn)

@@ -1,5 +1,7 @@
 """The public op on CPU tensors: input validation and the reference path."""
 
+import math
+
 import pytest
 import torch
 from oracle import assert_rounded_from, naive_decode, naive_decode_problem
@@ -34,6 +36,7 @@ def problem():
 @pytest.mark.parametrize("op", [trtllm_batch_decode_with_kv_cache_mla, xqa_batch_decode_with_kv_cache_mla])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_cpu_op_equals_the_oracle_rounded_to_bf16_with_lse(op, dtype):
+    """FlashInfer's names return the LSE in base 2 (FlashInfer's convention for fixed-length queries)."""
     problem = make_paged_problem(
         [37, 0, 64, 1], q_len=2, heads=4, page_size=16, dtype=dtype, seed=4, four_dim_cache=True
     )
@@ -42,7 +45,7 @@ def test_cpu_op_equals_the_oracle_rounded_to_bf16_with_lse(op, dtype):
     want_out, want_lse = naive_decode_problem(problem, 0.06, 1.5)
     assert out.dtype == torch.bfloat16 and out.shape == (4, 2, 4, 512)
     assert lse.dtype == torch.float32 and lse.shape == (4, 2, 4)
-    assert_rounded_from(out, lse, want_out, want_lse)
+    assert_rounded_from(out, (lse.double() * math.log(2.0)).float(), want_out, want_lse)
     assert torch.isneginf(lse[1]).all() and not out[1].any()
 
 
@@ -81,9 +84,9 @@ BAD_INPUTS = {
     "split query shapes": (dict(query="pe_heads"), ValueError, "must agree in batch, q_len, heads"),
     "split query dtypes": (dict(query="pe_fp8"), TypeError, "q_pe dtype"),
     "split query triple": (dict(query="triple"), TypeError, "pair of tensors"),
-    "non-contiguous cache rows": (dict(kv_cache="strided"), ValueError, "token rows must be contiguous"),
+    "non-contiguous cache rows": (dict(kv_cache="strided"), ValueError, "kv_cache token rows must be contiguous"),
     "kv_cache misaligned": (dict(kv_cache="misaligned"), ValueError, "kv_cache must start at a 16-byte aligned"),
-    "kv_cache page stride": (dict(kv_cache="odd_stride"), ValueError, "page stride must be a multiple of 16 bytes"),
+    "kv_cache page stride": (dict(kv_cache="odd_stride"), ValueError, "page strides must be multiples of 16 bytes"),
     "device mismatch": (dict(block_tables="meta"), ValueError, "is on meta"),
     "sinks": (dict(sinks=[torch.zeros(4)]), ValueError, "sinks"),
     "out dtype": (dict(out="fp32"), TypeError, "out must be bfloat16"),
@@ -109,7 +112,17 @@ BAD_INPUTS = {
     "split query nope dim": (dict(query="nope256"), ValueError, r"q_nope must be \[batch, q_len, heads, 512\]"),
     "split query devices": (dict(query="pe_meta"), ValueError, "q_pe is on meta"),
     "query type": (dict(query="not_a_tensor"), TypeError, "query must be a torch.Tensor or a"),
-    "kv_cache type": (dict(kv_cache="nested_list"), TypeError, "kv_cache must be a torch.Tensor, got list"),
+    "kv_cache type": (
+        dict(kv_cache="not_a_tensor"),
+        TypeError,
+        "kv_cache must be a torch.Tensor or a .*, got str",
+    ),
+    "split cache triple": (dict(kv_cache="nested_list"), TypeError, r"pair of tensors \(ckv_cache, kpe_cache\)"),
+    "split cache rope dim": (dict(kv_cache="kpe32"), ValueError, r"kpe_cache must be \[pages, page_size, 64\]"),
+    "split cache pages": (dict(kv_cache="kpe_one_page"), ValueError, "must agree in pages and page size"),
+    "split cache dtypes": (dict(kv_cache="kpe_fp8"), TypeError, "kpe_cache dtype"),
+    "split cache devices": (dict(kv_cache="kpe_meta"), ValueError, "kpe_cache is on meta"),
+    "split cache rows strided": (dict(kv_cache="ckv_strided"), ValueError, "ckv_cache token rows must be contiguous"),
     "workspace type": (dict(workspace_buffer="not_a_tensor"), TypeError, "workspace_buffer must be a torch.Tensor"),
     "out type": (dict(out="not_a_tensor"), TypeError, "out must be a torch.Tensor, got str"),
     "max_seq_len float": (dict(max_seq_len=64.0), TypeError, "max_seq_len must be a non-negative int"),
@@ -135,9 +148,12 @@ def corrupt(problem, key, how):
         "page8": lambda: kv.reshape(-1, 8, 576),
         "int64": lambda: (bt if key == "block_tables" else sl).long(),
         "short": lambda: (bt if key == "block_tables" else sl)[:2],
-        "strided": lambda: (
-            torch.cat([q, q], dim=-1)[..., ::2] if key == "query" else torch.cat([kv, kv], dim=-1)[..., :576]
-        ),
+        "strided": lambda: torch.cat([q, q] if key == "query" else [kv, kv], dim=-1)[..., ::2],
+        "kpe32": lambda: (kv[..., :512], kv[..., 512:544]),
+        "kpe_one_page": lambda: (kv[..., :512], kv[:1, ..., 512:]),
+        "kpe_fp8": lambda: (kv[..., :512], kv[..., 512:].to(torch.float8_e4m3fn)),
+        "kpe_meta": lambda: (kv[..., :512], kv[..., 512:].to("meta")),
+        "ckv_strided": lambda: (torch.cat([kv, kv], dim=-1)[..., :1024:2], kv[..., 512:]),
         "misaligned": lambda: (
             torch.cat([q, q], dim=-1)[..., 1:577]
             if key == "query"
@@ -261,7 +277,7 @@ def test_every_check_in_checks_py_is_hit_by_a_bad_input(problem):
 @pytest.mark.parametrize("damage", ["out x 1.01", "out one row", "lse + 1e-4", "lse one -inf"])
 def test_the_oracle_comparison_fails_on_a_damaged_result(damage):
     problem = make_paged_problem([37, 64], q_len=2, heads=4, page_size=16, seed=11)
-    out, lse = call(problem, bmm1_scale=0.06, return_lse=True)
+    out, lse = call(problem, bmm1_scale=0.06, return_lse=True, return_lse_base="basee")
     want_out, want_lse = naive_decode_problem(problem, 0.06, 1.0)
     assert_rounded_from(out, lse, want_out, want_lse)
     if damage == "out x 1.01":
@@ -281,7 +297,6 @@ def test_the_oracle_comparison_fails_on_a_damaged_result(damage):
 def test_trtllm_gen_route_hands_flashinfer_the_whole_query_and_converts_its_base_2_lse(monkeypatch):
     """The trtllm-gen route runs only on SM100 with FlashInfer; its plumbing runs here against a
     stand-in for flashinfer.mla that computes the contract in FlashInfer's conventions."""
-    import math
     import sys
     import types
 
@@ -332,19 +347,19 @@ def test_trtllm_gen_route_hands_flashinfer_the_whole_query_and_converts_its_base
             problem.kv_cache,
             WORKSPACE,
             192,
-            512,
-            64,
             problem.block_tables,
             problem.seq_lens,
             problem.max_seq_len,
             None,
             0.06,
             1.0,
-            None,
         )
-        out, lse = decode._run_flashinfer_trtllm_gen(checked, WORKSPACE, True, True)
+        lse = torch.full((2, 2, 4), float("nan"))
+        decode._run_flashinfer_trtllm_gen(checked, WORKSPACE, True, lse)
         assert seen == dict(
             contiguous=True, shape=(2, 2, 4, 576), nope=192, backend="trtllm-gen", pdl=True, dims=(512, 64)
         )
-        assert_rounded_from(out, lse, want_out, want_lse)
-        assert decode._run_flashinfer_trtllm_gen(checked, WORKSPACE, None, False) is checked.out
+        assert_rounded_from(checked.out, lse, want_out, want_lse)
+        checked.out.fill_(float("nan"))
+        decode._run_flashinfer_trtllm_gen(checked, WORKSPACE, None, None)
+        assert_rounded_from(checked.out, None, want_out, None)

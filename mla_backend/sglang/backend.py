@@ -24,7 +24,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from .. import shapes
 from ..config import BackendUnavailableError, MLABackendConfig, Resolution, format_validation_error, resolve_backend
-from ..decode import trtllm_batch_decode_with_kv_cache_mla
+from ..decode import mla_decode
 from . import NAME
 
 logger = logging.getLogger("mla_backend")
@@ -237,13 +237,10 @@ class MLADecodeBackend(AttentionBackend):
         bmm1, bmm2 = self._scales(layer)
         cache = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         pages = cache.view(-1, self.page_size, shapes.HEAD_DIM)
-        out = trtllm_batch_decode_with_kv_cache_mla(
+        out = mla_decode(
             query,
             pages,
             self.workspace,
-            self.qk_nope_head_dim,
-            shapes.KV_LORA_RANK,
-            shapes.ROPE_DIM,
             meta.block_tables,
             meta.seq_lens,
             meta.max_seq_len,
@@ -251,6 +248,7 @@ class MLADecodeBackend(AttentionBackend):
             bmm2_scale=bmm2,
             backend=self.route.backend,
             config=self.config,
+            qk_nope_head_dim=self.qk_nope_head_dim,
         )
         return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..decode import xqa_batch_decode_with_kv_cache_mla
+from ..flashinfer_api import xqa_batch_decode_with_kv_cache_mla
 from ..inputs import make_paged_problem
 from .peers import PEERS, SM_SCALE
 

@@ -82,19 +82,16 @@ def run_on_gpu(batch: int, context: int, new_tokens: int, heads: int) -> int:
 
 
 def run_on_cpu() -> int:
-    from .. import trtllm_batch_decode_with_kv_cache_mla
+    from .. import mla_decode
     from ..inputs import make_paged_problem
     from ..reference import mla_decode_reference
 
     print("no CUDA GPU visible: running the op on CPU tensors (the float64 reference path) instead of vLLM")
     p = make_paged_problem([70, 300], q_len=2, heads=16, page_size=64, seed=0)
-    out, lse = trtllm_batch_decode_with_kv_cache_mla(
+    out, lse = mla_decode(
         p.query,
         p.kv_cache,
         None,
-        128,
-        512,
-        64,
         p.block_tables,
         p.seq_lens,
         p.max_seq_len,

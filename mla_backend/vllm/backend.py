@@ -36,7 +36,7 @@ from vllm.v1.worker.workspace import current_workspace_manager, is_workspace_man
 from .. import shapes
 from ..checks import query_layout_problem
 from ..config import MLABackendConfig, Resolution, format_validation_error, resolve_backend
-from ..decode import trtllm_batch_decode_with_kv_cache_mla
+from ..decode import mla_decode
 from . import compat, engine_best, fallback, flashmla
 
 logger = init_logger(__name__)
@@ -379,13 +379,10 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
         bmm1, bmm2 = self._scales(layer)
         return_lse = self.need_to_return_lse_for_decode
         query = tuple(part.view(requests, q_len, heads, part.shape[-1]) for part in parts)
-        result = trtllm_batch_decode_with_kv_cache_mla(
+        result = mla_decode(
             query if len(query) == 2 else query[0],
             kv_c_and_k_pe_cache,
             decode_workspace(parts[0].device),
-            self.qk_nope_head_dim,
-            self.kv_lora_rank,
-            self.qk_rope_head_dim,
             decode.block_table,
             decode.seq_lens,
             attn_metadata.max_seq_len,
@@ -394,6 +391,7 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
             backend=self.route.backend,
             return_lse=return_lse,
             config=self.config,
+            qk_nope_head_dim=self.qk_nope_head_dim,
         )
         out, lse = result if return_lse else (result, None)
         return out.view(tokens, heads, -1), (lse.view(tokens, heads) if lse is not None else None)
