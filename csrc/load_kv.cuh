@@ -49,7 +49,8 @@ __device__ __forceinline__ void load_kv_tile(uint32_t stage, const DecodeParams&
 #pragma unroll
   for (int i = 0; i < (kRopeChunks + kThreads - 1) / kThreads; ++i) {
     const int col = i * kThreads + first;
-    if (kRopeChunks % kThreads == 0 || col < kRopeChunks) cp_async_16(dst + (kLatentChunks + col) * 16, rope + col * 16, bytes);
+    if (kRopeChunks % kThreads == 0 || col < kRopeChunks)
+      cp_async_16(dst + (kLatentChunks + col) * 16, rope + col * 16, bytes);
   }
 }
 

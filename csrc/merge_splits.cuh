@@ -172,8 +172,7 @@ __global__ void __launch_bounds__(32 * kFewSplitsRowsPerBlock)
     dst[c] = make_uint4(pack2<false>(v[0] * scale, v[1] * scale), pack2<false>(v[2] * scale, v[3] * scale),
                         pack2<false>(v[4] * scale, v[5] * scale), pack2<false>(v[6] * scale, v[7] * scale));
   }
-  if (lane == 0 && p.lse != nullptr)
-    p.lse[out_row] = weight_sum > 0.f ? (best + log2f(weight_sum)) * kLn2 : -INFINITY;
+  if (lane == 0 && p.lse != nullptr) p.lse[out_row] = weight_sum > 0.f ? (best + log2f(weight_sum)) * kLn2 : -INFINITY;
 }
 
 }  // namespace mla

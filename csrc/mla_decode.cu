@@ -119,9 +119,9 @@ void set_q_strides(long long (&dst)[3], const Tensor& t) {
 // One part of the KV cache, [pages, page, dim] (a column range of one [.., 576] cache, or a cache of
 // its own): rows contiguous; start, token stride and page stride 16-byte aligned (16-byte copies).
 void check_kv_part(const Tensor& t, const Tensor& q, int64_t dim, const char* name) {
-  STD_TORCH_CHECK(t.is_cuda() && t.scalar_type() == q.scalar_type() && t.dim() == 3 && t.size(2) == dim &&
-                      t.stride(2) == 1,
-                  name, ": [pages, page, ", dim, "] CUDA tensor of the query's dtype with contiguous rows");
+  STD_TORCH_CHECK(
+      t.is_cuda() && t.scalar_type() == q.scalar_type() && t.dim() == 3 && t.size(2) == dim && t.stride(2) == 1, name,
+      ": [pages, page, ", dim, "] CUDA tensor of the query's dtype with contiguous rows");
   STD_TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(1) * t.element_size() % 16 == 0 &&
                       (t.size(0) == 1 || t.stride(0) * t.element_size() % 16 == 0),
                   name, ": start, token stride and page stride must be 16-byte aligned");
@@ -221,7 +221,8 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_ta
 
 STABLE_TORCH_LIBRARY(mla_backend, m) {
   m.def(
-      "decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_tables, Tensor seq_lens, Tensor(a!) out, Tensor(b!)? "
+      "decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_tables, Tensor seq_lens, Tensor(a!) "
+      "out, Tensor(b!)? "
       "lse, "
       "Tensor(c!) workspace, int max_seq_len, int num_splits, int row_groups, int rf, float bmm1, Tensor? bmm1_tensor, "
       "float bmm2, Tensor? bmm2_tensor, bool pdl) -> ()");

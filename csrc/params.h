@@ -34,16 +34,16 @@ struct DecodeParams {
   const float* bmm1_ptr;    // device scale or nullptr
   const float* bmm2_ptr;
   float bmm1, bmm2;
-  long long page_stride;   // bytes between pages of kv
+  long long page_stride;     // bytes between pages of kv
   long long pe_page_stride;  // ... of kv_pe
   int token_stride;          // bytes between token rows of kv (multiples of 16)
   int pe_token_stride;       // ... of kv_pe
-  int q_len, heads, rows;  // rows = q_len * heads
-  int heads_recip;         // ceil(2^20 / heads): row / heads == (row * heads_recip) >> 20 for rows < 1024
-  int page_shift;          // log2(page_size)
-  int max_pages;           // block-table columns: never read past them
-  int max_seq_len;         // the host's bound on seq_lens (<= max_pages * page_size): a guess
-                           // that lets page ids be fetched before seq_len arrives
+  int q_len, heads, rows;    // rows = q_len * heads
+  int heads_recip;           // ceil(2^20 / heads): row / heads == (row * heads_recip) >> 20 for rows < 1024
+  int page_shift;            // log2(page_size)
+  int max_pages;             // block-table columns: never read past them
+  int max_seq_len;           // the host's bound on seq_lens (<= max_pages * page_size): a guess
+                             // that lets page ids be fetched before seq_len arrives
   int bt_stride;
   int batch;  // requests
   int num_splits;

@@ -6,7 +6,9 @@
 # Expects, carried in .gpu/ (git-ignored): the offline vLLM 0.26 bundle (../shared/gpu/README.md),
 # the project's wheel in .gpu/dist/ (built here for the GPU's architecture) and any extra wheels in
 # .gpu/extra/. Installs them under /tmp (kept while the machine stays warm), then runs PART:
-#   serve | mtp | parallel | correctness | enginebest | enginebest_parallel | realdims | variants | inputs | placement | gputests | bench | routes
+#   serve | mtp | parallel | correctness | enginebest | enginebest_parallel | realdims | variants | inputs | placement
+#   | gputests (TEST_FILES, default the kernel tests and the peers' grids; their per-case errors in $OUT/grids.jsonl)
+#   | bench | routes
 #   | profile (Nsight Compute on ours and FlashMLA at SHAPE="heads batch seq", FP8; reports in $OUT)
 #   | ab (our times, dev/time_ours.py, alternating the wheel in .gpu/ab/ (base) and .gpu/dist/, 3 rounds)
 #   | script (runs python3 $SCRIPT: a one-off probe on the installed wheel)
@@ -71,7 +73,9 @@ for part in ${PART//,/ }; do
         done
       done ;;
     script) run python3 "$SCRIPT" ;;
-    gputests) run python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode_gpu.py ${TESTS:+-k "$TESTS"} ;;
+    gputests)
+      PEER_GRID_REPORT=$OUT/grids.jsonl run python3 -m pytest -q -m gpu -p no:cacheprovider \
+        ${TEST_FILES:-tests/test_decode_gpu.py tests/test_peer_grids_gpu.py} ${TESTS:+-k "$TESTS"} ;;
     # From /tmp, so that the installed wheel (not the checkout) is the package measured and written.
     bench) (cd /tmp && run python3 -m mla_backend bench ${QUICK:+--quick} --out "$OUT/bench") ;;
     routes) (cd /tmp && run python3 -m mla_backend bench --route-table --write --out "$OUT/bench") ;;

@@ -51,7 +51,7 @@ class Mutation:
 M = Mutation
 MUTATIONS = [
     # input checks
-    M("mla_backend/checks.py", "_require(sinks is None,", "_require(True,", "sinks accepted"),
+    M("mla_backend/flashinfer_api.py", "if sinks is not None:", "if False:", "sinks accepted"),
     M(
         "mla_backend/checks.py",
         "1 <= q_len <= shapes.MAX_Q_LEN",
@@ -91,22 +91,30 @@ MUTATIONS = [
         "last partial page not validated",
     ),
     M("mla_backend/checks.py", "t.shape[:-1]) if n > 1)", "t.shape[:-1]) if n > 0)", "size-1 dims' strides checked"),
-    M("mla_backend/checks.py", "if t.data_ptr() % 16:", "if t.data_ptr() % 2:", "query alignment 2 bytes"),
+    M(
+        "mla_backend/checks.py",
+        'if t.data_ptr() % 16:\n        return f"{name} must start at a 16-byte aligned address"\n'
+        "    return None\n\n\ndef check_",
+        'if t.data_ptr() % 2:\n        return f"{name} must start at a 16-byte aligned address"\n'
+        "    return None\n\n\ndef check_",
+        "query alignment 2 bytes",
+    ),
     M("mla_backend/checks.py", '_require(out.is_contiguous(), "out must be contiguous")', "", "strided out accepted"),
     M("mla_backend/checks.py", "if q_len == 1 else []", "if q_len >= 1 else []", "3-D out for q_len > 1"),
     M("mla_backend/checks.py", "scale.numel() == 1", "scale.numel() >= 1", "multi-element scale accepted"),
     M("mla_backend/checks.py", "kv_cache.shape[1] == 1", "kv_cache.shape[1] >= 1", "4-D cache with 2 heads"),
     M(
         "mla_backend/checks.py",
-        "cache.stride(2) == 1 and cache.stride(1) == shapes.HEAD_DIM",
-        "cache.stride(2) == 1",
-        "padded cache rows accepted",
+        "if t.stride(1) * size % 16 or",
+        "if False or",
+        "misaligned cache token stride accepted",
     ),
+    M("mla_backend/checks.py", 'kv_parts = {"kv_cache": kv_given}', "kv_parts = {}", "cache layout unchecked"),
     # the op
     M(
         "mla_backend/decode.py",
-        "view(problem.batch, problem.q_len, problem.heads) * LN2",
-        "view(problem.batch, problem.q_len, problem.heads)",
+        "lse_log2.float().view(lse.shape) * LN2",
+        "lse_log2.float().view(lse.shape)",
         "trtllm-gen LSE left in base 2",
     ),
     M(
@@ -117,18 +125,60 @@ MUTATIONS = [
     ),
     M(
         "mla_backend/decode.py",
-        "problem.bmm1_scale,\n        problem.bmm2_scale,\n    )",
-        "problem.bmm1_scale,\n        1.0,\n    )",
+        "problem.bmm1_scale,\n            problem.bmm2_scale,\n        )",
+        "problem.bmm1_scale,\n            1.0,\n        )",
         "bmm2 scale dropped (CPU path)",
     ),
-    M("mla_backend/decode.py", "return (out, lse) if return_lse else out", "return out", "LSE not returned"),
+    M("mla_backend/decode.py", "lse.copy_(reference_lse)", "pass", "LSE not written (CPU path)"),
+    M(
+        "mla_backend/decode.py",
+        "return result_out, (lse if lse is not None else lse_rows)",
+        "return result_out, lse_rows",
+        "caller's lse buffer not returned",
+    ),
+    # FlashInfer's API
+    M(
+        "mla_backend/flashinfer_api.py",
+        "_to_lse_base(result_lse, return_lse_base or default_base)",
+        "pass",
+        "FlashInfer names return the natural log",
+    ),
+    M(
+        "mla_backend/flashinfer_api.py",
+        'default_base = "basee" if packed is not None or dcp is not None else "base2"',
+        'default_base = "base2"',
+        "DCP and variable-length LSE in base 2",
+    ),
+    M(
+        "mla_backend/flashinfer_api.py",
+        "source = cum[1:, None] - self.max_q_len + slots[None, :]",
+        "source = cum[:-1, None] + slots[None, :]",
+        "variable-length queries left-aligned (wrong causal bounds)",
+    ),
+    M(
+        "mla_backend/flashinfer_api.py",
+        "+ steps[None, :] - self.rank",
+        "+ steps[None, :]",
+        "DCP bound ignores the rank",
+    ),
+    M(
+        "mla_backend/flashinfer_api.py",
+        "if uses_shared_paged_kv_idx is not True:",
+        "if False:",
+        "TRT-LLM 3-D page tables accepted",
+    ),
     M(
         "mla_backend/decode.py",
         "out = problem.out_given if problem.out_given is not None else problem.out",
         "out = problem.out",
         "caller's out not returned as passed",
     ),
-    M("mla_backend/decode.py", "if sparse_mla_top_k != 0:", "if sparse_mla_top_k > 1 << 20:", "sparse MLA accepted"),
+    M(
+        "mla_backend/flashinfer_api.py",
+        "if sparse_mla_top_k != 0:",
+        "if sparse_mla_top_k > 1 << 20:",
+        "sparse accepted",
+    ),
     # the float64 reference
     M(
         "mla_backend/reference.py",

@@ -353,10 +353,10 @@ def test_forward_mqa_matches_the_reference(dtype, q_len, monkeypatch):
 def test_bf16_query_pair_goes_to_the_kernel_as_a_pair_when_it_can(aligned, monkeypatch):
     monkeypatch.setattr(backend, "detected_capability", lambda: (9, 0))
     seen = []
-    real_op = backend.trtllm_batch_decode_with_kv_cache_mla
+    real_op = backend.mla_decode
     monkeypatch.setattr(
         backend,
-        "trtllm_batch_decode_with_kv_cache_mla",
+        "mla_decode",
         lambda query, *args, **kwargs: seen.append(query) or real_op(query, *args, **kwargs),
     )
     impl = make_impl("auto")
