@@ -311,11 +311,11 @@ def batch_mla_paged_attention(
         config=config,
         qk_nope_head_dim=qk_nope_head_dim,
     )
+    if enable_dcp is True and (cum_seq_lens_q is not None or max_q_len is not None):
+        raise ValueError("enable_dcp=True does not support cum_seq_lens_q / max_q_len (as in FlashInfer)")
     packed = _check_packed_queries(cum_seq_lens_q, max_q_len, lead)
     dcp = _check_context_parallel(enable_dcp, cp_world, cp_rank, causal_seqlens_kv_global, return_lse, lead)
     if packed is not None:
-        if dcp is not None:
-            raise ValueError("enable_dcp=True does not support cum_seq_lens_q / max_q_len (as in FlashInfer)")
         result = _run_packed(packed, q, kv, workspace_buffer, block_tables, seq_lens, max_seq_len, out, lse, kwargs)
         result = result if wants_lse else result[0]
     elif dcp is not None:
