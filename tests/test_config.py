@@ -64,6 +64,16 @@ def test_defaults():
     )
 
 
+def test_settings_cannot_be_changed_after_validation():
+    """A config is validated once and shared (the resolved route depends on it): assigning a field,
+    even a valid value, is an error rather than an unvalidated change."""
+    config = MLABackendConfig()
+    for field, value in (("backend", "flashmla"), ("num_kv_splits", 0), ("backend", "xqa")):
+        with pytest.raises(ValidationError):
+            setattr(config, field, value)
+    assert config.backend == "auto" and config.num_kv_splits is None
+
+
 @pytest.mark.parametrize(
     "bad",
     [

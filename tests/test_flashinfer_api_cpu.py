@@ -108,6 +108,28 @@ def test_documented_call_matches_the_oracle_with_a_base_2_lse(problem):
     assert torch.isneginf(lse[1]).all() and torch.isneginf(lse[3, 0]).all()  # no key: -inf in any base
 
 
+def test_aliases_called_keyword_by_keyword_as_flashinfer_documents_them(problem):
+    """trtllm_batch_decode_with_kv_cache_mla and xqa_batch_decode_with_kv_cache_mla with every keyword of
+    FlashInfer's signatures spelled out: the same result as batch_mla_paged_attention."""
+    want = documented_call(problem)
+    common = dict(
+        query=problem.query, kv_cache=problem.kv_cache, workspace_buffer=torch.empty(1024, dtype=torch.uint8),
+        qk_nope_head_dim=128, kv_lora_rank=512, qk_rope_head_dim=64, block_tables=problem.block_tables,
+        seq_lens=problem.seq_lens, max_seq_len=problem.max_seq_len, out=None, bmm1_scale=0.06, bmm2_scale=1.5,
+        sinks=None, enable_pdl=None,
+    )  # fmt: skip
+    trtllm = mla_backend.trtllm_batch_decode_with_kv_cache_mla(
+        **common, sparse_mla_top_k=0, skip_softmax_threshold_scale_factor=None, backend="auto", is_var_seq=True,
+        uses_shared_paged_kv_idx=True, lse=None, return_lse=True, cute_dsl_impl="auto", kv_scale_format="auto",
+        cum_seq_lens_q=None, max_q_len=None, multi_ctas_kv_counter_buffer=None, sparse_mla_top_k_lens=None,
+        enable_dcp=False, cp_world=1, cp_rank=0, causal_seqlens_kv_global=None, use_fp16_softmax=None,
+        return_lse_base=None,
+    )  # fmt: skip
+    assert torch.equal(trtllm[0], want[0]) and torch.equal(trtllm[1], want[1])
+    xqa = mla_backend.xqa_batch_decode_with_kv_cache_mla(**common)
+    assert torch.equal(xqa, want[0])
+
+
 @pytest.mark.parametrize(
     "overrides, natural",
     [

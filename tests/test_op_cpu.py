@@ -87,6 +87,7 @@ BAD_INPUTS = {
     "non-contiguous cache rows": (dict(kv_cache="strided"), ValueError, "kv_cache token rows must be contiguous"),
     "kv_cache misaligned": (dict(kv_cache="misaligned"), ValueError, "kv_cache must start at a 16-byte aligned"),
     "kv_cache page stride": (dict(kv_cache="odd_stride"), ValueError, "page strides must be multiples of 16 bytes"),
+    "kv_cache token stride": (dict(kv_cache="token_stride"), ValueError, r"got \(18560, 1160, 2\) bytes"),
     "device mismatch": (dict(block_tables="meta"), ValueError, "is on meta"),
     "sinks": (dict(sinks=[torch.zeros(4)]), ValueError, "sinks"),
     "out dtype": (dict(out="fp32"), TypeError, "out must be bfloat16"),
@@ -150,6 +151,7 @@ def corrupt(problem, key, how):
         "short": lambda: (bt if key == "block_tables" else sl)[:2],
         "strided": lambda: torch.cat([q, q] if key == "query" else [kv, kv], dim=-1)[..., ::2],
         "kpe32": lambda: (kv[..., :512], kv[..., 512:544]),
+        "token_stride": lambda: torch.cat([kv, kv[..., :4]], dim=-1)[..., :576],  # page stride 16 x 1160 bytes
         "kpe_one_page": lambda: (kv[..., :512], kv[:1, ..., 512:]),
         "kpe_fp8": lambda: (kv[..., :512], kv[..., 512:].to(torch.float8_e4m3fn)),
         "kpe_meta": lambda: (kv[..., :512], kv[..., 512:].to("meta")),

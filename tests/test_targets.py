@@ -39,3 +39,17 @@ def test_every_build_target_is_reachable_from_the_config():
     routed = {c for c in CAPABILITIES if route("xqa", c, False) == "bundled"}
     assert routed == set(ARCH_BY_CAPABILITY)
     assert set(SHIPPED_ARCHES) == {arch_for_capability(c) for c in routed}
+
+
+def test_each_gpu_gets_its_own_architecture():
+    """Written out, not derived: a GB10 (12.1) given sm_120a's cubins would not load them (arch-specific
+    "a" targets run on their exact capability only)."""
+    assert ARCH_BY_CAPABILITY == {
+        (8, 9): "sm_89",
+        (9, 0): "sm_90a",
+        (10, 0): "sm_100a",
+        (10, 3): "sm_103a",
+        (12, 0): "sm_120a",
+        (12, 1): "sm_121a",
+    }
+    assert arch_for_capability((12, 1)) == "sm_121a" and arch_for_capability((12, 0)) == "sm_120a"
