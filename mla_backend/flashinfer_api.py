@@ -439,42 +439,7 @@ def trtllm_batch_decode_with_kv_cache_mla(
     """FlashInfer's ``trtllm_batch_decode_with_kv_cache_mla`` (positional form of
     :func:`batch_mla_paged_attention`). Beyond FlashInfer, ``query`` may be the (q_nope, q_pe) pair and
     ``kv_cache`` the (ckv_cache, kpe_cache) pair, both read in place."""
-    return batch_mla_paged_attention(
-        query=query,
-        kv_cache=kv_cache,
-        workspace_buffer=workspace_buffer,
-        qk_nope_head_dim=qk_nope_head_dim,
-        kv_lora_rank=kv_lora_rank,
-        qk_rope_head_dim=qk_rope_head_dim,
-        block_tables=block_tables,
-        seq_lens=seq_lens,
-        max_seq_len=max_seq_len,
-        sparse_mla_top_k=sparse_mla_top_k,
-        out=out,
-        bmm1_scale=bmm1_scale,
-        bmm2_scale=bmm2_scale,
-        sinks=sinks,
-        skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
-        enable_pdl=enable_pdl,
-        backend=backend,
-        is_var_seq=is_var_seq,
-        uses_shared_paged_kv_idx=uses_shared_paged_kv_idx,
-        lse=lse,
-        return_lse=return_lse,
-        cute_dsl_impl=cute_dsl_impl,
-        kv_scale_format=kv_scale_format,
-        cum_seq_lens_q=cum_seq_lens_q,
-        max_q_len=max_q_len,
-        multi_ctas_kv_counter_buffer=multi_ctas_kv_counter_buffer,
-        sparse_mla_top_k_lens=sparse_mla_top_k_lens,
-        enable_dcp=enable_dcp,
-        cp_world=cp_world,
-        cp_rank=cp_rank,
-        causal_seqlens_kv_global=causal_seqlens_kv_global,
-        use_fp16_softmax=use_fp16_softmax,
-        return_lse_base=return_lse_base,
-        config=config,
-    )
+    return batch_mla_paged_attention(**locals())  # the same keywords, by name
 
 
 def xqa_batch_decode_with_kv_cache_mla(
