@@ -257,6 +257,13 @@ MUTATIONS = [
         "LSE not offered to DCP",
     ),
     M("mla_backend/vllm/backend.py", "supports_dcp: bool = True", "supports_dcp: bool = False", "DCP refused"),
+    M("mla_backend/vllm/backend.py", " or logits_soft_cap:", ":", "soft-capped logits accepted"),
+    M(
+        "mla_backend/vllm/backend.py",
+        "if attn_type != AttentionType.DECODER:",
+        "if False:",
+        "encoder attention accepted",
+    ),
     M(
         "mla_backend/vllm/backend.py",
         "AttentionCGSupport.UNIFORM_BATCH",

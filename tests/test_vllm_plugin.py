@@ -262,18 +262,22 @@ def decode_metadata(problem, num_decodes: int, **extra) -> SimpleNamespace:
     return SimpleNamespace(num_decodes=num_decodes, max_seq_len=problem.max_seq_len, decode=decode, **extra)
 
 
-def make_impl(kv_cache_dtype="auto", additional=None, heads=16):
+def make_impl(kv_cache_dtype="auto", additional=None, heads=16, **unsupported):
+    """Our impl as vLLM builds it; ``unsupported`` sets alibi_slopes, sliding_window, logits_soft_cap or
+    attn_type to values a DeepSeek layer never has."""
+    fields = {"alibi_slopes": None, "sliding_window": None, "logits_soft_cap": None, "attn_type": "decoder"}
+    fields.update(unsupported)
     with set_current_vllm_config(vllm_config(additional)):
         return backend.MLABackendImpl(
             heads,
             576,
             0.1,
             1,
-            None,
-            None,
+            fields["alibi_slopes"],
+            fields["sliding_window"],
             kv_cache_dtype,
-            None,
-            "decoder",
+            fields["logits_soft_cap"],
+            fields["attn_type"],
             None,
             q_lora_rank=None,
             kv_lora_rank=512,
@@ -283,6 +287,25 @@ def make_impl(kv_cache_dtype="auto", additional=None, heads=16):
             v_head_dim=128,
             kv_b_proj=None,
         )
+
+
+@pytest.mark.parametrize(
+    "unsupported, message",
+    [
+        (dict(alibi_slopes=[0.5] * 16), "alibi slopes"),
+        (dict(sliding_window=128), "sliding window"),
+        (dict(logits_soft_cap=30.0), "soft-capping"),
+        (dict(attn_type="encoder_only"), "decoder self-attention only"),
+        (dict(attn_type="encoder_decoder"), "decoder self-attention only"),
+    ],
+)
+def test_the_impl_refuses_attention_features_it_does_not_compute(unsupported, message, monkeypatch):
+    """ALiBi, sliding windows, soft-capped logits and non-decoder attention would be computed as plain
+    causal attention: the impl stops at construction instead."""
+    monkeypatch.setattr(backend, "detected_capability", lambda: (9, 0))
+    make_impl()  # the defaults construct
+    with pytest.raises(NotImplementedError, match=message):
+        make_impl(**unsupported)
 
 
 @pytest.mark.parametrize(
