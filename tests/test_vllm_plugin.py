@@ -18,7 +18,7 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_b
 from vllm.v1.attention.selector import AttentionSelectorConfig
 
 import mla_backend.vllm as plugin
-from mla_backend import shapes
+from mla_backend import mla_decode, shapes
 from mla_backend.config import BackendUnavailableError
 from mla_backend.inputs import make_paged_problem
 from mla_backend.vllm import backend, compat
@@ -448,3 +448,27 @@ def test_fallback_gives_each_query_token_its_own_causal_length():
     rows, lens = per_token_requests(table, seq_lens, 3)
     assert lens.tolist() == [8, 9, 10, 0, 1, 2]
     assert rows.tolist() == [[3, 1, 7]] * 3 + [[2, 0, 5]] * 3
+
+
+def test_cross_layer_kv_cache_layout_is_served():
+    """With the layer dimension (vLLM's cross-layer cache for KV connectors) the logical shape is
+    [layers, blocks, page, 576]; our order (1, 0, 2, 3) allocates it blocks first, as vLLM's
+    uses_num_blocks_first_layout() expects of a backend whose order does not start at 0, so one block
+    holds every layer's page. Each layer's view then has a page stride of layers x page x 576: the op
+    accepts it and reads the same values as from a compact cache."""
+    assert backend.MLABackend.get_kv_cache_stride_order() == (0, 1, 2)
+    order = backend.MLABackend.get_kv_cache_stride_order(include_num_layers_dimension=True)
+    assert order == (1, 0, 2, 3)
+    problem = make_paged_problem([37, 130], 2, 8, 16, seed=5)
+    blocks = problem.kv_cache.shape[0]
+    logical = (3, blocks, 16, 576)
+    physical = torch.zeros(tuple(logical[i] for i in order), dtype=problem.kv_cache.dtype)  # as vLLM allocates
+    cache = physical.permute(*[order.index(i) for i in range(4)])
+    cache[1].copy_(problem.kv_cache)
+    layer = cache[1]
+    assert not layer.is_contiguous() and layer.stride(0) == 3 * 16 * 576
+    got = mla_decode(
+        problem.query, layer, None, problem.block_tables, problem.seq_lens, problem.max_seq_len, bmm1_scale=0.1
+    )
+    want, _ = naive_decode_problem(problem, 0.1, 1.0)
+    assert_rounded_from(got, None, want, None)
