@@ -71,11 +71,13 @@ def test_non_default_variant_is_built_not_taken_from_the_wheel(prebuilt, no_tool
         jit.locate("sm_90a", str(tmp_path / "cache"), KernelVariant(fp8_pv="f16"))
 
 
-def test_cache_then_fresh_build(prebuilt, tmp_path, monkeypatch):
+@pytest.fixture
+def fake_compiler(monkeypatch):
+    """A toolkit that 'compiles' by writing a stub library; returns the list of (arch, strict) builds."""
     compiled = []
 
     def fake_compile(csrc, arch, output, nvcc, strict=False, variant=KernelVariant()):
-        compiled.append(arch)
+        compiled.append((arch, strict))
         output.write_bytes(b"\x7fELF")
 
     monkeypatch.setattr(
@@ -84,10 +86,24 @@ def test_cache_then_fresh_build(prebuilt, tmp_path, monkeypatch):
         lambda: type("T", (), {"supports": lambda self, a: True, "nvcc": "nvcc", "version": (13, 0)})(),
     )
     monkeypatch.setattr(jit, "compile_library", fake_compile)
+    return compiled
+
+
+def test_cache_then_fresh_build(prebuilt, tmp_path, fake_compiler):
     cache = str(tmp_path / "cache")
     assert jit.locate("sm_89", cache)[1] == "fresh build"
     assert jit.locate("sm_89", cache)[1] == "cache"
-    assert compiled == ["sm_89"]
+    assert fake_compiler == [("sm_89", False)]
+
+
+def test_a_strict_build_never_takes_a_cached_library(tmp_path, fake_compiler):
+    """The cache does not record whether a library was built strict (no spills allowed), so a strict
+    build compiles again even where a build of the same sources is cached."""
+    cache = str(tmp_path / "cache")
+    assert jit.build_cached("sm_90a", cache)[1] is True
+    assert jit.build_cached("sm_90a", cache)[1] is False
+    assert jit.build_cached("sm_90a", cache, strict=True)[1] is True
+    assert fake_compiler == [("sm_90a", False), ("sm_90a", True)]
 
 
 def test_unsupported_gpu_names_its_capability(process, monkeypatch):
