@@ -366,6 +366,12 @@ MUTATIONS = [
     M("integration/decode_check.py", "lse_ok = bool((delta <= allowed).all())", "lse_ok = True", "LSE never wrong"),
     # building and loading
     M("mla_backend/jit.py", " and not strict:", ":", "a strict build takes a cached library"),
+    M(
+        "mla_backend/toolkit.py",
+        '("CUDA_HOME", "CUDA_PATH")',
+        '("CUDA_PATH", "CUDA_HOME")',
+        "CUDA_PATH before CUDA_HOME",
+    ),
     # the shared tile table
     M("mla_backend/launcher.py", "rows <= shape.max_rows", "rows < shape.max_rows", "16 rows take the 32-row tile"),
     M("csrc/constants.h", "X(0, 16, 1, 1)", "X(0, 8, 1, 1)", "tile table edited on one side only"),

@@ -19,8 +19,11 @@ def executable(path: Path, text: str) -> Path:
 
 @pytest.fixture
 def fake_toolkit(tmp_path) -> Path:
+    return make_toolkit(tmp_path / "cuda-13.0")
+
+
+def make_toolkit(root: Path) -> Path:
     """A toolkit root whose nvcc answers --version, --dryrun and --list-gpu-code like the real one."""
-    root = tmp_path / "cuda-13.0"
     (root / "include").mkdir(parents=True)
     (root / "include" / "cuda_runtime.h").write_text("")
     executable(
@@ -69,6 +72,20 @@ def test_symlink_on_path_leads_to_the_real_toolkit(fake_toolkit, tmp_path):
 def test_default_location_when_nothing_else(fake_toolkit, monkeypatch):
     monkeypatch.setattr(toolkit, "DEFAULT_ROOT", fake_toolkit)
     assert find_toolkit({"PATH": ""}).root == fake_toolkit
+
+
+def test_discovery_order_cuda_home_cuda_path_path_then_default(tmp_path, monkeypatch):
+    """With several toolkits installed the user's explicit choice wins: CUDA_HOME, then CUDA_PATH, then
+    the nvcc on PATH, then /usr/local/cuda."""
+    home, cuda_path, on_path, default = (make_toolkit(tmp_path / name) for name in ("home", "cp", "path", "default"))
+    monkeypatch.setattr(toolkit, "DEFAULT_ROOT", default)
+    everything = {"CUDA_HOME": str(home), "CUDA_PATH": str(cuda_path), "PATH": str(on_path / "bin")}
+    assert find_toolkit(everything).root == home
+    del everything["CUDA_HOME"]
+    assert find_toolkit(everything).root == cuda_path
+    del everything["CUDA_PATH"]
+    assert find_toolkit(everything).root == on_path
+    assert find_toolkit({"PATH": ""}).root == default
 
 
 def test_no_toolkit_is_one_clear_sentence():
