@@ -7,9 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_vllm_plugin import make_impl
+from test_vllm_plugin import make_impl, small_deepseek_model_config
+from vllm.config import CUDAGraphMode, DeviceConfig, VllmConfig, set_current_vllm_config
 from vllm.model_executor.layers.attention.mla_attention import MLACommonDecodeMetadata, MLACommonMetadataBuilder
 from vllm.v1.attention.ops import flashmla as vllm_flashmla_ops
+from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 from mla_backend.config import MLABackendConfig, Resolution
 from mla_backend.tools import route_table
@@ -127,6 +129,34 @@ def build_decode(builder, requests=3, q_len=2):
     )
     accepted = inspect.signature(MLACommonMetadataBuilder._build_decode).parameters
     return builder._build_decode(**{k: v for k, v in values.items() if k in accepted})
+
+
+@pytest.mark.parametrize("graphs", [CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.PIECEWISE])
+@pytest.mark.parametrize("kv", ["fp8", "auto"])
+def test_builder_makes_flashmla_plan_buffers_for_every_batch_a_graph_can_replay(tmp_path, kv, graphs, monkeypatch):
+    """The builder's own __init__ (vLLM's MLA builder under it), where `auto` gives decode to FlashMLA:
+    under full CUDA graphs the fp8 plan's buffers hold one tile row per SM and one split entry per
+    request of the largest batch (max_num_seqs), since a captured graph replays any smaller batch."""
+    model = small_deepseek_model_config(tmp_path)
+    config = VllmConfig(model_config=model, device_config=DeviceConfig(device="cuda"))
+    config.compilation_config.cudagraph_mode = graphs
+    config.cache_config.cache_dtype = kv
+    layer = SimpleNamespace(prefill_backend=SimpleNamespace(clone=lambda: "prefill backend"))
+    config.compilation_config.static_forward_context["model.layers.0.self_attn.attn"] = layer
+    monkeypatch.setattr(backend, "choose_engine_best", lambda vllm_config, shape: engine_best.EngineBest(True, "test"))
+    monkeypatch.setattr(backend.current_platform, "num_compute_units", lambda *args: 132)
+    spec = MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+    with set_current_vllm_config(config):
+        builder = backend.MLABackendMetadataBuilder(
+            spec, ["model.layers.0.self_attn.attn"], config, torch.device("cpu")
+        )
+    scheduler = builder.flashmla_scheduler
+    assert scheduler is not None and scheduler.heads == 16 and scheduler.kv_fp8 == (kv == "fp8")
+    if kv == "fp8" and graphs.has_full_cudagraphs():
+        assert scheduler.tile_buffer.shape == (132, flashmla.TILE_METADATA_WIDTH)
+        assert scheduler.splits_buffer.shape == (config.scheduler_config.max_num_seqs + 1,)
+    else:
+        assert scheduler.tile_buffer is None and scheduler.splits_buffer is None
 
 
 def test_builder_plans_each_batch_for_flashmla_where_it_serves():

@@ -45,10 +45,13 @@ def vllm_config(additional=None, model_config=None) -> VllmConfig:
 
 @pytest.fixture(scope="module")
 def deepseek_model_config(tmp_path_factory):
+    return small_deepseek_model_config(tmp_path_factory.mktemp("dsv3"))
+
+
+def small_deepseek_model_config(path) -> ModelConfig:
     """A real vLLM ModelConfig of a small DeepSeek-V3 checkpoint config (16 heads, no MoE layer)."""
     from transformers import DeepseekV3Config
 
-    path = tmp_path_factory.mktemp("dsv3")
     DeepseekV3Config(
         vocab_size=1024,
         hidden_size=256,
