@@ -141,7 +141,16 @@ def test_builder_makes_flashmla_plan_buffers_for_every_batch_a_graph_can_replay(
     config = VllmConfig(model_config=model, device_config=DeviceConfig(device="cuda"))
     config.compilation_config.cudagraph_mode = graphs
     config.cache_config.cache_dtype = kv
-    layer = SimpleNamespace(prefill_backend=SimpleNamespace(clone=lambda: "prefill backend"))
+    text = model.hf_text_config
+    # What vLLM's MLA builders read off the attention layer (0.26: the prefill backend; 0.33: the dims).
+    layer = SimpleNamespace(
+        prefill_backend=SimpleNamespace(clone=lambda: "prefill backend"),
+        q_lora_rank=text.q_lora_rank,
+        kv_lora_rank=text.kv_lora_rank,
+        qk_nope_head_dim=text.qk_nope_head_dim,
+        qk_rope_head_dim=text.qk_rope_head_dim,
+        v_head_dim=text.v_head_dim,
+    )
     config.compilation_config.static_forward_context["model.layers.0.self_attn.attn"] = layer
     monkeypatch.setattr(backend, "choose_engine_best", lambda vllm_config, shape: engine_best.EngineBest(True, "test"))
     monkeypatch.setattr(backend.current_platform, "num_compute_units", lambda *args: 132)
