@@ -166,7 +166,6 @@ def test_selection_accepts_supported_combinations(capability, clean_registry):
         ({"block_size": 8}, "block_size not supported"),
         ({"block_size": 24}, "block_size not supported"),  # vLLM splits larger multiples of 16 into kernel blocks
         ({"use_mla": False}, "non-MLA not supported"),
-        ({"use_sparse": True}, "sparse not supported"),
         (
             {"additional": {"mla_backend": {"backend": "xqa"}}, "capability": DeviceCapability(8, 0)},
             "backend='xqa' needs compute capability",
@@ -181,6 +180,16 @@ def test_selection_rejects_with_the_reason(change, reason, clean_registry):
     capability = change.pop("capability", DeviceCapability(9, 0))
     reasons = invalid_reasons(capability, **change)
     assert len(reasons) == 1 and reason in reasons[0]
+
+
+def test_sparse_models_are_refused_with_what_to_do(clean_registry):
+    """DeepSeek-V3.2 / GLM-5 (an indexer, a cache of its own): vLLM's own reason and ours, which says
+    how to start the model instead; never dense attention computed for a sparse model."""
+    plugin.register()
+    reasons = invalid_reasons(DeviceCapability(12, 0), use_sparse=True)
+    assert "sparse not supported" in reasons
+    (ours,) = [r for r in reasons if r.startswith("mla_backend:")]
+    assert "sparse" in ours and "without --attention-backend" in ours
 
 
 def test_decode_context_parallelism_is_accepted(clean_registry):
@@ -228,6 +237,32 @@ def test_model_shapes_are_checked(deepseek_model_config, monkeypatch):
         with monkeypatch.context() as m:
             m.setattr(hf, attribute, value)
             assert words in backend.model_problem(config)
+
+
+def test_auto_hands_shapes_the_kernels_do_not_take_to_the_fallback(deepseek_model_config, monkeypatch):
+    """An MLA model with a 256 + 32 latent (no family vLLM serves as MLA has one today): `auto` decodes
+    it with vLLM's Triton MLA kernel and says why in its route; an explicit backend stops start-up."""
+    monkeypatch.setattr(deepseek_model_config.hf_text_config, "kv_lora_rank", 256)
+    monkeypatch.setattr(deepseek_model_config.hf_text_config, "qk_rope_head_dim", 32)
+    auto = vllm_config(model_config=deepseek_model_config)
+    route = backend.engine_route(auto, (12, 0))
+    assert route.kernel == "fallback" and "kv_lora_rank 512" in route.reason and "has 256 and 32" in route.reason
+    with set_current_vllm_config(auto):
+        assert (
+            backend.MLABackend.supports_combination(
+                288, torch.bfloat16, "auto", 64, True, False, False, False, DeviceCapability(12, 0)
+            )
+            is None
+        )
+    forced = vllm_config({"mla_backend": {"backend": "xqa"}}, model_config=deepseek_model_config)
+    with pytest.raises(BackendUnavailableError, match="has 256 and 32; backend='auto' decodes such models"):
+        backend.engine_route(forced, (12, 0))
+    with set_current_vllm_config(forced):
+        reason = backend.MLABackend.supports_combination(
+            288, torch.bfloat16, "auto", 64, True, False, False, False, DeviceCapability(12, 0)
+        )
+    assert reason.startswith("mla_backend: mla_backend needs kv_lora_rank 512")
+    assert backend.engine_route(vllm_config(model_config=None), (12, 0)).kernel == "bundled"
 
 
 # --- config sources ---------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from vllm.v1.worker.workspace import current_workspace_manager, is_workspace_man
 
 from .. import shapes
 from ..checks import query_layout_problem
-from ..config import MLABackendConfig, Resolution, format_validation_error, resolve_backend
+from ..config import BackendUnavailableError, MLABackendConfig, Resolution, format_validation_error, resolve_backend
 from ..decode import mla_decode
 from . import compat, engine_best, fallback, flashmla
 
@@ -60,8 +60,24 @@ def plugin_config(vllm_config: VllmConfig | None) -> MLABackendConfig:
 
 
 def resolve_route(config: MLABackendConfig, detected: tuple[int, int]) -> Resolution:
-    """The kernel that serves decode here; raises BackendUnavailableError for an impossible explicit choice."""
+    """The kernel that serves decode on this GPU; raises BackendUnavailableError for an impossible explicit choice."""
     return resolve_backend(config, config.capability(detected))
+
+
+def engine_route(vllm_config: VllmConfig | None, detected: tuple[int, int]) -> Resolution:
+    """The kernel that serves this engine's decode: the GPU's route, unless the model's attention
+    shapes are ones the bundled kernels and trtllm-gen do not take. Then `auto` hands decode to
+    vLLM's Triton MLA kernel (it takes any latent width and head count) and an explicit backend
+    raises BackendUnavailableError with the reason."""
+    config = plugin_config(vllm_config)
+    route = resolve_route(config, detected)
+    has_model = vllm_config is not None and vllm_config.model_config is not None
+    problem = model_problem(vllm_config) if has_model and route.kernel != "fallback" else None
+    if problem is None:
+        return route
+    if config.backend != "auto":
+        raise BackendUnavailableError(f"{problem}; backend='auto' decodes such models with vLLM's Triton MLA kernel")
+    return Resolution("fallback", f"auto: {problem} -> vLLM's Triton MLA decode")
 
 
 def detected_capability() -> tuple[int, int]:
@@ -106,7 +122,7 @@ def choose_engine_best(vllm_config: VllmConfig, shape: engine_best.ShapeClass) -
     """Whether vLLM's FlashMLA serves this engine's decode in the bundled kernels' place (auto, SM90)."""
     config = plugin_config(vllm_config)
     detected = detected_capability()
-    return engine_best.choose(config, resolve_route(config, detected), config.capability(detected), shape)
+    return engine_best.choose(config, engine_route(vllm_config, detected), config.capability(detected), shape)
 
 
 @functools.cache
@@ -136,7 +152,9 @@ class MLABackend(MLACommonBackend):
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
-        return [shapes.HEAD_DIM]
+        # Any latent width: supports_combination names the model shapes the bundled kernels do not
+        # take, and `auto` serves those with the Triton fallback (engine_route).
+        return []
 
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
@@ -164,15 +182,22 @@ class MLABackend(MLACommonBackend):
         use_mm_prefix: bool,
         device_capability: DeviceCapability,
     ) -> str | None:
-        vllm_config = get_current_vllm_config_or_none()
+        if not use_mla:
+            return (
+                "mla_backend: mla_backend decodes MLA attention; vLLM runs this model's attention layers as "
+                "standard attention: start it without --attention-backend so vLLM picks a backend for them"
+            )
+        if use_sparse:
+            return (
+                "mla_backend: mla_backend decodes dense MLA; this model's attention is sparse (an indexer picks "
+                "the top-k tokens, with a cache of its own): start it without --attention-backend so vLLM "
+                "picks its sparse MLA backend"
+            )
         try:
-            config = plugin_config(vllm_config)
-            resolve_route(config, (device_capability.major, device_capability.minor))
-        except ValueError as err:  # a bad setting, or an explicit backend this GPU cannot run
+            engine_route(get_current_vllm_config_or_none(), (device_capability.major, device_capability.minor))
+        except ValueError as err:  # a bad setting, or an explicit backend this GPU or model cannot run
             return f"mla_backend: {err}"
-        if vllm_config is None or vllm_config.model_config is None:
-            return None
-        return model_problem(vllm_config)
+        return None
 
 
 def model_problem(vllm_config: VllmConfig) -> str | None:
@@ -244,7 +269,7 @@ def reserve_decode_workspace(vllm_config: VllmConfig, local_heads: int, kv_lora_
     Called by the builder and, where vLLM asks during memory profiling (0.33+), by the impl."""
     if not is_workspace_manager_initialized():
         return
-    route = resolve_route(plugin_config(vllm_config), detected_capability())
+    route = engine_route(vllm_config, detected_capability())
     if route.kernel == "fallback":
         # Decode context parallelism all-gathers the query heads before forward_mqa.
         heads = local_heads * vllm_config.parallel_config.decode_context_parallel_size
@@ -310,7 +335,7 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
         self.vllm_config = get_current_vllm_config()
         self.config = plugin_config(self.vllm_config)
         self.quantized_kv_cache = compat.is_quantized_kv_cache(kv_cache_dtype)
-        self.route = resolve_route(self.config, detected_capability())
+        self.route = engine_route(self.vllm_config, detected_capability())
         announce(self.route)
         ROUTES_CHOSEN.add(self.route.kernel)
         # Our kernels and trtllm-gen take the fp8 query vLLM quantises; Triton dequantises KV to bf16.

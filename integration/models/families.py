@@ -1,0 +1,199 @@
+"""The MLA model families people serve, as small configs built from each family's published config.json.
+
+Every attention field (heads, q_lora present or not, kv_lora, qk_nope / rope / v dims, rope scaling,
+the sparse indexer's fields) comes from ``published_configs.json`` in this folder, which records where
+each value was read. A family's small config keeps those fields and shrinks only what the attention
+backend never sees: hidden size, layer count, vocabulary, expert count. ``heads`` is the count one GPU
+decodes in the layout users run (Kimi-K2 at TP8: 64 / 8 = 8), since a checkpoint built with that many
+heads gives the backend the shapes a TP rank gets.
+
+``expect`` is what mla_backend does with the family under ``--attention-backend CUSTOM``:
+- ``bundled``: the bundled kernels decode it;
+- ``fallback``: `auto` hands decode to vLLM's Triton MLA kernel (MLA shapes the kernels do not take);
+  an explicit ``backend`` stops start-up with the reason (no family vLLM serves as MLA needs it today);
+- ``refused``: start-up stops with our reason (sparse attention: an indexer and a cache of its own);
+- ``own``: vLLM runs the model's own attention whatever the flag says; mla_backend is never called.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Literal
+
+PUBLISHED = Path(__file__).with_name("published_configs.json")
+
+Expect = Literal["bundled", "fallback", "refused", "own"]
+
+# What the backend never sees, shrunk so a checkpoint fits the lent GPU and builds in seconds.
+SMALL = dict(
+    vocab_size=2048,
+    hidden_size=512,
+    intermediate_size=1024,
+    moe_intermediate_size=256,
+    num_hidden_layers=2,
+    max_position_embeddings=8192,
+    initializer_range=0.1,  # with the usual 0.02, attention is nearly uniform and hides decode errors
+    tie_word_embeddings=False,
+)
+# The published attention fields a small config keeps, when the family's config has them.
+ATTENTION_FIELDS = (
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "rope_scaling",
+    "rope_theta",
+    "max_position_embeddings",  # YaRN's factor is read against it
+    "index_topk",
+    "index_head_dim",
+    "index_n_heads",
+)
+
+
+@cache
+def published(name: str) -> dict:
+    """The family's entry in published_configs.json (its ``source`` says where it was read)."""
+    return json.loads(PUBLISHED.read_text())["families"][name]
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # the family as users know it
+    published: str  # its key in published_configs.json
+    architecture: str  # vLLM's model class (config.json "architectures")
+    model_type: str
+    heads: dict[str, int]  # layout -> query heads one GPU decodes
+    expect: Expect
+    drafter: str | None = None  # vLLM's speculative method for the family's drafter
+    fills: dict = field(default_factory=dict)  # published values the copies read lack (with why)
+    extra: dict = field(default_factory=dict)  # config keys this architecture's loader needs
+    why: str = ""  # for fallback / refused / own: the reason users read
+    refusal: str = ""  # for refused: what mla_backend's start-up error says
+
+    def attention(self) -> dict:
+        """The published attention fields, completed by ``fills``."""
+        source = published(self.published)
+        fields = {k: source[k] for k in ATTENTION_FIELDS if source.get(k) is not None}
+        fields.update((k, v) for k, v in (source.get("index_fields") or {}).items())
+        fields.update(self.fills)
+        if "q_lora_rank" not in fields:
+            fields["q_lora_rank"] = None  # no query compression (V2-Lite, Moonlight, Kimi-VL/Linear)
+        return fields
+
+    def config(self, layout: str | None = None) -> dict:
+        """config.json of the family's small checkpoint with the heads of ``layout`` (the first by default)."""
+        heads = self.heads[layout or next(iter(self.heads))]
+        return {
+            **SMALL,
+            "architectures": [self.architecture],
+            "model_type": self.model_type,
+            "num_attention_heads": heads,
+            "num_key_value_heads": heads,
+            **self.attention(),
+            **self.extra,
+        }
+
+
+SPARSE_REFUSAL = "mla_backend decodes dense MLA; this model's attention is sparse"
+DEEPSEEK_V2_V_HEAD = {"v_head_dim": 128}  # the copies read cut off before v_head_dim; DeepSeek-V2's value
+
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        "DeepSeek-V3 / R1",
+        "DeepSeek-V3",
+        "DeepseekV3ForCausalLM",
+        "deepseek_v3",
+        heads={"TP8": 16, "TP1 or DP attention": 128},
+        expect="bundled",
+        drafter="deepseek_mtp",
+    ),
+    Family(
+        "DeepSeek-V2-Lite",
+        "DeepSeek-V2-Lite",
+        "DeepseekV2ForCausalLM",
+        "deepseek_v2",
+        heads={"TP1": 16},
+        expect="bundled",
+        fills=DEEPSEEK_V2_V_HEAD,
+    ),
+    Family(
+        "Moonlight",
+        "Moonlight-16B-A3B",
+        "DeepseekV3ForCausalLM",
+        "deepseek_v3",
+        heads={"TP1": 16},
+        expect="bundled",
+        fills=DEEPSEEK_V2_V_HEAD,
+    ),
+    Family(
+        "Kimi-K2 / K2.5 (text)",
+        "Kimi-K2-Instruct",
+        "DeepseekV3ForCausalLM",
+        "kimi_k2",
+        heads={"TP8": 8, "TP1": 64},
+        expect="bundled",
+    ),
+    Family(
+        "GLM-4.7-Flash",
+        "GLM-4.7-Flash",
+        "Glm4MoeLiteForCausalLM",
+        "glm4_moe_lite",
+        heads={"TP1": 20},
+        expect="bundled",
+        drafter="glm4_moe_lite_mtp",
+    ),
+    Family(
+        "LongCat-Flash",
+        "LongCat-Flash-Chat",
+        "LongcatFlashForCausalLM",
+        "longcat_flash",
+        heads={"TP8": 8, "TP1": 64},
+        expect="bundled",
+    ),
+    Family(
+        "Kimi-Linear",
+        "Kimi-Linear-48B-A3B",
+        "KimiLinearForCausalLM",
+        "kimi_linear",
+        heads={"TP1": 32},
+        expect="bundled",
+        fills=DEEPSEEK_V2_V_HEAD,
+    ),
+    Family(
+        "MiniCPM3",
+        "MiniCPM3-4B",
+        "MiniCPM3ForCausalLM",
+        "minicpm3",
+        heads={"TP1": 40},
+        expect="refused",
+        fills={"v_head_dim": 64, "rope_scaling": None},  # the copy's v_head_dim and long/short factors were cut off
+        extra={"hidden_size": 640},  # a multiple of its 40 heads, as its config class requires
+        why="vLLM runs its attention as standard attention (not MLA); its latent is 256 + 32 besides",
+        refusal="vLLM runs this model's attention layers as standard attention",
+    ),
+    Family(
+        "DeepSeek-V3.2",
+        "DeepSeek-V3.2",
+        "DeepseekV32ForCausalLM",
+        "deepseek_v32",
+        heads={"TP8": 16},
+        expect="refused",
+        fills={"rope_scaling": None},  # published as the inference format's fields, not HF's
+        why="DeepSeek Sparse Attention: an indexer picks the top-k tokens, with a cache of its own",
+        refusal=SPARSE_REFUSAL,
+    ),
+    Family(
+        "GLM-5",
+        "GLM-5",
+        "GlmMoeDsaForCausalLM",
+        "glm_moe_dsa",
+        heads={"TP8": 8},
+        expect="refused",
+        why="DeepSeek Sparse Attention (an indexer and a cache of its own)",
+        refusal=SPARSE_REFUSAL,
+    ),
+)

@@ -1,0 +1,124 @@
+"""Each MLA family of the model zoo (integration/models/families.py) through vLLM's own backend
+selection with ``--attention-backend CUSTOM``, on CPU, under the installed vLLM (CI: the oldest and
+the newest supported release): the family's small config.json is parsed by vLLM as the engine
+parses it, the selector gets the fields vLLM's MLA layers pass it, and the platform's selection of an
+explicitly chosen backend runs on a GPU of the given capability. The family is then served by the
+route the zoo expects, or start-up stops with our reason."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from vllm.config import AttentionConfig, DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
+from vllm.platforms.interface import DeviceCapability
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+from vllm.v1.attention.selector import AttentionSelectorConfig
+
+import mla_backend.vllm as plugin
+from mla_backend.vllm import backend
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from integration.models.families import ATTENTION_FIELDS, FAMILIES, Family, published  # noqa: E402
+
+CAPABILITIES = [(12, 0), (9, 0)]  # RTX 5090 / PRO 6000, H100
+
+
+def family_id(family: Family) -> str:
+    return family.name.split(" ")[0]
+
+
+def layouts():
+    return [pytest.param(f, layout, id=f"{family_id(f)}-{layout}") for f in FAMILIES for layout in f.heads]
+
+
+def engine_config(family: Family, layout: str, tmp_path: Path, mla_backend: dict | None = None) -> VllmConfig:
+    (tmp_path / "config.json").write_text(json.dumps(family.config(layout)))
+    model = ModelConfig(model=str(tmp_path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16")
+    return VllmConfig(
+        model_config=model,
+        device_config=DeviceConfig(device="cuda"),
+        attention_config=AttentionConfig(backend="CUSTOM"),
+        additional_config={"mla_backend": mla_backend} if mla_backend else {},
+    )
+
+
+def select(config: VllmConfig, capability: tuple[int, int], kv_cache_dtype: str = "auto") -> str:
+    """What CudaPlatform.get_attn_backend_cls answers for the engine's MLA layers with the flag set
+    (its selected-backend branch, written out: vllm.platforms.cuda needs libcuda to import): the
+    selected class's path, or the ValueError that stops start-up."""
+    model = config.model_config
+    selector = AttentionSelectorConfig(
+        head_size=model.get_head_size(),
+        dtype=torch.bfloat16,
+        kv_cache_dtype=kv_cache_dtype,
+        block_size=64,
+        use_mla=model.use_mla,
+        use_sparse=hasattr(model.hf_text_config, "index_topk"),  # how vLLM's DeepSeek/GLM-5 layers decide
+    )
+
+    selected = config.attention_config.backend
+    with set_current_vllm_config(config):
+        backend_class = selected.get_class()
+        reasons = backend_class.validate_configuration(
+            device_capability=DeviceCapability(*capability), **selector._asdict()
+        )
+    if reasons:
+        raise ValueError(f"Selected backend {selected} is not valid for this configuration. Reason: {reasons}")
+    return selected.get_path()
+
+
+@pytest.fixture(autouse=True)
+def registered():
+    AttentionBackendEnum.CUSTOM.clear_override()
+    plugin.register()
+    yield
+    AttentionBackendEnum.CUSTOM.clear_override()
+
+
+@pytest.mark.parametrize("family, layout", layouts())
+def test_small_config_keeps_the_published_attention_fields(family, layout):
+    config = family.config(layout)
+    source = published(family.published)
+    for key in ATTENTION_FIELDS:
+        value = source.get(key, (source.get("index_fields") or {}).get(key))
+        if value is not None and key not in family.fills:
+            assert config[key] == value, key
+    assert config["architectures"] == [family.architecture]
+    assert config["num_attention_heads"] == family.heads[layout]
+
+
+@pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"sm{c[0]}{c[1]}")
+@pytest.mark.parametrize("family, layout", layouts())
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_the_flag_serves_each_family_as_the_zoo_says(family, layout, capability, kv_cache_dtype, tmp_path):
+    config = engine_config(family, layout, tmp_path)
+    if family.expect == "refused":
+        with pytest.raises(ValueError, match=family.refusal):
+            select(config, capability, kv_cache_dtype)
+        return
+    assert select(config, capability, kv_cache_dtype) == plugin.BACKEND_PATH
+    route = backend.engine_route(config, capability)
+    assert route.kernel == family.expect, route.reason
+
+
+def test_every_published_family_of_the_zoo_is_classified():
+    """A family added to published_configs.json is either in the zoo or named here with why not."""
+    not_in_zoo = {
+        "DeepSeek-R1": "DeepSeek-V3's attention fields (its row covers R1)",
+        "DeepSeek-V3.1": "no config found; DeepSeek-V3's architecture",
+        "Kimi-K2.5": "only the wrapper's fields were found; its text model is Kimi-K2's",
+        "Kimi-VL-A3B": "Moonlight's text model; its vision tower does not reach the attention backend",
+        "Mistral-Large-3": "no config found",
+        "Mistral-Small-4": "kv_lora 256 read only as a class default",
+        "DeepSeek-V4": "vLLM runs its own compressed sparse attention; the flag never reaches mla_backend",
+        "Eagle3-drafters": "Llama attention (not MLA)",
+    }
+    zoo = {f.published for f in FAMILIES}
+    every = set(
+        json.loads(
+            Path(__file__).resolve().parents[1].joinpath("integration/models/published_configs.json").read_text()
+        )["families"]
+    )
+    assert every == zoo | set(not_in_zoo)
