@@ -2,6 +2,7 @@
 release), on CPU: discovery, registration, vLLM's own backend selection and validation, config
 sources, routing, and forward_mqa through the op (whose CPU path is the float64 reference)."""
 
+import json
 import logging
 from types import SimpleNamespace
 
@@ -49,10 +50,12 @@ def deepseek_model_config(tmp_path_factory):
 
 
 def small_deepseek_model_config(path) -> ModelConfig:
-    """A real vLLM ModelConfig of a small DeepSeek-V3 checkpoint config (16 heads, no MoE layer)."""
+    """A real vLLM ModelConfig of a small DeepSeek-V3 checkpoint config (16 heads, no MoE layer).
+    model_type and architectures are written out: once vLLM has parsed a DeepSeek-V3.2 config in this
+    process, DeepseekV3Config.model_type reads "deepseek_v32"."""
     from transformers import DeepseekV3Config
 
-    DeepseekV3Config(
+    fields = DeepseekV3Config(
         vocab_size=1024,
         hidden_size=256,
         intermediate_size=512,
@@ -68,7 +71,10 @@ def small_deepseek_model_config(path) -> ModelConfig:
         n_routed_experts=8,
         num_experts_per_tok=2,
         max_position_embeddings=4096,
-    ).save_pretrained(path)
+    ).to_dict()
+    fields |= {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"]}
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(fields))
     return ModelConfig(model=str(path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16")
 
 
@@ -165,7 +171,6 @@ def test_selection_accepts_supported_combinations(capability, clean_registry):
         ({"kv_cache_dtype": "fp8_e5m2"}, "kv_cache_dtype not supported"),
         ({"block_size": 8}, "block_size not supported"),
         ({"block_size": 24}, "block_size not supported"),  # vLLM splits larger multiples of 16 into kernel blocks
-        ({"use_mla": False}, "non-MLA not supported"),
         (
             {"additional": {"mla_backend": {"backend": "xqa"}}, "capability": DeviceCapability(8, 0)},
             "backend='xqa' needs compute capability",
@@ -180,6 +185,16 @@ def test_selection_rejects_with_the_reason(change, reason, clean_registry):
     capability = change.pop("capability", DeviceCapability(9, 0))
     reasons = invalid_reasons(capability, **change)
     assert len(reasons) == 1 and reason in reasons[0]
+
+
+def test_standard_attention_models_are_refused_with_what_to_do(clean_registry):
+    """MiniCPM3 and other models vLLM runs as standard attention: vLLM's reason and ours, which says
+    how to start the model instead."""
+    plugin.register()
+    reasons = invalid_reasons(DeviceCapability(12, 0), use_mla=False)
+    assert "non-MLA not supported" in reasons
+    (ours,) = [r for r in reasons if r.startswith("mla_backend:")]
+    assert "standard attention" in ours and "without --attention-backend" in ours
 
 
 def test_sparse_models_are_refused_with_what_to_do(clean_registry):
