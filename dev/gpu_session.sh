@@ -6,7 +6,8 @@
 # Expects, carried in .gpu/ (git-ignored): the offline vLLM 0.26 bundle (../shared/gpu/README.md),
 # the project's wheel in .gpu/dist/ (built here for the GPU's architecture) and any extra wheels in
 # .gpu/extra/. Installs them under /tmp (kept while the machine stays warm), then runs PART:
-#   serve | mtp | parallel | correctness | enginebest | enginebest_parallel | realdims | variants | inputs | placement
+#   zoo (integration/zoo_e2e.py: FAMILIES, ZOO_KV, SELFTEST=1, REFUSALS=1, ISOLATED=1)
+#   | serve | mtp | parallel | correctness | enginebest | enginebest_parallel | realdims | variants | inputs | placement
 #   | gputests (TEST_FILES, default the kernel tests and the peers' grids; their per-case errors in $OUT/grids.jsonl)
 #   | bench | routes
 #   | profile (Nsight Compute on ours and FlashMLA at SHAPE="heads batch seq", FP8; reports in $OUT)
@@ -52,6 +53,8 @@ for part in ${PART//,/ }; do
       [ "$part" = correctness ] && parts=correctness,selftest
       [ "$part" = parallel ] && seeds=0,1
       run python3 integration/run_e2e.py --heads "$HEADS" --parts "$parts" --kv "$KV" --prompt-seeds "$seeds" --out "$OUT" ;;
+    zoo) run python3 integration/zoo_e2e.py --families "${FAMILIES:-GLM-4.7-Flash,Kimi-K2}" --kv "${ZOO_KV:-fp8,auto}" \
+      ${SELFTEST:+--selftest} ${REFUSALS:+--refusals} ${ISOLATED:+--isolated} --out "$OUT" ;;
     realdims) run python3 integration/real_dims.py --heads "$HEADS" --kv "$KV" --out "$OUT" ;;
     variants) run python3 dev/variant_error.py ;;
     inputs) run python3 dev/input_ab.py ;;

@@ -58,21 +58,28 @@ class EngineSpec:
 @contextlib.contextmanager
 def after_each_step(callback):
     """Call ``callback`` after every model step of the in-process engine (its forward has been
-    launched; the next step has not started)."""
+    launched; the next step has not started), on either of vLLM's model runners: vLLM 0.26 runs
+    DeepseekV2ForCausalLM and models without experts on its V2 runner by default."""
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as RunnerV2
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    original = GPUModelRunner.execute_model
+    originals = {runner: runner.execute_model for runner in (GPUModelRunner, RunnerV2)}
 
-    def execute_model(runner, *args, **kwargs):
-        result = original(runner, *args, **kwargs)
-        callback()
-        return result
+    def wrapped(original):
+        def execute_model(runner, *args, **kwargs):
+            result = original(runner, *args, **kwargs)
+            callback()
+            return result
 
-    GPUModelRunner.execute_model = execute_model
+        return execute_model
+
+    for runner, original in originals.items():
+        runner.execute_model = wrapped(original)
     try:
         yield
     finally:
-        GPUModelRunner.execute_model = original
+        for runner, original in originals.items():
+            runner.execute_model = original
 
 
 def engine_kwargs(spec: EngineSpec, model: str, max_model_len: int, memory_fraction: float) -> dict:
@@ -196,14 +203,17 @@ def spec_decode_counts(metrics) -> dict:
     return counts
 
 
-def run_engine_isolated(spec: EngineSpec, model: str, prompts: list[list[int]], max_model_len: int = 2048) -> dict:
+def run_engine_isolated(
+    spec: EngineSpec, model: str, prompts: list[list[int]], max_model_len: int = 2048, **kwargs
+) -> dict:
     """run_engine in a fresh process: a compiled engine (torch.compile'd n-gram proposer) keeps
-    memory that makes the next engine's memory profiler in the same process fail."""
+    memory that makes the next engine's memory profiler in the same process fail, and vLLM 0.26's V2
+    model runner trips the CUDA caching allocator when a second engine starts in the same process."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(run_engine, spec, model, prompts, max_model_len=max_model_len).result()
+        return pool.submit(run_engine, spec, model, prompts, max_model_len=max_model_len, **kwargs).result()
 
 
 def top2_gap(step_logprobs: dict) -> float:

@@ -261,9 +261,10 @@ def selftest_specs() -> list[EngineSpec]:
     return [EngineSpec("CUSTOM", "fp8", 64, True, mla_backend=ours_at(64)), EngineSpec("CUSTOM", "auto", 16, False)]
 
 
-def selftest(spec: EngineSpec, model: str, prompts: list[list[int]]) -> tuple[bool, str]:
+def selftest(spec: EngineSpec, model: str, prompts: list[list[int]], isolated: bool = False) -> tuple[bool, str]:
     """The forward_mqa check on corrupted outputs: it must check enough calls and fail them all."""
-    check = run_engine(spec, model, prompts, corrupt=SELFTEST_CORRUPTION)["decode_check"]
+    run = run_engine_isolated if isolated else run_engine
+    check = run(spec, model, prompts, corrupt=SELFTEST_CORRUPTION)["decode_check"]
     passed, note = judge_decode_check(check, asdict(spec))
     worst = max(check["max_rel_error"].values(), default=0.0)
     caught = not passed and worst > check["tolerance"] and not check["lse_ok"] and check["checked_calls"] > 0
@@ -442,10 +443,11 @@ def reference_runs(
     spec_tokens: int = 0,
     repeats: int = 1,
     spec_method: str = "ngram",
+    isolated: bool = False,
 ) -> dict[str, dict]:
     """vLLM's own backends (the references and the calibration peers) for both KV dtypes, keyed by
     backend name + KV dtype; the references ``repeats`` times (``key#2`` ...). Speculative
-    (compiled) engines each run in their own process."""
+    (compiled) engines each run in their own process, every engine does with ``isolated``."""
     refs = {}
     for kv in REFERENCES.keys() & kvs:
         for name in sorted(set(REFERENCES[kv]) | set(PEERS[kv])):
@@ -454,8 +456,8 @@ def reference_runs(
             for run in range(runs):
                 key = name + kv + (f"#{run + 1}" if run else "")
                 refs[key] = (
-                    run_engine_isolated(spec, model, prompts, SPEC_MAX_MODEL_LEN)
-                    if spec_tokens
+                    run_engine_isolated(spec, model, prompts, SPEC_MAX_MODEL_LEN if spec_tokens else 2048)
+                    if spec_tokens or isolated
                     else run_engine(spec, model, prompts)
                 )
             ref = refs[name + kv]

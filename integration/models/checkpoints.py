@@ -1,0 +1,60 @@
+"""Seeded small checkpoints of the zoo's families (families.py), written with transformers' own model
+classes so the weight names are the ones the released checkpoints use.
+
+Dense layers only (first_k_dense_replace and mlp_layer_types past the last layer): MoE never reaches
+the attention backend, and no MoE kernel or expert layout is needed. The config.json that is written
+is the family's (its model_type included: vLLM maps ``kimi_k2`` onto DeepSeek-V3's class), so vLLM
+parses what users' checkpoints give it. Weights use a wide normal init (families.SMALL): with the usual
+0.02 attention is nearly uniform and hides decode errors.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .families import Family
+
+# transformers' model_type for families whose own is only known to vLLM.
+TRANSFORMERS_TYPE = {"kimi_k2": "deepseek_v3"}
+
+
+def dense_config(family: Family, layout: str | None = None) -> dict:
+    config = family.config(layout)
+    layers = config["num_hidden_layers"]
+    config["first_k_dense_replace"] = layers
+    config["mlp_layer_types"] = ["dense"] * layers  # transformers' GLM-4.7-Flash config reads this instead
+    config["num_nextn_predict_layers"] = 0  # transformers' default (1) would claim an MTP layer
+    return config
+
+
+def save_checkpoint(family: Family, path: str | Path, layout: str | None = None, seed: int = 0) -> Path:
+    """Write a bf16 checkpoint of ``family`` with the heads of ``layout`` to ``path`` (reused if the
+    same family, layout and seed wrote it)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    config = dense_config(family, layout)
+    stamp = {"family": family.name, "seed": seed, **config}
+    stamp_file = path / "mla_backend_stamp.json"
+    if stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
+        return path
+    model_type = TRANSFORMERS_TYPE.get(family.model_type, family.model_type)
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **fields)).to(torch.bfloat16)
+    model.save_pretrained(path)
+    written = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**written, **config}, indent=1))
+    stamp_file.write_text(json.dumps(stamp))
+    return path
+
+
+def save_config(family: Family, path: str | Path, layout: str | None = None) -> Path:
+    """config.json only: enough for vLLM's config parsing, backend selection and refusals."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(dense_config(family, layout), indent=1))
+    return path
