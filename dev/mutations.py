@@ -413,6 +413,45 @@ MUTATIONS = [
         "        query_rows = self.heads",
         "plan ignores the draft tokens",
     ),
+    # the op's backend argument (resolved for GPU tensors before any launch)
+    M("mla_backend/decode.py", '    if backend != "auto":\n', "    if False:\n", "backend argument ignored"),
+    M(
+        "mla_backend/decode.py",
+        "resolve_backend(config, config.capability(torch.cuda.get_device_capability(problem.device)))",
+        "resolve_backend(config, torch.cuda.get_device_capability(problem.device))",
+        "capability override ignored by the op",
+    ),
+    M(
+        "mla_backend/decode.py",
+        '    if resolution.kernel == "fallback":',
+        "    if False:",
+        "op launches with no kernel",
+    ),
+    # the route table lookup
+    M(
+        "mla_backend/vllm/engine_best.py",
+        "return min(close, key=distance) if close else None",
+        "return close[0] if close else None",
+        "the first close measurement, not the nearest",
+    ),
+    M(
+        "mla_backend/vllm/engine_best.py",
+        'return (abs(math.log2(entry["heads"] / shape.heads)), abs(math.log2(entry["q_len"] / shape.q_len)))',
+        'return (abs(math.log2(entry["q_len"] / shape.q_len)), abs(math.log2(entry["heads"] / shape.heads)))',
+        "nearest by query tokens first",
+    ),
+    M(
+        "mla_backend/vllm/engine_best.py",
+        '    close = [e for e in entries if e["kv"] == kv and max(distance(e)) <= limit]',
+        "    close = [e for e in entries if max(distance(e)) <= limit]",
+        "a class borrows the other KV dtype's measurement",
+    ),
+    M(
+        "mla_backend/vllm/engine_best.py",
+        "        table = load_table()\n",
+        '        table = {"device": "none", "date": "", "entries": []}\n',
+        "the shipped table never read",
+    ),
 ]
 
 

@@ -112,6 +112,44 @@ def test_the_shipped_table_covers_the_measured_grid():
         assert len(entry["times_us"]) == len(route_table.BATCHES) * len(route_table.CONTEXTS)
 
 
+def test_the_shipped_table_routes_an_h100_as_the_readme_says():
+    """choose() reading the installed sm90_routes.json (no table passed), for every measured class:
+    FlashMLA for FP8 except 16 heads with one query token; for BF16 at 64 heads and more, at 32 heads
+    with draft tokens and at 16 heads with three."""
+    flashmla_bf16 = {(64, 1), (64, 2), (64, 4), (128, 1), (128, 2), (128, 4), (32, 2), (32, 4), (16, 4)}
+    for fp8 in (True, False):
+        for heads in route_table.HEADS:
+            for q_len in route_table.Q_LENS:
+                shape = engine_best.ShapeClass(heads, q_len, 64, fp8)
+                best = engine_best.choose(MLABackendConfig(), BUNDLED, (9, 0), shape, available=AVAILABLE)
+                want = (heads, q_len) != (16, 1) if fp8 else (heads, q_len) in flashmla_bf16
+                assert best.use_flashmla == want, (fp8, heads, q_len, best.reason)
+                assert "NVIDIA H100" in best.reason and f"measured at {heads} heads, {q_len} query" in best.reason
+
+
+def test_the_nearest_measurement_is_taken_heads_first():
+    """Of the measured classes within a factor of two, the closest in heads wins, then in query tokens."""
+    table = {
+        "device": "test GPU",
+        "date": "2026-11-25",
+        "entries": [
+            {"kv": "fp8", "heads": 16, "q_len": 1, "speedup": 0.5, "flashmla_correct": True},
+            {"kv": "fp8", "heads": 32, "q_len": 1, "speedup": 2.0, "flashmla_correct": True},
+            {"kv": "fp8", "heads": 16, "q_len": 2, "speedup": 3.0, "flashmla_correct": True},
+            {"kv": "bf16", "heads": 28, "q_len": 1, "speedup": 9.0, "flashmla_correct": True},
+        ],
+    }
+
+    def pick(heads, q_len):
+        shape = engine_best.ShapeClass(heads, q_len, 64, True)
+        return engine_best.choose(MLABackendConfig(), BUNDLED, (9, 0), shape, available=AVAILABLE, table=table)
+
+    assert "measured at 32 heads, 1 query" in pick(28, 1).reason  # 32 is nearer 28 than 16 is; never bf16's 28
+    assert "measured at 16 heads, 2 query" in pick(16, 2).reason  # the exact class
+    assert "measured at 16 heads, 1 query" in pick(20, 1).reason  # heads decide first: 16 (q 1) before 16 (q 2)
+    assert "measured at 16 heads, 2 query" in pick(20, 2).reason  # then query tokens: 16 (q 2) before 16 (q 1)
+
+
 # --- the builder's plan and forward_mqa's dispatch -------------------------------------------------
 
 

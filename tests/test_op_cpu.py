@@ -365,3 +365,63 @@ def test_trtllm_gen_route_hands_flashinfer_the_whole_query_and_converts_its_base
         checked.out.fill_(float("nan"))
         decode._run_flashinfer_trtllm_gen(checked, WORKSPACE, None, None)
         assert_rounded_from(checked.out, None, want_out, None)
+
+
+@pytest.mark.parametrize(
+    "capability, flashinfer, configured, backend, want",
+    [
+        ((12, 0), False, "auto", "auto", "bundled"),
+        ((10, 0), True, "auto", "auto", "trtllm-gen"),
+        ((10, 0), True, "auto", "xqa", "bundled"),  # the argument overrides auto's choice
+        ((10, 0), True, "xqa", "auto", "bundled"),  # "auto" as the argument keeps the configured backend
+        ((12, 0), True, "xqa", "trtllm-gen", "needs compute capability 10.0 or 10.3"),
+        ((9, 0), False, "auto", "trtllm-gen", "needs compute capability 10.0 or 10.3"),
+        ((10, 0), False, "auto", "trtllm-gen", "needs FlashInfer"),
+        ((8, 0), False, "auto", "auto", "no MLA decode kernel here"),
+        ((8, 0), False, "auto", "xqa", "backend='xqa' needs compute capability"),
+    ],
+)
+def test_the_backend_argument_picks_the_kernel_for_gpu_tensors(
+    capability, flashinfer, configured, backend, want, monkeypatch
+):
+    """Which kernel a CUDA tensor's call reaches (resolved before any launch; no GPU needed here)."""
+    from types import SimpleNamespace
+
+    from mla_backend import config as config_module
+    from mla_backend import decode
+    from mla_backend.config import BackendUnavailableError, MLABackendConfig
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(config_module, "flashinfer_available", lambda: flashinfer)
+    problem = SimpleNamespace(device=torch.device("cuda", 0))
+    settings = MLABackendConfig(backend=configured)
+    if want in ("bundled", "trtllm-gen"):
+        resolved, kernel = decode.resolve_kernel(problem, settings, backend)
+        assert kernel == want
+        assert resolved.backend == (configured if backend == "auto" else backend)
+    else:
+        with pytest.raises(BackendUnavailableError, match=want):
+            decode.resolve_kernel(problem, settings, backend)
+
+
+def test_cpu_tensors_run_the_reference_whatever_the_backend_but_a_bad_name_is_refused(problem):
+    want_out, want_lse = naive_decode_problem(problem, 0.06, 1.0)
+    for backend in ("auto", "xqa", "trtllm-gen"):
+        out, lse = call(problem, bmm1_scale=0.06, return_lse=True, backend=backend, return_lse_base="basee")
+        assert_rounded_from(out, lse, want_out, want_lse)
+    with pytest.raises(ValueError, match="backend"):
+        call(problem, backend="flashmla")
+
+
+def test_the_capability_override_decides_for_gpu_tensors(monkeypatch):
+    """``device_capability`` makes the op choose as on another GPU: on an RTX 5090 told it is SM 8.0, no kernel."""
+    from types import SimpleNamespace
+
+    from mla_backend import decode
+    from mla_backend.config import BackendUnavailableError, MLABackendConfig
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 0))
+    problem = SimpleNamespace(device=torch.device("cuda", 0))
+    assert decode.resolve_kernel(problem, MLABackendConfig(), "auto")[1] == "bundled"
+    with pytest.raises(BackendUnavailableError, match="8.0"):
+        decode.resolve_kernel(problem, MLABackendConfig(device_capability="8.0"), "auto")
