@@ -7,8 +7,11 @@ directly (not through pages), at one bf16 rounding.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -16,8 +19,10 @@ import torch
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
-from mla_backend.config import MLABackendConfig, Resolution
+from mla_backend.config import BackendUnavailableError, MLABackendConfig, Resolution
 from mla_backend.sglang import NAME, backend, register
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the model zoo: integration/models
 
 pytestmark = pytest.mark.sglang
 
@@ -333,6 +338,53 @@ def test_bad_settings_stop_start_up_with_our_message(monkeypatch, env, args, mes
     with pytest.raises(Exception, match=message.replace("(", r"\(")) as info:
         backend.create_backend(runner)
     assert "mla_backend" in str(info.value) or "backend='xqa'" in str(info.value)
+
+
+@pytest.mark.parametrize("capability", ["9.0", "8.0"])  # our kernels, and SGLang's triton where they do not run
+def test_sparse_models_are_refused_whatever_kernel_would_decode(monkeypatch, capability):
+    """DeepSeek-V3.2 / GLM-5: an indexer picks the top-k tokens; a dense decode would ignore them."""
+    from mla_backend.sglang import fallback
+
+    monkeypatch.setattr(fallback, "triton_backend", lambda runner: "triton")
+    monkeypatch.setenv("MLA_BACKEND_DEVICE_CAPABILITY", capability)
+    runner = make_runner(torch.bfloat16)
+    runner.model_config.hf_text_config = SimpleNamespace(index_topk=2048)
+    with pytest.raises(BackendUnavailableError, match="this model's attention is sparse"):
+        backend.create_backend(runner)
+    runner.model_config.hf_text_config = SimpleNamespace(index_topk=None)  # dense: served
+    assert backend.create_backend(runner) is not None
+
+
+def zoo_layouts():
+    from integration.models.families import FAMILIES
+
+    return [pytest.param(f, layout, id=f"{f.name.split(' ')[0]}-{layout}") for f in FAMILIES for layout in f.heads]
+
+
+@pytest.mark.parametrize("family, layout", zoo_layouts())
+def test_each_zoo_family_is_served_or_refused_as_the_zoo_says(family, layout, tmp_path, monkeypatch):
+    """The family's small config.json as SGLang parses it (its ModelConfig), through the backend's factory on
+    an RTX 5090: dense 512 + 64 latents get our kernels, sparse ones and other latents stop start-up."""
+    from sglang.srt.configs.model_config import AttentionArch, ModelConfig
+
+    monkeypatch.setenv("MLA_BACKEND_DEVICE_CAPABILITY", "12.0")
+    config = family.config(layout)
+    runner = make_runner(torch.bfloat16)
+    if family.model_type == "minicpm3":  # the transformers SGLang 0.5.17 pins reads it only with its remote code
+        runner.model_config = SimpleNamespace(
+            **{k: config[k] for k in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim")}, context_len=CONTEXT
+        )
+    else:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        runner.model_config = ModelConfig(str(tmp_path))
+        assert runner.model_config.attention_arch == AttentionArch.MLA
+        assert runner.model_config.num_attention_heads == family.heads[layout]
+    if family.expect == "bundled":
+        assert isinstance(backend.create_backend(runner), backend.MLADecodeBackend)
+        return
+    want = "this model's attention is sparse" if "index_topk" in config else "needs kv_lora_rank 512"
+    with pytest.raises(BackendUnavailableError, match=want):
+        backend.create_backend(runner)
 
 
 @pytest.mark.parametrize("corruption, within", [(1.0, True), (1.05, False)])

@@ -80,8 +80,21 @@ def check_server_args(server_args) -> None:
         raise ValueError("mla_backend verifies draft chains (speculative_eagle_topk 1), not trees")
 
 
+def check_model(model_config) -> None:
+    """Refuse a model whose attention is not dense MLA, whatever kernel would serve it: DeepSeek-V3.2 and
+    GLM-5 carry an indexer (``index_topk``) whose top-k tokens a dense decode would ignore."""
+    hf = getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
+    if getattr(hf, "index_topk", None) is not None:
+        raise BackendUnavailableError(
+            "mla_backend decodes dense MLA; this model's attention is sparse (an indexer picks the top-k tokens, "
+            "with a cache of its own): start SGLang without --decode-attention-backend mla_backend so it picks "
+            "its dsa backend"
+        )
+
+
 def create_backend(runner) -> AttentionBackend:
     """Factory SGLang calls per model runner: our backend, or SGLang's triton on a GPU we do not serve."""
+    check_model(runner.model_config)
     config = configured()
     route = resolve(config, torch.device(runner.device))
     if route.kernel == "fallback":
