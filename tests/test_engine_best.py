@@ -148,6 +148,9 @@ def test_the_nearest_measurement_is_taken_heads_first():
     assert "measured at 16 heads, 2 query" in pick(16, 2).reason  # the exact class
     assert "measured at 16 heads, 1 query" in pick(20, 1).reason  # heads decide first: 16 (q 1) before 16 (q 2)
     assert "measured at 16 heads, 2 query" in pick(20, 2).reason  # then query tokens: 16 (q 2) before 16 (q 1)
+    del table["entries"][1:3]
+    table["entries"].append({"kv": "fp8", "heads": 32, "q_len": 2, "speedup": 2.0, "flashmla_correct": True})
+    assert "measured at 16 heads, 1 query" in pick(20, 2).reason  # nearer in heads beats nearer in query tokens
 
 
 # --- the builder's plan and forward_mqa's dispatch -------------------------------------------------
