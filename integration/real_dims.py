@@ -3,10 +3,9 @@ TRITON_MLA in the same run, and the share of a decode step spent in attention.
 
     python integration/real_dims.py --heads 128,16 --kv fp8 --out results/real_dims
 
-The model: a few decoder layers at DeepSeek-V3's sizes (hidden 7168, q_lora_rank 1536, kv_lora_rank
-512, rope 64, nope 128, v 128, vocabulary 129280), with 128 heads or 16 (a GPU's share under TP8).
-Dense MLPs (intermediate 18432) stand in for MoE, which never reaches the attention backend. Weights
-are vLLM's dummy initialisation: speed only, correctness is the other scripts' job.
+The model (integration/models/real_dims.py): a few decoder layers at DeepSeek-V3's sizes, with 128
+heads or 16 (a GPU's share under TP8), vLLM's dummy weights: speed only, correctness is the other
+scripts' job.
 
 Per backend, one engine; for each batch and context, decode tokens/s (mla_backend.tools.demo's
 decode_throughput: the time of N new tokens minus that of one, so prefill cancels). The attention
@@ -21,44 +20,18 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine import EngineSpec, engine_kwargs, release_engine  # noqa: E402
+# Run as a script: the checkout on the path for the integration package, after the installed packages
+# (the mla_backend under test is the installed one).
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from integration.engines.vllm_engine import release_engine  # noqa: E402
+from integration.engines.vllm_spec import EngineSpec, engine_kwargs  # noqa: E402
+from integration.models.real_dims import LAYERS, REAL_DIMS, save_config  # noqa: E402
 
-LAYERS = 4
-REAL_DIMS = dict(
-    vocab_size=129280,
-    hidden_size=7168,
-    intermediate_size=18432,
-    num_hidden_layers=LAYERS,
-    first_k_dense_replace=LAYERS,
-    q_lora_rank=1536,
-    kv_lora_rank=512,
-    qk_rope_head_dim=64,
-    qk_nope_head_dim=128,
-    v_head_dim=128,
-    n_routed_experts=256,
-    num_experts_per_tok=8,
-    num_nextn_predict_layers=0,
-    max_position_embeddings=32768,
-    rope_scaling=None,
-    tie_word_embeddings=False,
-)
 BATCHES = (1, 32, 128)
 CONTEXTS = (4096, 16384)
 NEW_TOKENS = 64
 BACKENDS = ("CUSTOM", "FLASHMLA", "TRITON_MLA")
 KERNEL_NAMES = {"CUSTOM": "mla_backend", "FLASHMLA": "flashmla", "TRITON_MLA": "triton_mla"}  # tools/peers.py
-
-
-def save_config(path: Path, heads: int) -> str:
-    """A config-only checkpoint (weights come from load_format="dummy")."""
-    from transformers import DeepseekV3Config
-
-    # Without a model class named, vLLM takes a config-only checkpoint for a pooling model.
-    config = DeepseekV3Config(**REAL_DIMS, num_attention_heads=heads, num_key_value_heads=heads)
-    config.architectures = ["DeepseekV3ForCausalLM"]
-    config.save_pretrained(path)
-    return str(path)
 
 
 def engine_rates(backend: str, kv: str, model: str) -> dict[tuple[int, int], float]:

@@ -6,7 +6,7 @@ seeded DeepSeek-V3, driven with the ``openai`` client as users drive it.
 Pass rules; exit status 1 if one fails:
 - Greedy: completions (token ids in, token ids out) for 8 prompts, sent together, agree with the
   offline engine (``LLM(...)``, same backend and settings, prefix caching off in both) up to the
-  offline engine's first tie (a top-2 logprob gap below 0.1 nats; integration/run_e2e.py's rule).
+  offline engine's first tie (a top-2 logprob gap below 0.1 nats; integration/judges/tokens.py's rule).
 - Load: 96 concurrent streaming requests each finish with the requested number of tokens.
 - ``/metrics`` answers with vLLM's counters; the server stops on SIGINT within a minute.
 - Bad settings stop start-up with our message in the log: an unknown ``backend`` value, and ``xqa``
@@ -26,10 +26,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine import EngineSpec, engine_kwargs, run_engine  # noqa: E402
-from run_e2e import agreement, make_prompts  # noqa: E402
-
+# Run as a script: the checkout on the path for the integration package, after the installed packages
+# (the mla_backend under test is the installed one).
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from integration.engines.vllm_engine import run_engine  # noqa: E402
+from integration.engines.vllm_spec import EngineSpec, engine_kwargs  # noqa: E402
+from integration.judges.tokens import agreement  # noqa: E402
+from integration.models.prompts import make_prompts  # noqa: E402
 from mla_backend.tools.tiny_model import save_tiny_deepseek_v3  # noqa: E402
 
 GREEDY_PROMPTS = 8

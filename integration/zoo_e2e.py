@@ -1,17 +1,17 @@
 """The model zoo end to end on vLLM (GPU): each family's seeded small checkpoint (models/) through
 ``--attention-backend CUSTOM`` against vLLM's own MLA backends, judged as run_e2e.py judges
-DeepSeek-V3.
+DeepSeek-V3 (judges/vllm_run.py).
 
     python integration/zoo_e2e.py --families GLM-4.7-Flash,Kimi-K2 --kv fp8,auto --out results/zoo
 
 Per family and layout (the heads one GPU decodes; ``--layouts all`` for every layout the zoo lists):
 - references: FLASHMLA (fp8) and FLASH_ATTN_MLA + TRITON_MLA (bf16), plus TRITON_MLA (fp8) to
-  calibrate the tie rule (run_e2e.reference_runs);
+  calibrate the tie rule (engines/vllm_references.py);
 - ours: page 64, full CUDA graphs, the bundled kernels forced (``backend='xqa'``: at page 64 `auto`
   may hand SM90's decode to FlashMLA), per KV dtype: greedy tokens under the tie rule, every replayed
   decode call recomputed in float64, the route;
 - selftest (``--selftest``): ours with outputs x1.05; the float64 check must fail.
-Families whose attention the zoo expects refused (families.py) start an engine with the flag
+Families whose attention the zoo expects refused (models/families.py) start an engine with the flag
 (``--refusals``) and must stop with the zoo's reason. Exit status 1 if anything fails.
 """
 
@@ -21,36 +21,26 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine import EngineSpec, engine_kwargs, release_engine, run_engine, run_engine_isolated  # noqa: E402
-from run_e2e import judge, make_prompts, reference_runs, selftest  # noqa: E402
-
+# Run as a script: the checkout on the path for the integration package, after the installed packages
+# (the mla_backend under test is the installed one).
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from integration.engines.glm_dense_only import allow_dense_only_glm  # noqa: E402
+from integration.engines.vllm_engine import release_engine, run_engine, run_engine_isolated  # noqa: E402
+from integration.engines.vllm_references import reference_runs  # noqa: E402
+from integration.engines.vllm_spec import EngineSpec, engine_kwargs  # noqa: E402
+from integration.judges.decode_verdict import judge_selftest  # noqa: E402
+from integration.judges.vllm_run import judge  # noqa: E402
 from integration.models.checkpoints import save_checkpoint, save_config  # noqa: E402
 from integration.models.families import FAMILIES, Family  # noqa: E402
+from integration.models.prompts import make_prompts  # noqa: E402
+from integration.settings import SELFTEST_CORRUPTION  # noqa: E402
 
 OURS = {"backend": "xqa"}
-
-
-def allow_dense_only_glm() -> None:
-    """vLLM 0.26's GLM-4.7-Flash describes its experts for EPLB from its first MoE layer and raises
-    where there is none; the zoo's checkpoints are dense (no MoE kernel is needed). The engines run in
-    this process, so the description is skipped here."""
-    from vllm.model_executor.models.glm4_moe import Glm4MixtureOfExperts
-
-    original = Glm4MixtureOfExperts.extract_moe_parameters
-
-    def extract_moe_parameters(self, example_moe) -> None:
-        if example_moe is not None:
-            return original(self, example_moe)
-        for name in ("logical", "physical", "local_physical", "routed", "shared", "redundant"):
-            setattr(self, f"num_{name}_experts", 0)
-
-    Glm4MixtureOfExperts.extract_moe_parameters = extract_moe_parameters
 
 
 def pick(names: str, every_layout: bool) -> list[tuple[Family, str]]:
@@ -93,9 +83,11 @@ def run_family(
         ok_all &= ok
         rows.append((f"{label}: {spec.name}", "PASS" if ok else "FAIL", "; ".join(notes)))
         print(f"[zoo] {label} {spec.name}: {'PASS' if ok else 'FAIL'} {'; '.join(notes)}", flush=True)
-    if selftest_too:
+    if selftest_too:  # the forward_mqa check on corrupted outputs must fail
         spec = EngineSpec("CUSTOM", sorted(kvs)[-1], 64, True, mla_backend=OURS)
-        caught, note = selftest(spec, model, prompts, isolated)
+        run = run_engine_isolated if isolated else run_engine
+        check = run(spec, model, prompts, corrupt=SELFTEST_CORRUPTION)["decode_check"]
+        caught, note = judge_selftest(check, asdict(spec))
         ok_all &= caught
         rows.append((f"{label}: {spec.name} x1.05", "PASS" if caught else "FAIL", note))
     return ok_all

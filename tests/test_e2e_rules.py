@@ -1,4 +1,5 @@
-"""The end-to-end pass rules (integration/run_e2e.py) on hand-made token streams."""
+"""The end-to-end pass rules (integration/judges/, the parts of integration/run_e2e.py) on hand-made
+token streams, and the engine plumbing's CPU-checkable parts (integration/engines/)."""
 
 import json
 import os
@@ -6,29 +7,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-import torch  # noqa: E402
-from decode_check import MIN_VISIBLE_KEYS, DecodeCall, check_call  # noqa: E402
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the integration package, from the checkout
 from oracle import naive_decode_problem  # noqa: E402
-from run_e2e import (  # noqa: E402
-    MIN_CHECKED_CALLS,
-    MODEL_LAYERS,
-    TIE_NATS,
-    agreed_steps,
-    agreement,
-    judge,
-    judge_decode_check,
-    judge_flashmla_parallel,
-    judge_parallel,
-    judge_speculation,
-    mtp_specs,
-    parallel_specs,
-    rule_calibration,
-    runs_of,
-    significantly_fewer_steps,
-)
 
+from integration.judges.decode_check import MIN_VISIBLE_KEYS, DecodeCall, check_call  # noqa: E402
+from integration.judges.decode_verdict import MIN_CHECKED_CALLS, MODEL_LAYERS, judge_decode_check  # noqa: E402
+from integration.judges.parallel import judge_flashmla_parallel, judge_parallel  # noqa: E402
+from integration.judges.speculation import judge_speculation  # noqa: E402
+from integration.judges.tokens import TIE_NATS, agreed_steps, agreement, significantly_fewer_steps  # noqa: E402
+from integration.judges.vllm_run import judge, rule_calibration, runs_of  # noqa: E402
+from integration.run_e2e import mtp_specs, parallel_specs  # noqa: E402
 from mla_backend.inputs import make_paged_problem  # noqa: E402
 from mla_backend.reference import ROW_ERROR_TOLERANCE  # noqa: E402
 
@@ -92,7 +82,7 @@ def test_calibration_averages_over_the_reference_runs():
     assert calibration["rule_holds"]  # the peer leaves run 1 exactly where run 2 does: undecided
 
 
-# --- the forward_mqa check (integration/decode_check.py) -------------------------------------------
+# --- the forward_mqa check (integration/judges/decode_check.py) ------------------------------------
 
 
 def recorded_call(lengths, q_len=2, heads=4, damage=None, with_lse=True):
@@ -275,7 +265,7 @@ def test_parallel_runs_fail_on_any_rank_s_kernel_check(change):
 
 
 def test_the_ranks_summaries_merge_into_one_with_the_worst_errors(tmp_path):
-    from vllm_worker_check import merged_summary
+    from integration.engines.vllm_worker_check import merged_summary
 
     ranks = [
         summary(q_lens={"1": 10}, max_rel_error={"1": 2e-3}, checked_layers=["a"], max_lse_error=1e-4),
@@ -296,12 +286,13 @@ def test_the_worker_check_is_a_vllm_plugin_that_wraps_the_model_runner_only_when
     one is found on PYTHONPATH, and install() wraps the worker's model runner only with ENV set."""
     import importlib.metadata
 
-    import vllm_worker_check as check
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from integration.engines import vllm_worker_check as check
 
     monkeypatch.syspath_prepend(str(check.plugin_dir(tmp_path / "plugin")))
     plugins = importlib.metadata.entry_points(group="vllm.general_plugins")
-    found = [e for e in plugins if e.value == "vllm_worker_check:install"]
+    found = [e for e in plugins if e.value == "integration.engines.vllm_worker_check:install"]
     assert len(found) == 1
     originals = GPUModelRunner.load_model, GPUModelRunner.execute_model
     monkeypatch.delenv(check.ENV, raising=False)
@@ -320,8 +311,9 @@ def test_every_engine_of_the_matrix_is_valid_engine_arguments_for_vllm():
     EngineArgs knows (a misspelt or renamed one is a TypeError here, not on the GPU)."""
     import dataclasses
 
-    from engine import engine_kwargs
     from vllm.engine.arg_utils import EngineArgs
+
+    from integration.engines.vllm_spec import engine_kwargs
 
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
     for spec in [*mtp_specs(), *parallel_specs()]:
@@ -338,9 +330,10 @@ def test_the_serving_check_starts_vllm_serve_with_the_offline_engines_settings()
     the values are the offline engine's, so greedy tokens can be compared."""
     import dataclasses
 
-    from engine import EngineSpec, engine_kwargs
-    from serve_check import serve_command
     from vllm.engine.arg_utils import EngineArgs
+
+    from integration.engines.vllm_spec import EngineSpec, engine_kwargs
+    from integration.serve_check import serve_command
 
     spec = EngineSpec("CUSTOM", "fp8", 64, True)
     command = serve_command(spec, "/m", 8123, {"backend": "nope"})
@@ -362,8 +355,9 @@ def test_the_serving_check_starts_vllm_serve_with_the_offline_engines_settings()
 def test_the_worker_check_starts_after_the_model_loads_arms_on_the_first_step_and_reports_each_step(
     tmp_path, monkeypatch
 ):
-    import vllm_worker_check as check
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from integration.engines import vllm_worker_check as check
 
     events = []
 
@@ -408,8 +402,9 @@ def test_workers_that_vllm_spawns_find_the_worker_check(monkeypatch):
     directory must be there, not only on PYTHONPATH."""
     import multiprocessing
 
-    from engine import EngineSpec, check_in_workers
-    from vllm_worker_check import ENV
+    from integration.engines.vllm_engine import check_in_workers
+    from integration.engines.vllm_spec import EngineSpec
+    from integration.engines.vllm_worker_check import ENV
 
     monkeypatch.setattr(sys, "path", list(sys.path))
     for name in (ENV, "PYTHONPATH", "VLLM_WORKER_MULTIPROC_METHOD"):
@@ -417,15 +412,16 @@ def test_workers_that_vllm_spawns_find_the_worker_check(monkeypatch):
     directory = check_in_workers(EngineSpec("CUSTOM", "fp8", tp=2), corrupt=None)
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         seen = pool.apply(entry_points_seen_by_a_spawned_process)
-    assert "vllm_worker_check:install" in seen
+    assert "integration.engines.vllm_worker_check:install" in seen
     assert json.loads(os.environ[ENV])["dir"] == str(directory)
 
 
 def test_the_real_dimension_checkpoint_is_a_generative_deepseek_v3_to_vllm(tmp_path):
-    """integration/real_dims.py's config-only checkpoint: vLLM must serve it as a causal LM (taken
+    """integration/models/real_dims.py's config-only checkpoint: vLLM must serve it as a causal LM (taken
     for a pooling model, it would run without full CUDA graphs and refuse FULL_DECODE_ONLY)."""
-    from real_dims import save_config
     from vllm.config import ModelConfig
+
+    from integration.models.real_dims import save_config
 
     config = ModelConfig(model=save_config(tmp_path / "h16", 16), skip_tokenizer_init=True, dtype="bfloat16")
     assert config.runner_type == "generate" and config.architectures == ["DeepseekV3ForCausalLM"]

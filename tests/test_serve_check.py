@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-import serve_check  # noqa: E402
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the integration package, from the checkout
+from integration import serve_check  # noqa: E402
 
 
 def next_tokens(prompt, n):

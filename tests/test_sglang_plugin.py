@@ -389,18 +389,17 @@ def test_each_zoo_family_is_served_or_refused_as_the_zoo_says(family, layout, tm
 
 @pytest.mark.parametrize("corruption, within", [(1.0, True), (1.05, False)])
 def test_the_engine_check_passes_ours_and_fails_a_corrupted_output(monkeypatch, tmp_path, corruption, within):
-    """integration/sglang_decode_check.py, the float64 check the GPU end-to-end run installs in SGLang's
-    scheduler through a test-only entry point."""
+    """integration/engines/sglang_decode_check.py, the float64 check the GPU end-to-end run installs in
+    SGLang's scheduler through a test-only entry point, and its verdict (judges/decode_verdict.py)."""
     import json
     from importlib.metadata import entry_points
-    from pathlib import Path
 
-    integration = Path(__file__).resolve().parents[1] / "integration"
-    monkeypatch.syspath_prepend(str(integration))
-    import sglang_decode_check as check
+    from integration.engines import sglang_decode_check as check
+    from integration.judges.decode_verdict import judge_sglang_check
 
     monkeypatch.syspath_prepend(str(check.plugin_dir(tmp_path / "plugin")))
-    assert "sglang_decode_check:install" in [e.value for e in entry_points(group="sglang.srt.plugins")]
+    found = [e.value for e in entry_points(group="sglang.srt.plugins")]
+    assert "integration.engines.sglang_decode_check:install" in found
 
     summary = tmp_path / "summary.json"
     monkeypatch.setenv(check.ENV, json.dumps({"corruption": corruption, "summary": str(summary)}))
@@ -416,4 +415,4 @@ def test_the_engine_check_passes_ours_and_fails_a_corrupted_output(monkeypatch, 
     bk.forward_decode(q_nope, None, None, layer(torch.tensor(2.0)), batch, save_kv_cache=False, q_rope=q_rope)
     result = json.loads(summary.read_text())
     assert result["calls"] == 1 and result["rows"] == len(lengths) * HEADS
-    assert check.judge(result, fp8=True)[0] is within
+    assert judge_sglang_check(result, fp8=True)[0] is within

@@ -5,11 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+PACKAGE = Path(__file__).resolve().parents[1]  # this checkout's integration/, where the entry points live
+
 
 def entry_point_dir(root: Path, group: str, name: str, target: str) -> Path:
-    """Write a minimal installed distribution under ``root`` declaring ``name = target`` in ``group``."""
+    """Write a minimal installed distribution under ``root`` declaring ``name = target`` in ``group``,
+    and a link to this checkout's ``integration`` package, where ``target`` is found: on the path,
+    the directory alone lets a process load the entry point, and adds no other package of the
+    checkout (an installed mla_backend stays the one imported)."""
     info = root / f"{name}-0.dist-info"
     info.mkdir(parents=True, exist_ok=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 0\n")
     (info / "entry_points.txt").write_text(f"[{group}]\n{name} = {target}\n")
+    link = root / PACKAGE.name
+    link.unlink(missing_ok=True)
+    link.symlink_to(PACKAGE, target_is_directory=True)
     return root

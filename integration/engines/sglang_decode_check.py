@@ -1,12 +1,14 @@
 """Checks the SGLang plugin's decode calls on the real paged cache against the float64 reference, in
 eager mode: each call is recomputed as it happens, while the layer's cache still holds that step's
-state. The comparison is the vLLM check's (decode_check.check_call): rows that see at least
-MIN_VISIBLE_KEYS keys, worst relative L2 error of a row against ROW_ERROR_TOLERANCE.
+state. The comparison is the vLLM check's (integration/judges/decode_check.py's check_call): rows that
+see at least MIN_VISIBLE_KEYS keys, worst relative L2 error of a row; the summary is judged by
+integration/judges/decode_verdict.py's judge_sglang_check.
 
 SGLang serves from a scheduler process of its own, so the check is installed there the way SGLang
 installs plugins: ``plugin_dir`` writes a test-only entry point (group ``sglang.srt.plugins``) that
-runs ``install`` in every SGLang process; the settings travel in an environment variable and the
-scheduler writes its summary to a file after every call.
+runs ``install`` in every SGLang process (``plugin_env``: the environment that puts it on the path);
+the settings travel in an environment variable and the scheduler writes its summary to a file after
+every call.
 """
 
 from __future__ import annotations
@@ -16,14 +18,24 @@ import os
 from pathlib import Path
 
 import torch
-from entry_point_dir import entry_point_dir
+
+from integration.engines.entry_point_dir import entry_point_dir
 
 ENV = "MLA_E2E_DECODE_CHECK"  # {"corruption": float, "summary": path}
+ENTRY_POINT = "integration.engines.sglang_decode_check:install"
 
 
 def plugin_dir(root: Path) -> Path:
     """A directory to put on PYTHONPATH: it holds the test-only entry point."""
-    return entry_point_dir(root, "sglang.srt.plugins", "mla_backend_e2e_check", "sglang_decode_check:install")
+    return entry_point_dir(root, "sglang.srt.plugins", "mla_backend_e2e_check", ENTRY_POINT)
+
+
+def plugin_env(root: Path, corruption: float, summary: Path) -> dict:
+    """The environment of an engine whose decode calls are checked: the settings, and a PYTHONPATH
+    that starts with the entry point's directory (plugin_dir)."""
+    path = [str(plugin_dir(root)), os.environ.get("PYTHONPATH", "")]
+    settings = json.dumps({"corruption": corruption, "summary": str(summary)})
+    return {ENV: settings, "PYTHONPATH": os.pathsep.join(path)}
 
 
 def install() -> None:
@@ -31,8 +43,7 @@ def install() -> None:
     settings = os.environ.get(ENV)
     if not settings:
         return
-    from decode_check import DecodeCall, check_call
-
+    from integration.judges.decode_check import DecodeCall, check_call
     from mla_backend.sglang.backend import MLADecodeBackend
 
     settings = json.loads(settings)
@@ -69,17 +80,3 @@ def install() -> None:
         return out
 
     MLADecodeBackend._attend = attend
-
-
-def judge(summary: dict, fp8: bool) -> tuple[bool, str]:
-    from decode_check import MIN_VISIBLE_KEYS
-
-    from mla_backend.reference import ROW_ERROR_TOLERANCE
-
-    tolerance = ROW_ERROR_TOLERANCE[torch.float8_e4m3fn if fp8 else torch.bfloat16]
-    ok = summary["rows"] > 0 and summary["max_rel_err"] <= tolerance
-    note = (
-        f"max rel err {summary['max_rel_err']:.1e} (tol {tolerance:.0e}; {summary['calls']} calls, "
-        f"{summary['rows']} rows of >= {MIN_VISIBLE_KEYS} keys)"
-    )
-    return ok, note

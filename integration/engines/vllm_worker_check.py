@@ -1,4 +1,4 @@
-"""The decode check (decode_check.DecodeChecker) inside vLLM's worker processes, for engines that
+"""The decode check (vllm_decode_checker.DecodeChecker) inside vLLM's worker processes, for engines that
 run their model in other processes: tensor- and decode-context-parallel runs.
 
 ``plugin_dir`` writes a test-only entry point in the group ``vllm.general_plugins``, which every
@@ -19,13 +19,14 @@ import json
 import os
 from pathlib import Path
 
-from entry_point_dir import entry_point_dir
+from integration.engines.entry_point_dir import entry_point_dir
 
 ENV = "MLA_E2E_WORKER_CHECK"  # {"backend": "CUSTOM", "kv": "fp8" | "auto", "dir": path, "corrupt": null | float}
+ENTRY_POINT = "integration.engines.vllm_worker_check:install"
 
 
 def plugin_dir(root: Path) -> Path:
-    return entry_point_dir(root, "vllm.general_plugins", "mla_backend_worker_check", "vllm_worker_check:install")
+    return entry_point_dir(root, "vllm.general_plugins", "mla_backend_worker_check", ENTRY_POINT)
 
 
 def install() -> None:
@@ -64,9 +65,10 @@ def install() -> None:
 
 
 def start_checker(settings: dict):
-    from decode_check import DecodeChecker
-    from engine import KV_DTYPES
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from integration.engines.vllm_decode_checker import DecodeChecker
+    from integration.settings import KV_DTYPES
 
     backend = settings["backend"]
     checker = DecodeChecker(

@@ -1,5 +1,5 @@
-"""Checks an engine's MLA decode (``forward_mqa``) on the real paged cache against the float64
-reference, in eager and in CUDA-graph mode.
+"""Checks an in-process vLLM engine's MLA decode (``forward_mqa``) on the real paged cache against the
+float64 reference (integration/judges/decode_check.py), in eager and in CUDA-graph mode.
 
 Graph mode is where a wrapper around ``forward_mqa`` runs only while the graph is captured, never
 on the replays that serve decode. So, during capture, the wrapper also records copies of the call's
@@ -7,80 +7,20 @@ inputs and outputs into buffers it keeps (probes) and bumps a counter: every rep
 After each model step the checker reads the probes of the graphs that replayed (their counters
 moved) and recomputes those calls in float64 while the cache still holds that step's state. Eager
 calls are copied the same way as they happen. Only calls made after the engine finished starting
-(``arm()``) count: warm-up, profiling and capture runs carry dummy data.
-
-A checked row must see at least MIN_VISIBLE_KEYS keys: with one key, softmax is exactly 1 and any
-kernel returns that key's V exactly.
+(``arm()``) count: warm-up, profiling and capture runs carry dummy data. Rows that see fewer than
+MIN_VISIBLE_KEYS keys are not counted as checked (judges/decode_check.py says why).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
 import torch
 
-from mla_backend.reference import (
-    LSE_ABS_TOLERANCE,
-    LSE_REL_TOLERANCE,
-    ROW_ERROR_TOLERANCE,
-    mla_decode_reference,
-    visible_lengths,
-)
+from integration.judges.decode_check import DecodeCall, check_call
+from mla_backend.reference import ROW_ERROR_TOLERANCE
 
-MIN_VISIBLE_KEYS = 16
 MAX_PROBES = 4096  # graph-captured calls the counters cover (layers x captured batch sizes)
-
-
-@dataclass(eq=False)  # compared by identity: its fields are tensors
-class DecodeCall:
-    """One forward_mqa call: its inputs and outputs as copies (eager) or probes (graphs)."""
-
-    layer: str
-    query: torch.Tensor  # [tokens, H, 576], the dtype the kernel read
-    kv_cache: torch.Tensor  # the layer's cache itself: read after the step, before the next one writes
-    block_table: torch.Tensor
-    seq_lens: torch.Tensor
-    num_decodes: int
-    q_len: int
-    bmm1: float
-    bmm2: float
-    out: torch.Tensor  # [tokens, H, 512]
-    lse: torch.Tensor | None  # [tokens, H] natural log, or None where the backend returned none
-
-
-@dataclass
-class CallCheck:
-    rows: int  # (request, token, head) rows compared, each seeing >= MIN_VISIBLE_KEYS keys
-    out_error: float  # worst relative L2 error of an output row
-    lse_error: float | None  # worst |LSE - reference| beyond its tolerance's relative part, if returned
-    lse_ok: bool
-
-
-def check_call(call: DecodeCall) -> CallCheck:
-    """Recompute one call in float64; compare rows that see at least MIN_VISIBLE_KEYS keys."""
-    requests, q_len = call.num_decodes, call.q_len
-    tokens, heads, dim = call.query.shape
-    query = call.query.view(requests, q_len, heads, dim)
-    seq_lens = call.seq_lens[:requests]
-    want, want_lse = mla_decode_reference(
-        query, call.kv_cache, call.block_table[:requests], seq_lens, call.bmm1, call.bmm2
-    )
-    visible = torch.tensor([visible_lengths(n, q_len) for n in seq_lens.tolist()], device=seq_lens.device)
-    rows = (visible >= MIN_VISIBLE_KEYS)[:, :, None].expand(requests, q_len, heads).reshape(tokens, heads)
-    want, want_lse = want.reshape(tokens, heads, -1), want_lse.reshape(tokens, heads)
-    got = call.out.reshape(tokens, heads, -1).double()
-    if not rows.any():
-        return CallCheck(0, 0.0, None, True)
-    error = ((got - want).norm(dim=-1) / want.norm(dim=-1))[rows]
-    out_error = float("inf") if not torch.isfinite(got[rows]).all() else error.max().item()
-    lse_error, lse_ok = None, True
-    if call.lse is not None:
-        delta = (call.lse.reshape(tokens, heads).double() - want_lse)[rows].abs()
-        allowed = LSE_ABS_TOLERANCE + LSE_REL_TOLERANCE * want_lse[rows].abs()
-        lse_error = delta.max().item() if torch.isfinite(delta).all() else float("inf")
-        lse_ok = bool((delta <= allowed).all())
-    return CallCheck(int(rows.sum()), out_error, lse_error, lse_ok)
 
 
 class DecodeChecker:

@@ -1,6 +1,7 @@
 """One vLLM engine run for the end-to-end checks: greedy generation with logprobs, plus a check of
 the backend's forward_mqa outputs on the real paged cache against the float64 reference
-(decode_check.py), in eager and CUDA-graph mode.
+(vllm_decode_checker.py), in eager and CUDA-graph mode; in worker processes for multi-GPU engines
+(vllm_worker_check.py). Decode throughput of one backend (decode_tokens_per_s).
 
 Engines run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the check can wrap the impl."""
 
@@ -13,46 +14,18 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import torch  # noqa: E402
-from decode_check import DecodeChecker  # noqa: E402
-from vllm_worker_check import ENV as WORKER_CHECK_ENV  # noqa: E402
-from vllm_worker_check import merged_summary, plugin_dir  # noqa: E402
 
-KV_DTYPES = {"fp8": torch.float8_e4m3fn, "auto": torch.bfloat16}  # vLLM's --kv-cache-dtype -> torch, bf16 model
-
-
-@dataclass
-class EngineSpec:
-    backend: str  # CUSTOM (ours), FLASHMLA, FLASH_ATTN_MLA, TRITON_MLA
-    kv_cache_dtype: str = "auto"  # auto (= bf16 model dtype) or fp8
-    block_size: int = 64
-    graphs: bool = True  # full CUDA graphs for decode; False = enforce_eager
-    spec_tokens: int = 0  # speculative tokens per step
-    spec_method: str = "ngram"  # ngram (vLLM's GPU n-gram proposer) or mtp (the checkpoint's MTP layer)
-    mla_backend: dict = field(default_factory=dict)  # additional_config["mla_backend"]
-    max_num_seqs: int = 16
-    tp: int = 1  # tensor parallel size (heads split over GPUs)
-    dcp: int = 1  # decode context parallel size (KV split over GPUs; our LSE merges the parts)
-
-    @property
-    def name(self) -> str:
-        parts = [
-            self.backend,
-            "fp8" if self.kv_cache_dtype == "fp8" else "bf16",
-            f"b{self.block_size}",
-            "graph" if self.graphs else "eager",
-        ]
-        if self.spec_tokens:
-            parts.append(f"{self.spec_method}{self.spec_tokens}")
-        parts += [f"tp{self.tp}"] if self.tp > 1 else []
-        parts += [f"dcp{self.dcp}"] if self.dcp > 1 else []
-        parts += [f"{k}={v}" for k, v in self.mla_backend.items()]
-        return " ".join(parts)
+from integration.engines.vllm_decode_checker import DecodeChecker  # noqa: E402
+from integration.engines.vllm_spec import EngineSpec, engine_kwargs  # noqa: E402
+from integration.engines.vllm_worker_check import ENV as WORKER_CHECK_ENV  # noqa: E402
+from integration.engines.vllm_worker_check import merged_summary, plugin_dir  # noqa: E402
+from integration.settings import KV_DTYPES  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -80,45 +53,6 @@ def after_each_step(callback):
     finally:
         for runner, original in originals.items():
             runner.execute_model = original
-
-
-def engine_kwargs(spec: EngineSpec, model: str, max_model_len: int, memory_fraction: float) -> dict:
-    """vLLM LLM(...) arguments for one engine of the matrix."""
-    kwargs = dict(
-        model=model,
-        skip_tokenizer_init=True,
-        dtype="bfloat16",
-        seed=0,
-        max_model_len=max_model_len,
-        max_num_seqs=spec.max_num_seqs,
-        gpu_memory_utilization=memory_fraction,
-        kv_cache_dtype=spec.kv_cache_dtype,
-        block_size=spec.block_size,
-        attention_backend=spec.backend,
-        enforce_eager=not spec.graphs,
-        additional_config={"mla_backend": spec.mla_backend} if spec.mla_backend else {},
-        enable_prefix_caching=False,
-        tensor_parallel_size=spec.tp,
-        decode_context_parallel_size=spec.dcp,
-    )
-    if spec.graphs:  # full graphs for decode without an inductor compile: quick to start
-        kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
-    if spec.spec_tokens:
-        kwargs["disable_log_stats"] = False  # keeps the speculative-decoding counters
-    if spec.spec_tokens and spec.spec_method == "mtp":
-        # DeepSeek-V3's own drafter: the checkpoint's MTP layer, run k times; its attention is ours too.
-        kwargs["speculative_config"] = {"method": "deepseek_mtp", "num_speculative_tokens": spec.spec_tokens}
-    elif spec.spec_tokens:
-        # A random model does not copy its prompt: a 1-token lookup still finds drafts in long prompts.
-        kwargs["speculative_config"] = {
-            "method": "ngram_gpu",
-            "num_speculative_tokens": spec.spec_tokens,
-            "prompt_lookup_min": 1,
-            "prompt_lookup_max": 3,
-        }
-        if spec.graphs:  # the GPU n-gram proposer is a torch.compile'd module
-            kwargs["compilation_config"] = {"mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE"}
-    return kwargs
 
 
 def run_engine(
@@ -180,13 +114,12 @@ def check_in_workers(spec: EngineSpec, corrupt: float | None) -> Path:
     """Multi-GPU engines run the model in worker processes: the check goes there through a test-only
     vLLM plugin (vllm_worker_check.py); the ranks' summaries land in the returned directory. Call
     in a process of its own (run_engine_isolated): the settings stay in its environment."""
-    here = Path(__file__).resolve().parent
     directory = Path(tempfile.mkdtemp(prefix="mla_worker_check_"))
     settings = {"backend": spec.backend, "kv": spec.kv_cache_dtype, "dir": str(directory), "corrupt": corrupt}
     os.environ[WORKER_CHECK_ENV] = json.dumps(settings)
     plugins = plugin_dir(directory / "plugin")
     sys.path.insert(0, str(plugins))  # a spawned worker takes its parent's sys.path, not PYTHONPATH
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugins), str(here), os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugins), os.environ.get("PYTHONPATH")]))
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # fresh workers read PYTHONPATH and load the plugin
     return directory
 

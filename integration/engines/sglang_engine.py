@@ -1,0 +1,92 @@
+"""One SGLang engine for the end-to-end check (integration/sglang_e2e.py): greedy tokens with top-2
+logprobs, then decode tokens/s; each engine in a process of its own (run_isolated runs this file,
+which reads its settings as JSON on stdin and prints its result as one JSON line)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+NEW_TOKENS = 32
+PAGE_SIZE = 64
+THROUGHPUT = dict(batch=32, context=2048, new_tokens=128)
+
+
+def run_engine(
+    model: str, prompts: list[list[int]], decode: str, kv: str, graphs: bool, greedy_only: bool = False
+) -> dict:
+    """One engine (this process): greedy tokens with top-2 logprobs, then decode tokens/s."""
+    import sglang
+    import torch
+
+    engine = sglang.Engine(
+        model_path=model,
+        skip_tokenizer_init=True,
+        page_size=PAGE_SIZE,
+        prefill_attention_backend="triton",
+        decode_attention_backend=decode,
+        kv_cache_dtype=kv,
+        disable_cuda_graph=not graphs,
+        cuda_graph_max_bs_decode=THROUGHPUT["batch"],
+        disable_radix_cache=True,
+        sampling_backend="pytorch",
+        grammar_backend="none",
+        mem_fraction_static=0.5,
+        log_level="warning",
+    )
+    try:
+        greedy = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
+        outs = engine.generate(input_ids=prompts, sampling_params=greedy, return_logprob=True, top_logprobs_num=2)
+        tokens = [o["output_ids"] for o in outs]
+        gaps = [[step[0][0] - step[1][0] for step in o["meta_info"]["output_top_logprobs"]] for o in outs]
+        if greedy_only:
+            return {"tokens": tokens, "gaps": gaps}
+        gen = torch.Generator().manual_seed(7)
+        batch = [
+            torch.randint(0, 2048, (THROUGHPUT["context"],), generator=gen).tolist() for _ in range(THROUGHPUT["batch"])
+        ]
+        params = {"temperature": 0.0, "max_new_tokens": THROUGHPUT["new_tokens"], "ignore_eos": True}
+        engine.generate(input_ids=batch, sampling_params={**params, "max_new_tokens": 4})  # warm-up
+        start = time.perf_counter()
+        engine.generate(input_ids=batch, sampling_params=params)
+        seconds = time.perf_counter() - start
+    finally:
+        engine.shutdown()
+    return {"tokens": tokens, "gaps": gaps, "tokens_per_s": THROUGHPUT["batch"] * THROUGHPUT["new_tokens"] / seconds}
+
+
+def run_isolated(
+    model: str,
+    prompts: list[list[int]],
+    decode: str,
+    kv: str,
+    graphs: bool,
+    log: Path,
+    greedy_only: bool = False,
+    env: dict | None = None,
+) -> dict:
+    """run_engine in a process of its own, its stderr appended to ``log``; {"error": ...} where it failed."""
+    spec = {"model": model, "prompts": prompts, "decode": decode, "kv": kv, "graphs": graphs}
+    with open(log, "a") as sink:
+        done = subprocess.run(
+            [sys.executable, __file__],
+            input=json.dumps({**spec, "greedy_only": greedy_only}),
+            stdout=subprocess.PIPE,
+            stderr=sink,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"error": f"exit {done.returncode}; see {log.name}"}
+    return json.loads(lines[-1])
+
+
+if __name__ == "__main__":
+    spec = json.loads(sys.stdin.read())
+    run = run_engine(spec["model"], spec["prompts"], spec["decode"], spec["kv"], spec["graphs"], spec["greedy_only"])
+    print(json.dumps(run), flush=True)

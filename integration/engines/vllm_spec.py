@@ -1,0 +1,73 @@
+"""One vLLM engine of the end-to-end matrix (EngineSpec) and its ``LLM(...)`` arguments."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EngineSpec:
+    backend: str  # CUSTOM (ours), FLASHMLA, FLASH_ATTN_MLA, TRITON_MLA
+    kv_cache_dtype: str = "auto"  # auto (= bf16 model dtype) or fp8
+    block_size: int = 64
+    graphs: bool = True  # full CUDA graphs for decode; False = enforce_eager
+    spec_tokens: int = 0  # speculative tokens per step
+    spec_method: str = "ngram"  # ngram (vLLM's GPU n-gram proposer) or mtp (the checkpoint's MTP layer)
+    mla_backend: dict = field(default_factory=dict)  # additional_config["mla_backend"]
+    max_num_seqs: int = 16
+    tp: int = 1  # tensor parallel size (heads split over GPUs)
+    dcp: int = 1  # decode context parallel size (KV split over GPUs; our LSE merges the parts)
+
+    @property
+    def name(self) -> str:
+        parts = [
+            self.backend,
+            "fp8" if self.kv_cache_dtype == "fp8" else "bf16",
+            f"b{self.block_size}",
+            "graph" if self.graphs else "eager",
+        ]
+        if self.spec_tokens:
+            parts.append(f"{self.spec_method}{self.spec_tokens}")
+        parts += [f"tp{self.tp}"] if self.tp > 1 else []
+        parts += [f"dcp{self.dcp}"] if self.dcp > 1 else []
+        parts += [f"{k}={v}" for k, v in self.mla_backend.items()]
+        return " ".join(parts)
+
+
+def engine_kwargs(spec: EngineSpec, model: str, max_model_len: int, memory_fraction: float) -> dict:
+    """vLLM LLM(...) arguments for one engine of the matrix."""
+    kwargs = dict(
+        model=model,
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        seed=0,
+        max_model_len=max_model_len,
+        max_num_seqs=spec.max_num_seqs,
+        gpu_memory_utilization=memory_fraction,
+        kv_cache_dtype=spec.kv_cache_dtype,
+        block_size=spec.block_size,
+        attention_backend=spec.backend,
+        enforce_eager=not spec.graphs,
+        additional_config={"mla_backend": spec.mla_backend} if spec.mla_backend else {},
+        enable_prefix_caching=False,
+        tensor_parallel_size=spec.tp,
+        decode_context_parallel_size=spec.dcp,
+    )
+    if spec.graphs:  # full graphs for decode without an inductor compile: quick to start
+        kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
+    if spec.spec_tokens:
+        kwargs["disable_log_stats"] = False  # keeps the speculative-decoding counters
+    if spec.spec_tokens and spec.spec_method == "mtp":
+        # DeepSeek-V3's own drafter: the checkpoint's MTP layer, run k times; its attention is ours too.
+        kwargs["speculative_config"] = {"method": "deepseek_mtp", "num_speculative_tokens": spec.spec_tokens}
+    elif spec.spec_tokens:
+        # A random model does not copy its prompt: a 1-token lookup still finds drafts in long prompts.
+        kwargs["speculative_config"] = {
+            "method": "ngram_gpu",
+            "num_speculative_tokens": spec.spec_tokens,
+            "prompt_lookup_min": 1,
+            "prompt_lookup_max": 3,
+        }
+        if spec.graphs:  # the GPU n-gram proposer is a torch.compile'd module
+            kwargs["compilation_config"] = {"mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE"}
+    return kwargs

@@ -1,0 +1,63 @@
+"""The tie rule on greedy tokens, and the token comparisons it rests on.
+
+Two correct backends' greedy tokens part where two logits nearly tie. So ours must agree with a
+reference up to the reference's first tie: a step where its top-2 logprob gap is below TIE_NATS, or
+where vLLM disagrees with itself there (a second backend, or the same backend run again, differs).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+TIE_NATS = 0.1
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first step where two token streams differ; a stream that stops early differs where it stops."""
+    step = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if step is None and len(a) != len(b):
+        return min(len(a), len(b))
+    return step
+
+
+def agreement(
+    ours: list[list[int]], ref: list[list[int]], ref_gaps: list[list[float]], *others: list[list[int]]
+) -> dict:
+    """Per prompt: the first step where tokens differ and the first tie of the reference: a top-2
+    gap below TIE_NATS, or a step where the reference and another run of vLLM's (its second
+    backend, or the same backend run again) differ: vLLM itself is undecided there."""
+    if len(ours) != len(ref):
+        raise ValueError(f"{len(ours)} outputs for {len(ref)} reference prompts")
+    divergent, failures = [], []
+    for i, (a, b) in enumerate(zip(ours, ref)):
+        differ = first_difference(a, b)
+        if differ is None:
+            continue
+        first_tie = next((k for k, gap in enumerate(ref_gaps[i]) if gap < TIE_NATS), len(b))
+        for other in others:
+            undecided = first_difference(b, other[i])
+            first_tie = min(first_tie, len(b) if undecided is None else undecided)
+        divergent.append((i, differ, first_tie))
+        if differ < first_tie:
+            failures.append((i, differ, first_tie))
+    return {"identical": len(ours) - len(divergent), "divergent": divergent, "failures": failures, "ok": not failures}
+
+
+def steps_per_prompt(ours: list[list[int]], ref: list[list[int]]) -> list[int]:
+    """Per prompt, the greedy steps before the first difference (all of them where none)."""
+    return [len(b) if (k := first_difference(a, b)) is None else k for a, b in zip(ours, ref)]
+
+
+def agreed_steps(ours: list[list[int]], ref: list[list[int]]) -> int:
+    return sum(steps_per_prompt(ours, ref))
+
+
+def significantly_fewer_steps(ours: list[int], peer: list[int], z: float = 2.0) -> bool:
+    """Whether ours stays with its reference fewer steps than the peer with its own, beyond chance:
+    the mean per-prompt difference below -z standard errors. (A plain "ours >= peer" would fail half
+    the time for two backends of equal quality: FP8 divergence points are noisy.)"""
+    diffs = [a - b for a, b in zip(ours, peer, strict=True)]
+    mean = statistics.fmean(diffs)
+    spread = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
+    return mean < 0 and mean < -z * spread

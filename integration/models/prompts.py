@@ -1,0 +1,26 @@
+"""Seeded prompts (token ids of the 2048-token vocabulary of the seeded checkpoints)."""
+
+from __future__ import annotations
+
+import torch
+
+RANDOM_PROMPT_LENGTHS = [1, 5, 33, 100, 257, 511, 780, 1000]
+REPEATED_PROMPT_LENGTHS = [64, 200, 400, 900]  # a repeated 12-token motif: n-gram drafts find matches
+
+
+def make_spec_prompts(seed: int = 0, vocab: int = 2048, count: int = 12) -> list[list[int]]:
+    """Each prompt holds every token of the vocabulary once, so the n-gram proposer finds the last
+    token somewhere in it at every step and drafts k tokens for every request: the verification
+    batches are uniform (1 + k tokens each) and reach forward_mqa. With random prompts most steps
+    mix requests with and without drafts, and vLLM sends such batches' drafts to the prefill path."""
+    generator = torch.Generator().manual_seed(1000 + seed)
+    return [torch.randperm(vocab, generator=generator).tolist() for _ in range(count)]
+
+
+def make_prompts(seed: int = 0, vocab: int = 2048) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in RANDOM_PROMPT_LENGTHS]
+    for n in REPEATED_PROMPT_LENGTHS:
+        motif = torch.randint(0, vocab, (12,), generator=generator).tolist()
+        prompts.append((motif * (n // 12 + 1))[:n])
+    return prompts

@@ -1,0 +1,13 @@
+"""Settings more than one room of integration/ reads. A leaf: it imports nothing from integration."""
+
+from __future__ import annotations
+
+import torch
+
+KV_DTYPES = {"fp8": torch.float8_e4m3fn, "auto": torch.bfloat16}  # vLLM's --kv-cache-dtype -> torch, bf16 model
+# Per KV dtype: the references the tie rule is applied against, then a second vLLM backend that
+# calibrates the rule (does vLLM agree with itself under it on this model?).
+REFERENCES = {"fp8": ["FLASHMLA"], "auto": ["FLASH_ATTN_MLA", "TRITON_MLA"]}
+PEERS = {"fp8": ("TRITON_MLA", "FLASHMLA"), "auto": ("TRITON_MLA", "FLASH_ATTN_MLA")}
+SPEC_MAX_MODEL_LEN = 4096  # the speculative prompts are the whole 2048-token vocabulary
+SELFTEST_CORRUPTION = 1.05  # outputs x 1.05 and LSE + 0.5: the check must fail
