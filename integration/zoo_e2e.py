@@ -30,7 +30,7 @@ import torch
 # (the mla_backend under test is the installed one).
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 from integration.engines.glm_dense_only import allow_dense_only_glm  # noqa: E402
-from integration.engines.vllm_engine import release_engine, run_engine, run_engine_isolated  # noqa: E402
+from integration.engines.vllm_engine import SETUP_ENV, release_engine, run_engine, run_engine_isolated  # noqa: E402
 from integration.engines.vllm_references import reference_runs  # noqa: E402
 from integration.engines.vllm_spec import EngineSpec, engine_kwargs  # noqa: E402
 from integration.judges.decode_verdict import judge_selftest  # noqa: E402
@@ -130,6 +130,7 @@ def main() -> int:
     out, model_dir, kvs = Path(args.out), Path(args.model_dir), set(args.kv.split(","))
     out.mkdir(parents=True, exist_ok=True)
     allow_dense_only_glm()
+    os.environ[SETUP_ENV] = f"{allow_dense_only_glm.__module__}:{allow_dense_only_glm.__name__}"  # --isolated
     rows: list = []
     ok = True
     if args.refusals:  # quick: each stops at start-up

@@ -426,3 +426,16 @@ def test_the_real_dimension_checkpoint_is_a_generative_deepseek_v3_to_vllm(tmp_p
     config = ModelConfig(model=save_config(tmp_path / "h16", 16), skip_tokenizer_init=True, dtype="bfloat16")
     assert config.runner_type == "generate" and config.architectures == ["DeepseekV3ForCausalLM"]
     assert config.hf_config.num_attention_heads == 16 and config.hf_config.kv_lora_rank == 512
+
+
+def test_an_isolated_engine_process_applies_the_parents_patches_first(monkeypatch):
+    """zoo_e2e --isolated: the spawned engine process calls each SETUP_ENV target before building the engine."""
+    from integration.engines import vllm_engine
+
+    order = []
+    monkeypatch.setattr(vllm_engine, "run_engine", lambda *a, **k: order.append("engine") or {"ran": a})
+    monkeypatch.setitem(sys.modules, "zoo_patch_probe", type(sys)("zoo_patch_probe"))
+    sys.modules["zoo_patch_probe"].patch = lambda: order.append("patch")
+    monkeypatch.setenv(vllm_engine.SETUP_ENV, "zoo_patch_probe:patch")
+    assert vllm_engine._set_up_then_run("spec") == {"ran": ("spec",)}
+    assert order == ["patch", "engine"]

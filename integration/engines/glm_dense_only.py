@@ -5,8 +5,8 @@ from __future__ import annotations
 
 def allow_dense_only_glm() -> None:
     """vLLM 0.26's GLM-4.7-Flash describes its experts for EPLB from its first MoE layer and raises
-    where there is none; the zoo's checkpoints are dense (no MoE kernel is needed). The engines run in
-    this process, so the description is skipped here."""
+    where there is none; the zoo's checkpoints are dense (no MoE kernel is needed), so the description
+    is skipped. Call it in each process that builds an engine (vllm_engine.SETUP_ENV for isolated ones)."""
     from vllm.model_executor.models.glm4_moe import Glm4MixtureOfExperts
 
     original = Glm4MixtureOfExperts.extract_moe_parameters

@@ -146,7 +146,21 @@ def run_engine_isolated(
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(run_engine, spec, model, prompts, max_model_len=max_model_len, **kwargs).result()
+        job = pool.submit(_set_up_then_run, spec, model, prompts, max_model_len=max_model_len, **kwargs)
+        return job.result()
+
+
+SETUP_ENV = "MLA_E2E_ENGINE_SETUP"  # "module:function" that an isolated engine's process calls first
+
+
+def _set_up_then_run(*args, **kwargs) -> dict:
+    """run_engine after the patches the parent process applied (a spawned process has none of them)."""
+    import importlib
+
+    for target in filter(None, os.environ.get(SETUP_ENV, "").split(",")):
+        module, name = target.split(":")
+        getattr(importlib.import_module(module), name)()
+    return run_engine(*args, **kwargs)
 
 
 def top2_gap(step_logprobs: dict) -> float:
