@@ -439,3 +439,33 @@ def test_an_isolated_engine_process_applies_the_parents_patches_first(monkeypatc
     monkeypatch.setenv(vllm_engine.SETUP_ENV, "zoo_patch_probe:patch")
     assert vllm_engine._set_up_then_run("spec") == {"ran": ("spec",)}
     assert order == ["patch", "engine"]
+
+
+def test_sglang_engines_get_the_flashinfer_stand_in_only_where_flashinfer_is_absent(monkeypatch):
+    """integration/sglang_e2e.py on the lent GPU's image (no FlashInfer): each engine process gets the
+    stand-in package, whose names import and raise if called; where FlashInfer is installed, nothing changes."""
+    import importlib.util
+    import subprocess
+
+    from integration.engines import sglang_engine
+
+    real_find_spec = importlib.util.find_spec
+    if real_find_spec("flashinfer") is not None:  # installed (CI's venv): engines get nothing
+        assert sglang_engine.flashinfer_env({"PYTHONPATH": "/elsewhere"}) == {}
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "flashinfer" else real_find_spec(name, *a)
+    )
+    env = sglang_engine.flashinfer_env({"PYTHONPATH": "/elsewhere"})
+    assert env["SGLANG_IS_FLASHINFER_AVAILABLE"] == "false"
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(sglang_engine.NO_FLASHINFER), "/elsewhere"]
+    probe = (
+        "from flashinfer import bmm_fp8\n"
+        "from flashinfer.sampling import min_p_sampling_from_probs, top_k_top_p_sampling_from_probs\n"
+        "for f in (bmm_fp8, min_p_sampling_from_probs, top_k_top_p_sampling_from_probs):\n"
+        "    try:\n        f()\n    except RuntimeError as e:\n        assert 'not installed' in str(e)\n"
+        "    else:\n        raise SystemExit('called')\n"
+        "import flashinfer; print(flashinfer.__file__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **env}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith(str(sglang_engine.NO_FLASHINFER))

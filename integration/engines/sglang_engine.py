@@ -1,6 +1,7 @@
 """One SGLang engine for the end-to-end check (integration/sglang_e2e.py): greedy tokens with top-2
 logprobs, then decode tokens/s; each engine in a process of its own (run_isolated runs this file,
-which reads its settings as JSON on stdin and prints its result as one JSON line)."""
+which reads its settings as JSON on stdin and prints its result as one JSON line). Where FlashInfer is
+not installed, the process gets the stand-in package of no_flashinfer/ (flashinfer_env)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,20 @@ def run_engine(
     return {"tokens": tokens, "gaps": gaps, "tokens_per_s": THROUGHPUT["batch"] * THROUGHPUT["new_tokens"] / seconds}
 
 
+NO_FLASHINFER = Path(__file__).with_name("no_flashinfer")
+
+
+def flashinfer_env(environ: dict[str, str]) -> dict[str, str]:
+    """Variables an engine process needs where FlashInfer is not installed (the lent GPU's image): the
+    stand-in package on its path and SGLang told FlashInfer is unavailable; none where it is installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("flashinfer") is not None:
+        return {}
+    path = os.pathsep.join(filter(None, [str(NO_FLASHINFER), environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path, "SGLANG_IS_FLASHINFER_AVAILABLE": "false"}
+
+
 def run_isolated(
     model: str,
     prompts: list[list[int]],
@@ -78,7 +93,7 @@ def run_isolated(
             stdout=subprocess.PIPE,
             stderr=sink,
             text=True,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, **flashinfer_env(dict(os.environ)), **(env or {})},
         )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
