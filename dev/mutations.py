@@ -442,6 +442,13 @@ MUTATIONS = [
         "    if False:",
         "op launches with no kernel",
     ),
+    # the end-to-end judge
+    M(
+        "integration/judges/vllm_run.py",
+        '    if result["routes"] != [expect_route]:',
+        '    if expect_route not in result["routes"] + [expect_route]:',
+        "the judge ignores the route that served the run",
+    ),
     # the route table lookup
     M(
         "mla_backend/vllm/engine_best.py",

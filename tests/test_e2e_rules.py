@@ -207,6 +207,17 @@ def test_fallback_runs_are_judged_against_triton_mla_not_a_peer_of_it():
     assert not judge(result, refs, "fallback")[0]
 
 
+@pytest.mark.parametrize("routes", [["bundled"], ["fallback", "bundled"], []])
+def test_a_run_served_by_another_route_fails_whatever_its_tokens(routes):
+    """Right tokens from the wrong kernel (or from no call of ours) prove nothing about the expected one."""
+    run = lambda tokens: {"tokens": tokens, "gaps": WIDE}  # noqa: E731
+    refs = {"FLASHMLAfp8": run(REF), "TRITON_MLAfp8": run(REF)}
+    result = {"spec": {**SPEC, "graphs": False}, "tokens": REF, "decode_check": summary(checked_graph_calls=0)}
+    assert judge({**result, "routes": ["fallback"]}, refs, "fallback")[0]
+    ok, notes = judge({**result, "routes": routes}, refs, "fallback")
+    assert not ok and f"route {routes} != fallback" in notes
+
+
 TP2 = {**SPEC, "tp": 2}
 
 
