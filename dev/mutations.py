@@ -442,6 +442,25 @@ MUTATIONS = [
         "    if False:",
         "op launches with no kernel",
     ),
+    # the Triton fallback against vLLM's real op (Triton's interpreter)
+    M(
+        "mla_backend/vllm/fallback.py",
+        "        cache[..., :kv_lora_rank],",
+        "        cache[..., -kv_lora_rank:],",
+        "fallback's V slice at the wrong offset",
+    ),
+    M(
+        "mla_backend/vllm/fallback.py",
+        "        v_scale=k_scale,",
+        "        v_scale=None,",
+        "fallback's V left unscaled",
+    ),
+    M(
+        "mla_backend/vllm/fallback.py",
+        "shape[2],\n        sm_scale,",
+        "shape[2] * 2,\n        sm_scale,",
+        "fallback told more splits than its scratch holds",
+    ),
     # the end-to-end judge
     M(
         "integration/judges/vllm_run.py",
