@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -83,7 +84,9 @@ def check_scale(name: str, scale, device: torch.device) -> float | torch.Tensor:
         f"{name} must be a float or a one-element float32 tensor, got {type(scale).__name__}",
         TypeError,
     )
-    return float(scale)
+    value = float(scale)
+    _require(math.isfinite(value), f"{name} must be finite, got {scale!r}")
+    return value
 
 
 def split_query(query) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -222,7 +225,7 @@ def check_decode_inputs(
             TypeError,
         )
     _require(
-        qk_nope_head_dim in shapes.QK_NOPE_HEAD_DIMS,
+        type(qk_nope_head_dim) is int and qk_nope_head_dim in shapes.QK_NOPE_HEAD_DIMS,
         f"qk_nope_head_dim must be one of {shapes.QK_NOPE_HEAD_DIMS}, got {qk_nope_head_dim}",
     )
 
@@ -241,9 +244,14 @@ def check_decode_inputs(
     # ranks and sizes
     batch, q_len, heads, _ = q_nope.shape
     _require(1 <= q_len <= shapes.MAX_Q_LEN, f"q_len (query.shape[1]) must be 1..{shapes.MAX_Q_LEN}, got {q_len}")
-    _require(1 <= heads <= shapes.MAX_HEADS, f"number of heads must be 1..{shapes.MAX_HEADS}, got {heads}")
+    _require(
+        1 <= heads <= shapes.MAX_HEADS, f"number of heads (query.shape[2]) must be 1..{shapes.MAX_HEADS}, got {heads}"
+    )
     num_pages, page_size, _ = kv_nope.shape
-    _require(page_size in shapes.PAGE_SIZES, f"page size must be one of {shapes.PAGE_SIZES}, got {page_size}")
+    _require(
+        page_size in shapes.PAGE_SIZES,
+        f"page size (kv_cache.shape[-2]) must be one of {shapes.PAGE_SIZES}, got {page_size}",
+    )
     _require(
         block_tables.dim() == 2 and block_tables.shape[0] == batch,
         f"block_tables must be [batch={batch}, max_pages], got {tuple(block_tables.shape)}",
@@ -266,6 +274,10 @@ def check_decode_inputs(
 
     # devices
     device = q_nope.device
+    _require(
+        device.type in ("cpu", "cuda"),
+        f"query is on {device}: the op runs on CUDA tensors (kernels) or CPU tensors (float64 reference)",
+    )
     for name, t in (
         ("kv_cache", kv_nope),
         ("block_tables", block_tables),
