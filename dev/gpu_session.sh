@@ -6,7 +6,9 @@
 # Expects, carried in .gpu/ (git-ignored): the offline vLLM 0.26 bundle (../shared/gpu/README.md),
 # the project's wheel in .gpu/dist/ (built here for the GPU's architecture) and any extra wheels in
 # .gpu/extra/. Installs them under /tmp (kept while the machine stays warm), then runs PART:
-#   zoo (integration/zoo_e2e.py: FAMILIES, ZOO_KV, SELFTEST=1, REFUSALS=1, ISOLATED=1)
+#   sglang (integration/sglang_e2e.py, alone in its call: carry .gpu-sglang, the SGLang bundle of
+#     ../shared/gpu/README.md, and .gpu/dist instead of the vLLM bundle; SGL_KV, SGL_PARTS)
+#   | zoo (integration/zoo_e2e.py: FAMILIES, ZOO_KV, SELFTEST=1, REFUSALS=1, ISOLATED=1)
 #   | serve | mtp | parallel | correctness | enginebest | enginebest_parallel | realdims | variants | inputs | placement
 #   | gputests (TEST_FILES, default the kernel tests and the peers' grids; their per-case errors in $OUT/grids.jsonl)
 #   | bench | routes
@@ -22,9 +24,15 @@ HEADS=${HEADS:-16}
 KV=${KV:-fp8}
 LIMIT=${LIMIT:-560}
 
-[ -d /tmp/site/vllm ] || bash .gpu/install_on_gpu.sh .gpu /tmp/site >/dev/null || exit 1
-# shellcheck disable=SC1091
-source /tmp/site/env.sh
+if [ "$PART" = sglang ]; then  # SGLang cannot share a site with vLLM 0.26: its own bundle, carried alone
+  [ -d /tmp/sgl_site/sglang ] || bash .gpu-sglang/install_sglang_on_gpu.sh .gpu-sglang /tmp/sgl_site >/dev/null || exit 1
+  # shellcheck disable=SC1091
+  source /tmp/sgl_site/env.sh
+else
+  [ -d /tmp/site/vllm ] || bash .gpu/install_on_gpu.sh .gpu /tmp/site >/dev/null || exit 1
+  # shellcheck disable=SC1091
+  source /tmp/site/env.sh
+fi
 if compgen -G ".gpu/extra/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/extra/*.whl 2>/dev/null
 fi
@@ -55,6 +63,8 @@ for part in ${PART//,/ }; do
       run python3 integration/run_e2e.py --heads "$HEADS" --parts "$parts" --kv "$KV" --prompt-seeds "$seeds" --out "$OUT" ;;
     zoo) run python3 integration/zoo_e2e.py --families "${FAMILIES:-GLM-4.7-Flash,Kimi-K2}" --kv "${ZOO_KV:-fp8,auto}" \
       ${SELFTEST:+--selftest} ${REFUSALS:+--refusals} ${ISOLATED:+--isolated} --out "$OUT" ;;
+    sglang) run python3 integration/sglang_e2e.py --heads "$HEADS" --kv "${SGL_KV:-fp8_e4m3,auto}" --references "${SGL_REFS:-triton}" \
+      --parts "${SGL_PARTS:-tokens,check,selftest}" --out "$OUT/sglang" ;;
     realdims) run python3 integration/real_dims.py --heads "$HEADS" --kv "$KV" --out "$OUT" ;;
     variants) run python3 dev/variant_error.py ;;
     inputs) run python3 dev/input_ab.py ;;
