@@ -6,8 +6,9 @@
 Parts:
 - tokens: greedy tokens agree with SGLang's triton decode up to its first tie (the vLLM check's rule,
   integration/judges/tokens.py): a step where its top-2 logprob gap is below 0.1 nats, or where a second
-  reference (--references) disagrees with it. With CUDA graphs and without; decode tokens/s of every
-  backend come from the same run.
+  reference (--references) disagrees with it. With an FP8 cache the reference is triton on the query
+  rounded to FP8, as ours reads it (engines/sglang_quantized_query.py), and plain triton the second.
+  With CUDA graphs and without; decode tokens/s of every backend come from the same run.
 - check: in eager mode every decode call of ours during the greedy run is recomputed in float64 on the
   real paged cache (integration/engines/sglang_decode_check.py); the worst row must be within the
   kernel's tolerance.
@@ -28,6 +29,7 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 from integration.engines.sglang_decode_check import plugin_env  # noqa: E402
 from integration.engines.sglang_engine import run_isolated  # noqa: E402
+from integration.engines.sglang_quantized_query import plugin_env as quantized_query_env  # noqa: E402
 from integration.judges.decode_verdict import judge_sglang_check  # noqa: E402
 from integration.judges.tokens import agreement  # noqa: E402
 from integration.models.prompts import make_prompts  # noqa: E402
@@ -35,6 +37,7 @@ from integration.settings import SELFTEST_CORRUPTION  # noqa: E402
 from mla_backend.tools.tiny_model import save_tiny_deepseek_v3  # noqa: E402
 
 REFERENCE, SECOND_REFERENCE = "triton", "flashmla"
+FP8_QUERY_REFERENCE = "triton, fp8 query"  # engines/sglang_quantized_query.py
 
 
 def run_checked(
@@ -92,11 +95,16 @@ def main() -> int:
         for graphs, run in ours.items():
             print(f"ours      mla_backend {kv:9} {'graphs' if graphs else 'eager '}  " + describe(run), flush=True)
         refs = {name: run_isolated(model, prompts, name, kv, True, log) for name in references}
+        base_name = REFERENCE
+        if kv.startswith("fp8"):  # judged on the inputs ours sees: the query rounded to FP8 too
+            base_name = FP8_QUERY_REFERENCE
+            env = quantized_query_env(args.out / "fp8_query_plugin")
+            refs = {base_name: run_isolated(model, prompts, REFERENCE, kv, True, log, env=env), **refs}
         for name, ref in refs.items():
             results.append({"decode": name, "kv": kv, "graphs": True, **ref})
             print(f"reference {name:11} {kv:9} graphs  " + describe(ref), flush=True)
-        base = refs[REFERENCE]
-        others = [r["tokens"] for n, r in refs.items() if n != REFERENCE and "error" not in r]
+        base = refs[base_name]
+        others = [r["tokens"] for n, r in refs.items() if n != base_name and "error" not in r]
         for graphs, run in ours.items():
             mode = "graphs" if graphs else "eager "
             if "error" in run or "error" in base:
@@ -108,7 +116,7 @@ def main() -> int:
             results.append({"decode": "mla_backend", "kv": kv, "graphs": graphs, **run, "verdict": verdict})
             print(
                 f"{'PASS' if verdict['ok'] else 'FAIL':9} mla_backend {kv:9} {mode}  {verdict['identical']}/"
-                f"{len(run['tokens'])} identical to {REFERENCE}, divergences (prompt, step, first tie) "
+                f"{len(run['tokens'])} identical to {base_name}, divergences (prompt, step, first tie) "
                 f"{verdict['divergent']}"
             )
     (args.out / f"sglang_h{args.heads}.json").write_text(json.dumps(results, indent=1))

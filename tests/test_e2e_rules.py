@@ -480,3 +480,26 @@ def test_sglang_engines_get_the_flashinfer_stand_in_only_where_flashinfer_is_abs
     done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **env}, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().startswith(str(sglang_engine.NO_FLASHINFER))
+
+
+def test_a_checked_sglang_engine_keeps_both_its_plugin_and_the_flashinfer_stand_in(monkeypatch, tmp_path):
+    """The checked engine's PYTHONPATH (its test-only entry point) and the stand-in's must both reach the
+    process: on the lent GPU a merge that kept one of them stopped every checked engine at import."""
+    import importlib.util
+
+    from integration.engines import sglang_decode_check, sglang_engine
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "flashinfer" else real_find_spec(name, *a)
+    )
+    monkeypatch.setenv("PYTHONPATH", "/installed")
+    extra = sglang_decode_check.plugin_env(tmp_path / "plugin", 1.0, tmp_path / "summary.json")
+    env = sglang_engine.engine_env(extra)
+    assert env["PYTHONPATH"].split(os.pathsep) == [
+        str(sglang_engine.NO_FLASHINFER),
+        str(tmp_path / "plugin"),
+        "/installed",
+    ]
+    assert env[sglang_decode_check.ENV] == extra[sglang_decode_check.ENV]
+    assert env["SGLANG_IS_FLASHINFER_AVAILABLE"] == "false"

@@ -446,3 +446,28 @@ def test_the_flashinfer_stand_in_defines_what_sglang_imports_unguarded():
     probe = f"import importlib\nfor m, n in {sorted(wanted)!r}:\n    getattr(importlib.import_module(m), n)\n"
     done = subprocess.run([sys.executable, "-c", probe], env={"PYTHONPATH": str(NO_FLASHINFER)}, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+
+def test_the_fp8_query_reference_rounds_only_mla_queries_and_only_where_asked(monkeypatch):
+    """integration/sglang_e2e.py's FP8 token reference: SGLang's own triton decode, with the query rounded
+    to FP8 as our kernels read it; other layers and engines started without the variable are untouched."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    from integration.engines import sglang_quantized_query
+
+    seen = []
+    monkeypatch.setattr(TritonAttnBackend, "forward_decode", lambda self, q, *args, **kwargs: seen.append(q) or q)
+    monkeypatch.delenv(sglang_quantized_query.ENV, raising=False)
+    sglang_quantized_query.install()
+    assert not getattr(TritonAttnBackend.forward_decode, "_rounds_query_to_fp8", False)
+
+    monkeypatch.setenv(sglang_quantized_query.ENV, "1")
+    sglang_quantized_query.install()
+    sglang_quantized_query.install()  # a second load must not round twice or wrap twice
+    q = torch.randn(3, 2 * 576, dtype=torch.bfloat16) * 300  # some values beyond e4m3's 448
+    TritonAttnBackend.forward_decode(SimpleNamespace(use_mla=True), q, None, None, None, None)
+    TritonAttnBackend.forward_decode(SimpleNamespace(use_mla=False), q, None, None, None, None)
+    rounded, untouched = seen
+    want = q.float().clamp(-448, 448).to(torch.float8_e4m3fn).to(torch.bfloat16)
+    assert torch.equal(rounded, want) and not torch.equal(rounded, q)
+    assert untouched is q

@@ -74,6 +74,13 @@ def flashinfer_env(environ: dict[str, str]) -> dict[str, str]:
     return {"PYTHONPATH": path, "SGLANG_IS_FLASHINFER_AVAILABLE": "false"}
 
 
+def engine_env(extra: dict[str, str]) -> dict[str, str]:
+    """An engine process's environment: ours with ``extra`` (whose PYTHONPATH, where given, already
+    holds ours), then the FlashInfer stand-in ahead of that path where FlashInfer is absent."""
+    env = {**os.environ, **extra}
+    return {**env, **flashinfer_env(env)}
+
+
 def run_isolated(
     model: str,
     prompts: list[list[int]],
@@ -93,7 +100,7 @@ def run_isolated(
             stdout=subprocess.PIPE,
             stderr=sink,
             text=True,
-            env={**os.environ, **flashinfer_env(dict(os.environ)), **(env or {})},
+            env=engine_env(env or {}),
         )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
