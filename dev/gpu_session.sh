@@ -10,6 +10,8 @@
 #     ../shared/gpu/README.md, and .gpu/dist instead of the vLLM bundle; SGL_KV, SGL_PARTS)
 #   | zoo (integration/zoo_e2e.py: FAMILIES, ZOO_KV, SELFTEST=1, REFUSALS=1, ISOLATED=1)
 #   | serve | mtp | parallel | correctness | enginebest | enginebest_parallel | realdims | variants | inputs | placement
+#   | faults (integration/fault_check.py: FAULT_PARTS of preemption,aborts,prefix,long,soak; BACKEND, SOAK_S, SELFTEST=1;
+#     one or two parts a call, each part starts two or more servers)
 #   | gputests (TEST_FILES, default the kernel tests and the peers' grids; their per-case errors in $OUT/grids.jsonl)
 #   | bench | routes
 #   | profile (Nsight Compute on ours and FlashMLA at SHAPE="heads batch seq", FP8; reports in $OUT)
@@ -56,6 +58,7 @@ for part in ${PART//,/ }; do
   echo "== $part" | tee -a "$OUT/log.txt"
   case $part in
     serve) run python3 integration/serve_check.py --heads "$HEADS" --kv "$KV" --out "$OUT" ;;
+    faults) run python3 integration/fault_check.py --heads "$HEADS" --kv "$KV" --backend "${BACKEND:-auto}" --parts "${FAULT_PARTS:-preemption,aborts,prefix,long}" --soak-s "${SOAK_S:-240}" ${SELFTEST:+--selftest} --out "$OUT/faults" ;;
     mtp | parallel | correctness | enginebest | enginebest_parallel)
       parts=$part; seeds=0
       [ "$part" = correctness ] && parts=correctness,selftest

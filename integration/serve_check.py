@@ -18,19 +18,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 # Run as a script: the checkout on the path for the integration package, after the installed packages
 # (the mla_backend under test is the installed one).
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 from integration.engines.vllm_engine import run_engine  # noqa: E402
-from integration.engines.vllm_spec import EngineSpec, engine_kwargs  # noqa: E402
+from integration.engines.vllm_server import (  # noqa: E402
+    free_port,
+    metrics_answer,
+    serve_command,
+    stop,
+    wait_until_healthy,
+)
+from integration.engines.vllm_spec import EngineSpec  # noqa: E402
 from integration.judges.tokens import agreement  # noqa: E402
 from integration.models.prompts import make_prompts  # noqa: E402
 from mla_backend.tools.tiny_model import save_tiny_deepseek_v3  # noqa: E402
@@ -43,51 +47,6 @@ BAD_SETTINGS = {
     "unknown backend value": ({"backend": "nope"}, "nope"),
     "xqa on an unserved GPU": ({"backend": "xqa", "device_capability": "8.0"}, "xqa"),
 }
-
-
-def serve_command(spec: EngineSpec, model: str, port: int, mla_backend: dict | None = None) -> list[str]:
-    """``vllm serve`` with the offline engine's settings (engine_kwargs), as command-line flags."""
-    kwargs = engine_kwargs(spec, model, 2048, memory_fraction=0.3)
-    flags = [
-        "--attention-backend", kwargs["attention_backend"],
-        "--kv-cache-dtype", kwargs["kv_cache_dtype"],
-        "--block-size", str(kwargs["block_size"]),
-        "--dtype", kwargs["dtype"],
-        "--seed", str(kwargs["seed"]),
-        "--max-model-len", str(kwargs["max_model_len"]),
-        "--max-num-seqs", str(LOAD_REQUESTS),
-        "--gpu-memory-utilization", str(kwargs["gpu_memory_utilization"]),
-        "--skip-tokenizer-init",
-        "--no-enable-prefix-caching",
-        "--port", str(port),
-    ]  # fmt: skip
-    if "compilation_config" in kwargs:
-        flags += ["--compilation-config", json.dumps(kwargs["compilation_config"])]
-    if mla_backend:
-        flags += ["--additional-config", json.dumps({"mla_backend": mla_backend})]
-    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, *flags]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until_healthy(server: subprocess.Popen, port: int, timeout_s: float) -> bool:
-    """True once /health answers 200; False if the server exits or the time runs out."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            return False
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
-                if response.status == 200:
-                    return True
-        except OSError:
-            pass
-        time.sleep(2)
-    return False
 
 
 async def greedy_completions(client, model: str, prompts: list[list[int]]) -> list[list[int]]:
@@ -122,23 +81,6 @@ async def streamed_token_counts(client, model: str, prompts: list[list[int]]) ->
         return used
 
     return list(await asyncio.gather(*(one(p) for p in prompts)))
-
-
-def metrics_answer(port: int) -> bool:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        return response.status == 200 and "vllm:" in response.read().decode()
-
-
-def stop(server: subprocess.Popen, timeout_s: float = 60) -> bool:
-    """SIGINT, as Ctrl-C; True if the server exits in time."""
-    server.send_signal(signal.SIGINT)
-    try:
-        server.wait(timeout_s)
-        return True
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
-        return False
 
 
 async def drive(port: int, model: str, prompts: list[list[int]], load_prompts: list[list[int]]):

@@ -19,7 +19,8 @@ ALLOWED = {
     "models": {"models"},
     "settings": set(),
 }
-CHECKS = ["run_e2e", "zoo_e2e", "serve_check", "sglang_e2e", "real_dims"]  # run as scripts (dev/gpu_session.sh)
+# The runnable checks, run as scripts (dev/gpu_session.sh).
+CHECKS = ["run_e2e", "zoo_e2e", "serve_check", "sglang_e2e", "real_dims", "fault_check"]
 
 
 def module_name(path: Path) -> str:

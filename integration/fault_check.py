@@ -1,0 +1,773 @@
+"""Fault checks of the vLLM plugin under ``vllm serve`` on a GPU: ``--attention-backend CUSTOM`` on a
+seeded DeepSeek-V3 with full CUDA graphs, page 64, driven by the ``openai`` client (token ids in and
+out, greedy, ``ignore_eos``) through preemption, client aborts, prefix caching with chunked prefill,
+long context and a soak, each against vLLM's own behaviour.
+
+    python integration/fault_check.py --heads 16 --kv fp8 --backend auto --parts preemption,aborts --out results/faults
+
+Parts (each starts its own servers; a call that must stay short runs one or two):
+- preemption: a KV pool of PREEMPT_BLOCKS blocks (``--num-gpu-blocks-override``) against a burst of
+  requests of a few thousand tokens. vLLM's ``vllm:num_preemptions_total`` must rise during the
+  burst, every request must return all its tokens, and the burst's greedy tokens must equal those of
+  the same requests sent one at a time (tie rule, gaps from the alone run).
+- aborts: streams of which a seeded share disconnect after a seeded number of chunks (some before
+  the first). The server must have stopped them (it generated fewer tokens than were asked for), the
+  other streams must complete with the tokens of an earlier wave of the same requests (tie rule), and
+  once idle the server must hold no request and no KV block (``vllm:kv_cache_usage_perc`` 0, read
+  after one more engine step); a follow-up wave of the same requests must come out right and leave
+  the pool empty again.
+- prefix: vLLM's prefix caching on (its default) and a small ``--max-num-batched-tokens``: prefixes
+  cached by a first wave, then shared-prefix, repeated, short and long prompts (split over several
+  steps) in one batch. ``vllm:prefix_cache_hits_total`` must rise; the tokens must agree with vLLM's
+  FLASHMLA under the same settings (tie rule); every decode call of the first 48 after start-up
+  (vllm_decode_checker.DecodeChecker's window) is recomputed in float64 in the engine's process
+  (integration/engines/vllm_worker_check.py) and judged as run_e2e.py judges it.
+- long: requests ending at ``--max-model-len`` LONG_MODEL_LEN (a checkpoint with that many positions)
+  together with short ones; tokens of both against FLASHMLA (tie rule), and the float64 window.
+- soak: a seeded schedule of mixed traffic (lengths, token counts, shared prefixes, a few aborts) for
+  ``--soak-s`` seconds; p50/p99 inter-token latency and tokens/s against FLASHMLA on the first
+  SOAK_REFERENCE_S seconds of the same schedule (within SPEED_SLACK), GPU memory flat after warm-up,
+  no error or traceback in the server's log, exit 0 on SIGINT.
+
+Tokens: where ours breaks the tie rule, the same traffic runs on a vLLM peer (FLASHMLA where the
+reference is our own alone run or earlier wave, TRITON_MLA where it is FLASHMLA); if the peer breaks
+the rule too (an FP8 cache can), ours must not agree significantly fewer steps than the peer
+(integration/judges/faults.py judge_tokens).
+
+--selftest: each part also feeds its judges broken versions of its own results (a request cut short,
+a poisoned token, a leaked block, memory that grows, an error in the log, the preemption counter of
+a phase without preemption), and the prefix part serves ours with outputs x SELFTEST_CORRUPTION,
+whose float64 check must fail. Each such row passes where the judge caught the breakage.
+
+Writes ``<out>/faults_h{heads}_{kv}_{backend}.json`` (parts from earlier calls into the same file are
+kept) after every part and prints a PASS/FAIL table last; exit status 1 if a row fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+# Run as a script: the checkout on the path for the integration package, after the installed packages
+# (the mla_backend under test is the installed one).
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from integration.engines.vllm_server import (  # noqa: E402
+    checked_server_env,
+    free_port,
+    gpu_memory_used_mib,
+    pool_blocks,
+    process_tree_rss_mib,
+    scrape,
+    serve_command,
+    start_server,
+    stop,
+    wait_until_healthy,
+    wait_until_idle,
+)
+from integration.engines.vllm_spec import EngineSpec  # noqa: E402
+from integration.engines.vllm_worker_check import merged_summary  # noqa: E402
+from integration.judges import faults  # noqa: E402
+from integration.judges.decode_verdict import judge_decode_check, judge_selftest  # noqa: E402
+from integration.models.prompts import make_prompts  # noqa: E402
+from integration.settings import PEERS, SELFTEST_CORRUPTION  # noqa: E402
+from mla_backend.tools.tiny_model import TINY_DEFAULTS, save_tiny_deepseek_v3  # noqa: E402
+
+PARTS = ("preemption", "aborts", "prefix", "long", "soak")
+VOCAB = TINY_DEFAULTS["vocab_size"]
+START_TIMEOUT_S = 300
+REQUEST_TIMEOUT_S = 300
+IDLE_TIMEOUT_S = 30  # for vLLM's gauges to read idle after the last response
+REFERENCE = "FLASHMLA"
+
+# preemption: 16 requests of ~3k tokens want ~800 blocks of 64; the pool holds 256.
+PREEMPT_REQUESTS, PREEMPT_PROMPT, PREEMPT_TOKENS = 16, (2500, 3500), 64
+PREEMPT_BLOCKS, PREEMPT_MODEL_LEN = 256, 4096
+# aborts: 3 x 12 prompts of 1-1000 tokens; 40% of the clients leave after 0-48 of 64 chunks.
+ABORT_SEEDS, ABORT_TOKENS, ABORT_SHARE, ABORT_LAST_CHUNK = (0, 1, 2), 64, 0.4, 48
+# prefix: 3 prefixes of 1024 tokens, 4 prompts repeated; prefill steps of 512 tokens.
+PREFIXES, PREFIX_LEN, SHARED_PER_PREFIX, REPEATED = 3, 1024, 4, 4
+LONG_PROMPTS_IN_PREFIX, PREFIX_LONG_LEN, PREFIX_BATCHED, PREFIX_TOKENS = 2, (2500, 3000), 512, 48
+# long: two requests ending at the model length, with the 8 shortest of make_prompts.
+LONG_MODEL_LEN, LONG_BATCHED, LONG_TOKENS, LONG_SHORT_PROMPTS = 32768, 8192, 48, 8
+# soak: Poisson arrivals of mixed requests.
+SOAK_RATE, SOAK_TOKENS, SOAK_PROMPT, SOAK_SHARED, SOAK_ABORTS = 12.0, (16, 64), (8, 2000), 0.3, 0.05
+SOAK_REFERENCE_S, SOAK_SAMPLE_S, SOAK_MODEL_LEN, SOAK_BATCHED = 60.0, 2.0, 4096, 2048
+SOAK_WARMUP_S, SOAK_WARMUP_SHARE = 10.0, 0.2  # memory is judged after the longer of the two
+EXTRA_BODY = {"return_token_ids": True, "ignore_eos": True, "return_tokens_as_token_ids": True}
+
+
+@dataclass
+class Context:
+    heads: int
+    kv: str
+    backend: str  # our mla_backend "backend" setting: auto or xqa
+    out: Path
+    model_dir: Path
+    seed: int
+    soak_s: float
+    selftest: bool
+    rows: list = field(default_factory=list)  # this part's (check, ok, note)
+    details: dict = field(default_factory=dict)  # this part's numbers for the JSON
+
+    def spec(self, backend: str) -> EngineSpec:
+        ours = {"backend": self.backend} if backend == "CUSTOM" and self.backend != "auto" else {}
+        return EngineSpec(backend, self.kv, 64, True, mla_backend=ours)
+
+    def model(self, max_positions: int | None = None) -> str:
+        if max_positions is None:
+            return str(save_tiny_deepseek_v3(self.model_dir / f"dsv3_h{self.heads}", heads=self.heads))
+        path = self.model_dir / f"dsv3_h{self.heads}_pos{max_positions}"
+        return str(save_tiny_deepseek_v3(path, heads=self.heads, max_position_embeddings=max_positions))
+
+    def row(self, check: str, verdict: tuple[bool, str]) -> bool:
+        self.rows.append((check, bool(verdict[0]), verdict[1]))
+        return bool(verdict[0])
+
+    def selftest_row(self, check: str, verdict: tuple[bool, str] | None) -> None:
+        """A judge fed a broken run: the row passes where the judge failed it."""
+        if verdict is None:
+            self.rows.append((f"selftest: {check}", False, "could not build the broken run"))
+        else:
+            caught = not verdict[0]
+            note = "caught" if caught else "NOT CAUGHT"
+            self.rows.append((f"selftest: {check}", caught, f"{note}: {verdict[1]}"))
+
+
+# --- one server -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Served:
+    name: str
+    model: str
+    port: int
+    process: object
+    log: Path
+    check_dir: Path | None
+
+
+@contextlib.contextmanager
+def served(ctx: Context, backend: str, label: str, model: str, checked: bool = False, corrupt=None, **flags):
+    """A server of ``backend`` for the time of the block; its start, stop and exit go into the
+    part's details. ``checked``: our decode calls recomputed in float64 in the engine's process."""
+    spec = ctx.spec(backend)
+    port = free_port()
+    name = f"{label}_{backend}" + ("_corrupt" if corrupt else "")
+    log = ctx.out / f"{name}_h{ctx.heads}_{ctx.kv}_{ctx.backend}.log"
+    check_dir = ctx.out / f"check_{name}_h{ctx.heads}_{ctx.kv}_{ctx.backend}" if checked else None
+    if check_dir is not None:
+        for stale in check_dir.glob("rank*.json"):
+            stale.unlink()
+    env = checked_server_env(check_dir, ctx.kv, corrupt) if check_dir is not None else None
+    command = serve_command(spec, model, port, host="127.0.0.1", **flags)
+    begun = time.monotonic()
+    server = start_server(command, log, env)
+    record = ctx.details.setdefault("servers", {}).setdefault(name, {"command": command[3:]})
+    try:
+        healthy = wait_until_healthy(server, port, START_TIMEOUT_S)
+        record["start_s"] = round(time.monotonic() - begun, 1)
+        if not healthy:
+            tail = " | ".join(log.read_text(errors="replace").splitlines()[-3:])[-400:]
+            raise RuntimeError(f"{name} did not start (exit {server.poll()}; {log.name}): {tail}")
+        yield Served(name, model, port, server, log, check_dir)
+    finally:
+        stopped = stop(server)
+        record.update(stopped=stopped, exit=server.returncode)
+
+
+def on_server(ctx: Context, backend: str, label: str, model: str, traffic, **kwargs) -> dict:
+    """Start a server, run ``traffic(served)`` (a coroutine function) on it, stop it; the result,
+    with the float64 check's summary where the server was checked."""
+    with served(ctx, backend, label, model, **kwargs) as server:
+        result = asyncio.run(traffic(server))
+    if server.check_dir is not None:
+        result["decode_check"] = merged_summary(server.check_dir)
+    result["stop"] = ctx.details["servers"][server.name]
+    return result
+
+
+# --- the client -----------------------------------------------------------------------------------
+
+
+def client_for(server: Served):
+    from openai import AsyncOpenAI
+
+    # No retries: a request sent twice would hide a failed one and double the load.
+    return AsyncOpenAI(
+        base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused", timeout=REQUEST_TIMEOUT_S, max_retries=0
+    )
+
+
+def gaps_of(top_logprobs) -> list[float]:
+    """Top-2 logprob gap per step from the completions API's ``top_logprobs`` (one dict per token)."""
+    gaps = []
+    for step in top_logprobs or []:
+        values = sorted((step or {}).values(), reverse=True)
+        gaps.append(values[0] - values[1] if len(values) > 1 else float("inf"))
+    return gaps
+
+
+async def complete(client, model: str, prompt: list[int], max_tokens: int) -> dict:
+    """One greedy completion: its tokens, top-2 gaps and finish reason."""
+    response = await client.completions.create(
+        model=model, prompt=prompt, max_tokens=max_tokens, temperature=0.0, logprobs=2, extra_body=EXTRA_BODY
+    )
+    choice = response.choices[0]
+    tokens = list(choice.model_extra.get("token_ids") or [])
+    return {
+        "tokens": tokens,
+        "gaps": gaps_of(choice.logprobs and choice.logprobs.top_logprobs),
+        "finish": choice.finish_reason,
+    }
+
+
+async def stream(client, model: str, prompt: list[int], max_tokens: int, leave_after: int | None = None) -> dict:
+    """One greedy streamed completion: tokens, gaps, (arrival time, tokens) per chunk. With
+    ``leave_after`` the client disconnects after that many chunks (0: as soon as the server
+    answers), as a user closing the page does."""
+    begun = time.monotonic()
+    response = await client.completions.create(
+        model=model,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        logprobs=2,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=EXTRA_BODY,
+    )
+    tokens, gaps, chunks, finish, left = [], [], [], None, False
+    try:
+        if leave_after == 0:
+            left = True
+        else:
+            async for chunk in response:
+                if not chunk.choices:
+                    continue  # the usage chunk
+                choice = chunk.choices[0]
+                ids = list((choice.model_extra or {}).get("token_ids") or [])
+                tokens += ids
+                gaps += gaps_of(choice.logprobs and choice.logprobs.top_logprobs)
+                chunks.append((time.monotonic(), len(ids)))
+                finish = choice.finish_reason or finish
+                if leave_after is not None and len(chunks) >= leave_after and finish is None:
+                    left = True
+                    break
+    finally:
+        await response.close()
+    return {"tokens": tokens, "gaps": gaps, "chunks": chunks, "finish": finish, "left": left, "begun": begun}
+
+
+async def together(server: Served, prompts: list[list[int]], max_tokens: int | list[int]) -> list[dict]:
+    counts = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else max_tokens
+    async with client_for(server) as client:
+        return list(await asyncio.gather(*(complete(client, server.model, p, n) for p, n in zip(prompts, counts))))
+
+
+async def one_at_a_time(server: Served, prompts: list[list[int]], max_tokens: int) -> list[dict]:
+    async with client_for(server) as client:
+        return [await complete(client, server.model, p, max_tokens) for p in prompts]
+
+
+async def streams(server: Served, prompts: list[list[int]], max_tokens: int, leave=None) -> list[dict]:
+    leave = leave or [None] * len(prompts)
+    async with client_for(server) as client:
+        return list(
+            await asyncio.gather(*(stream(client, server.model, p, max_tokens, k) for p, k in zip(prompts, leave)))
+        )
+
+
+async def metrics(server: Served) -> dict[str, float]:
+    return await asyncio.to_thread(scrape, server.port)
+
+
+async def idle_metrics(server: Served) -> dict[str, float]:
+    return await asyncio.to_thread(wait_until_idle, server.port, faults.IDLE, IDLE_TIMEOUT_S)
+
+
+def tokens_of(results: list[dict]) -> list[list[int]]:
+    return [r["tokens"] for r in results]
+
+
+def gaps_of_runs(results: list[dict]) -> list[list[float]]:
+    return [r["gaps"] for r in results]
+
+
+def random_prompt(rng: random.Random, length: int) -> list[int]:
+    return [rng.randrange(VOCAB) for _ in range(length)]
+
+
+def judge_tokens_or_calibrate(ctx, check, ours, ref, ref_gaps, run_peer, peer_name) -> None:
+    """Tokens under the tie rule; where ours breaks it, ``run_peer()`` gives (peer tokens, peer's
+    reference tokens, gaps) for the same traffic on vLLM's ``peer_name``, which calibrates the rule."""
+    verdict = faults.judge_tokens(ours, ref, ref_gaps)
+    if not verdict[0]:
+        peer_tokens, peer_ref, peer_gaps = run_peer()
+        peer = {"name": peer_name, "tokens": peer_tokens, "ref": peer_ref, "gaps": peer_gaps}
+        verdict = faults.judge_tokens(ours, ref, ref_gaps, peer)
+    ctx.row(check, verdict)
+
+
+# --- the parts ------------------------------------------------------------------------------------
+
+
+def preemption_flags() -> dict:
+    """A pool of PREEMPT_BLOCKS blocks, prefix caching off: a preempted request recomputes its
+    cache, and the alone run leaves nothing for the burst to reuse."""
+    return dict(
+        max_model_len=PREEMPT_MODEL_LEN,
+        num_gpu_blocks=PREEMPT_BLOCKS,
+        prefix_caching=False,
+        max_num_seqs=PREEMPT_REQUESTS,
+    )
+
+
+def part_preemption(ctx: Context) -> None:
+    rng = random.Random(ctx.seed)
+    prompts = [random_prompt(rng, rng.randint(*PREEMPT_PROMPT)) for _ in range(PREEMPT_REQUESTS)]
+    flags = preemption_flags()
+    model = ctx.model()
+
+    async def traffic(server: Served) -> dict:
+        before = await idle_metrics(server)
+        alone = await one_at_a_time(server, prompts, PREEMPT_TOKENS)
+        between = await idle_metrics(server)  # idle: the counters hold the last response's step
+        burst = await together(server, prompts, PREEMPT_TOKENS)
+        return {"alone": alone, "burst": burst, "metrics": [before, between, await idle_metrics(server)]}
+
+    ours = on_server(ctx, "CUSTOM", "preemption", model, traffic, **flags)
+    before, between, after = ours["metrics"]
+    ctx.details["preemptions"] = {
+        "alone": between.get(faults.PREEMPTIONS, 0) - before.get(faults.PREEMPTIONS, 0),
+        "burst": after.get(faults.PREEMPTIONS, 0) - between.get(faults.PREEMPTIONS, 0),
+        "pool_blocks": pool_blocks(after),
+    }
+    ctx.row("preempted under the burst", faults.judge_preemption(between, after))
+    counts = [len(t) for t in tokens_of(ours["alone"] + ours["burst"])]
+    ctx.row("every request complete", faults.judge_completions(counts, PREEMPT_TOKENS))
+    alone, gaps, burst = tokens_of(ours["alone"]), gaps_of_runs(ours["alone"]), tokens_of(ours["burst"])
+
+    def peer():
+        ref = on_server(ctx, REFERENCE, "preemption", model, traffic, **flags)
+        return tokens_of(ref["burst"]), tokens_of(ref["alone"]), gaps_of_runs(ref["alone"])
+
+    judge_tokens_or_calibrate(ctx, "burst tokens vs each alone", burst, alone, gaps, peer, REFERENCE)
+    if ctx.selftest:
+        ctx.selftest_row(
+            "a request cut short", faults.judge_completions([len(t) for t in faults.drop_token(burst)], PREEMPT_TOKENS)
+        )
+        poisoned = faults.poison(burst, gaps)
+        ctx.selftest_row("a poisoned token", poisoned and faults.judge_tokens(poisoned, alone, gaps))
+        ctx.selftest_row("no preemption (the alone phase)", faults.judge_preemption(before, between))
+
+
+def abort_flags(requests: int) -> dict:
+    """vLLM's defaults (prefix caching on: the blocks of finished requests stay cached, yet free)."""
+    return dict(prefix_caching=None, max_num_seqs=requests)
+
+
+def part_aborts(ctx: Context) -> None:
+    prompts = [p for seed in ABORT_SEEDS for p in make_prompts(seed)]
+    rng = random.Random(ctx.seed)
+    leave = [rng.randint(0, ABORT_LAST_CHUNK) if rng.random() < ABORT_SHARE else None for _ in prompts]
+    model = ctx.model()
+    flags = abort_flags(len(prompts))
+
+    async def traffic(server: Served) -> dict:
+        baseline = await streams(server, prompts, ABORT_TOKENS)
+        before = await idle_metrics(server)  # idle: the counters hold the last response's step
+        wave = await streams(server, prompts, ABORT_TOKENS, leave)
+        await asyncio.sleep(1.0)
+        probe = await together(server, [prompts[0][:8]], 1)  # one engine step: the gauges read after the aborts
+        after_aborts = await idle_metrics(server)
+        follow = await streams(server, prompts, ABORT_TOKENS)
+        return {
+            "baseline": baseline,
+            "wave": wave,
+            "follow": follow,
+            "probe_tokens": len(probe[0]["tokens"]),
+            "metrics": [before, after_aborts, await idle_metrics(server)],
+        }
+
+    ours = on_server(ctx, "CUSTOM", "aborts", model, traffic, **flags)
+    judge_aborts(ctx, ours, model, traffic, flags)
+
+
+def judge_aborts(ctx: Context, ours: dict, model: str, traffic, flags: dict) -> None:
+    before, after_aborts, after_follow = ours["metrics"]
+    left = [i for i, r in enumerate(ours["wave"]) if r["left"]]
+    stayed = [i for i, r in enumerate(ours["wave"]) if not r["left"]]
+    generated = after_aborts.get(faults.GENERATED, 0) - before.get(faults.GENERATED, 0) - ours["probe_tokens"]
+    asked = ABORT_TOKENS * len(ours["wave"])
+    ctx.details["aborts"] = {"left": len(left), "stayed": len(stayed), "generated": generated, "asked": asked}
+    ctx.row("disconnects stop their requests", faults.judge_aborts_reached_server(generated, asked, len(left)))
+    ctx.row("idle after the aborts: no block held", faults.judge_blocks_freed(after_aborts))
+    baseline = tokens_of(ours["baseline"])
+    gaps = gaps_of_runs(ours["baseline"])
+    wave, follow = tokens_of(ours["wave"]), tokens_of(ours["follow"])
+    ctx.row("the other streams complete", faults.judge_completions([len(wave[i]) for i in stayed], ABORT_TOKENS))
+    ctx.row("follow-up wave complete", faults.judge_completions([len(t) for t in follow], ABORT_TOKENS))
+    ctx.row("idle after the follow-up: no block held", faults.judge_blocks_freed(after_follow))
+    peer_run: dict = {}  # one FLASHMLA run calibrates both token verdicts, started only if one needs it
+
+    def peer(indices):
+        def run():
+            if not peer_run:
+                peer_run.update(on_server(ctx, REFERENCE, "aborts", model, traffic, **flags))
+            ref, ref_gaps = tokens_of(peer_run["baseline"]), gaps_of_runs(peer_run["baseline"])
+            later = tokens_of(peer_run["wave"] if indices is not None else peer_run["follow"])
+            keep = indices if indices is not None else range(len(ref))
+            return [later[i] for i in keep], [ref[i] for i in keep], [ref_gaps[i] for i in keep]
+
+        return run
+
+    judge_tokens_or_calibrate(
+        ctx,
+        "the other streams' tokens vs the first wave",
+        [wave[i] for i in stayed],
+        [baseline[i] for i in stayed],
+        [gaps[i] for i in stayed],
+        peer(stayed),
+        REFERENCE,
+    )
+    judge_tokens_or_calibrate(ctx, "follow-up tokens vs the first wave", follow, baseline, gaps, peer(None), REFERENCE)
+    if ctx.selftest:
+        blocks = pool_blocks(after_follow) or 1000
+        ctx.selftest_row("a leaked block", faults.judge_blocks_freed(faults.leak_block(after_follow, blocks)))
+        ctx.selftest_row(
+            "a request cut short", faults.judge_completions([len(t) for t in faults.drop_token(follow)], ABORT_TOKENS)
+        )
+        poisoned = faults.poison(follow, gaps)
+        ctx.selftest_row("a poisoned token", poisoned and faults.judge_tokens(poisoned, baseline, gaps))
+
+
+def prefix_prompts(seed: int) -> tuple[list[list[int]], list[list[int]], dict[str, list[int]]]:
+    """The first wave (the prefixes and the prompts to repeat, one token each: their cache is then
+    filled) and the batch (repeated prompts twice, shared-prefix prompts, short ones, long ones last,
+    so the short ones are decoding while the long ones are prefilled in chunks), with the batch's
+    indices of each kind."""
+    rng = random.Random(seed)
+    prefixes = [random_prompt(rng, PREFIX_LEN) for _ in range(PREFIXES)]
+    repeated = [random_prompt(rng, rng.randint(300, 900)) for _ in range(REPEATED)]
+    shared = [p + random_prompt(rng, rng.randint(20, 200)) for p in prefixes for _ in range(SHARED_PER_PREFIX)]
+    short = [random_prompt(rng, rng.randint(1, 100)) for _ in range(4)]
+    long = [random_prompt(rng, rng.randint(*PREFIX_LONG_LEN)) for _ in range(LONG_PROMPTS_IN_PREFIX)]
+    batch = repeated + repeated + shared + short + long
+    kinds, start = {}, 0
+    for kind, group in (("repeated", repeated * 2), ("shared", shared), ("short", short), ("long", long)):
+        kinds[kind] = list(range(start, start + len(group)))
+        start += len(group)
+    return prefixes + repeated, batch, kinds
+
+
+def prefix_flags(batch: list[list[int]]) -> dict:
+    """Prefix caching on (vLLM's default), PREFIX_BATCHED tokens a step: long prompts take several."""
+    return dict(prefix_caching=None, max_num_batched_tokens=PREFIX_BATCHED, max_num_seqs=len(batch))
+
+
+def part_prefix(ctx: Context) -> None:
+    first, batch, kinds = prefix_prompts(ctx.seed)
+    model = ctx.model()
+    flags = prefix_flags(batch)
+
+    async def traffic(server: Served) -> dict:
+        warm = await together(server, first, 1)  # prefill only: fills the cache, uses no decode call of the window
+        between = await idle_metrics(server)
+        runs = await together(server, batch, PREFIX_TOKENS)
+        return {"first": warm, "batch": runs, "metrics": [between, await idle_metrics(server)]}
+
+    ours = on_server(ctx, "CUSTOM", "prefix", model, traffic, checked=True, **flags)
+    between, after = ours["metrics"]
+    hits = after.get(faults.PREFIX_HITS, 0) - between.get(faults.PREFIX_HITS, 0)
+    ctx.details["prefix"] = {"cache_hit_tokens": hits, "kinds": {k: len(v) for k, v in kinds.items()}}
+    ctx.row(
+        "prefix cache hit by the batch", (hits > 0, f"{hits:g} prompt tokens from the cache ({faults.PREFIX_HITS})")
+    )
+    counts = [len(t) for t in tokens_of(ours["first"])] + [len(t) for t in tokens_of(ours["batch"])]
+    ctx.row("every request complete", faults.judge_completions(counts, [1] * len(first) + [PREFIX_TOKENS] * len(batch)))
+    ref = on_server(ctx, REFERENCE, "prefix", model, traffic, **flags)
+    mine, theirs = tokens_of(ours["first"] + ours["batch"]), tokens_of(ref["first"] + ref["batch"])
+    gaps = gaps_of_runs(ref["first"] + ref["batch"])
+
+    def peer():
+        other = on_server(ctx, PEERS[ctx.kv][0], "prefix", model, traffic, **flags)
+        return tokens_of(other["first"] + other["batch"]), theirs, gaps
+
+    judge_tokens_or_calibrate(ctx, f"tokens vs {REFERENCE}", mine, theirs, gaps, peer, PEERS[ctx.kv][0])
+    judge_check(ctx, ours["decode_check"])
+    if ctx.selftest:
+        corrupt = on_server(ctx, "CUSTOM", "prefix", model, traffic, checked=True, corrupt=SELFTEST_CORRUPTION, **flags)
+        caught, note = judge_selftest(corrupt["decode_check"], asdict(ctx.spec("CUSTOM")))
+        ctx.rows.append((f"selftest: outputs x{SELFTEST_CORRUPTION}", caught, note))
+        poisoned = faults.poison(mine, gaps)
+        ctx.selftest_row("a poisoned token", poisoned and faults.judge_tokens(poisoned, theirs, gaps))
+
+
+def judge_check(ctx: Context, check: dict) -> None:
+    """The float64 window of our decode calls, judged as run_e2e.py judges an engine's."""
+    ok, note = judge_decode_check(check, asdict(ctx.spec("CUSTOM")))
+    ctx.details["decode_check"] = check
+    ctx.row("decode calls vs float64", (ok, f"{note}; route {check.get('routes')}"))
+
+
+def long_flags() -> dict:
+    """LONG_MODEL_LEN tokens of context, prefilled LONG_BATCHED a step; prefix caching on."""
+    return dict(max_model_len=LONG_MODEL_LEN, max_num_batched_tokens=LONG_BATCHED, prefix_caching=None, max_num_seqs=16)
+
+
+def part_long(ctx: Context) -> None:
+    rng = random.Random(ctx.seed)
+    short = sorted(make_prompts(0), key=len)[:LONG_SHORT_PROMPTS]
+    ends = (LONG_MODEL_LEN, LONG_MODEL_LEN - 1000)  # the last token lands at the model length, or near it
+    long = [random_prompt(rng, end - LONG_TOKENS) for end in ends]
+    prompts = short + long  # the short ones first: they decode while the long ones are prefilled
+    model = ctx.model(LONG_MODEL_LEN)
+    flags = long_flags()
+
+    async def traffic(server: Served) -> dict:
+        return {"runs": await together(server, prompts, LONG_TOKENS)}
+
+    ours = on_server(ctx, "CUSTOM", "long", model, traffic, checked=True, **flags)
+    mine = tokens_of(ours["runs"])
+    ctx.row("every request complete", faults.judge_completions([len(t) for t in mine], LONG_TOKENS))
+    ref = on_server(ctx, REFERENCE, "long", model, traffic, **flags)
+    theirs, gaps = tokens_of(ref["runs"]), gaps_of_runs(ref["runs"])
+    peer_run: dict = {}
+
+    def peer(keep):
+        def run():
+            if not peer_run:
+                peer_run.update(on_server(ctx, PEERS[ctx.kv][0], "long", model, traffic, **flags))
+            other = tokens_of(peer_run["runs"])
+            return [other[i] for i in keep], [theirs[i] for i in keep], [gaps[i] for i in keep]
+
+        return run
+
+    n = len(short)
+    for label, keep in ((f"{len(long)} requests ending at {LONG_MODEL_LEN}", range(n, len(prompts))),
+                        (f"{n} short requests beside them", range(n))):  # fmt: skip
+        keep = list(keep)
+        judge_tokens_or_calibrate(
+            ctx,
+            f"{label} vs {REFERENCE}",
+            [mine[i] for i in keep],
+            [theirs[i] for i in keep],
+            [gaps[i] for i in keep],
+            peer(keep),
+            PEERS[ctx.kv][0],
+        )
+    judge_check(ctx, ours["decode_check"])
+    if ctx.selftest:
+        ctx.selftest_row(
+            "a request cut short", faults.judge_completions([len(t) for t in faults.drop_token(mine[n:])], LONG_TOKENS)
+        )
+        poisoned = faults.poison(mine[n:], gaps[n:])
+        ctx.selftest_row("a poisoned token", poisoned and faults.judge_tokens(poisoned, theirs[n:], gaps[n:]))
+
+
+@dataclass
+class Arrival:
+    at: float  # seconds after the start
+    prompt: list[int]
+    max_tokens: int
+    leave_after: int | None
+
+
+def soak_schedule(seed: int, seconds: float) -> list[Arrival]:
+    """Poisson arrivals at SOAK_RATE for ``seconds``: prompts of mixed lengths (a share sharing one
+    of four prefixes), mixed token counts, a few clients that leave early. A shorter run's schedule
+    is the start of a longer one's."""
+    rng = random.Random(seed)
+    prefixes = [random_prompt(rng, 512) for _ in range(4)]
+    arrivals, at = [], 0.0
+    while True:
+        at += rng.expovariate(SOAK_RATE)
+        if at >= seconds:
+            return arrivals
+        prompt = random_prompt(rng, rng.randint(*SOAK_PROMPT))
+        if rng.random() < SOAK_SHARED:
+            prompt = rng.choice(prefixes) + prompt[: SOAK_PROMPT[1] - 512]
+        max_tokens = rng.randint(*SOAK_TOKENS)
+        leave = rng.randint(0, max_tokens - 1) if rng.random() < SOAK_ABORTS else None
+        arrivals.append(Arrival(at, prompt, max_tokens, leave))
+
+
+async def soak(server: Served, schedule: list[Arrival]) -> dict:
+    """Send ``schedule`` on time, sample memory meanwhile, wait for the last request; the log as it
+    stood before the stop (the stop itself is judged by its exit status)."""
+    begun = time.monotonic()
+    samples: list[tuple[float, float | None, float | None]] = []
+    done = asyncio.Event()
+
+    async def sample():
+        while not done.is_set():
+            gpu = await asyncio.to_thread(gpu_memory_used_mib)
+            host = await asyncio.to_thread(process_tree_rss_mib, server.process.pid)
+            samples.append((time.monotonic() - begun, gpu, host))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(done.wait(), SOAK_SAMPLE_S)
+
+    async def send(client, arrival: Arrival) -> dict:
+        await asyncio.sleep(max(0.0, begun + arrival.at - time.monotonic()))
+        try:
+            return await stream(client, server.model, arrival.prompt, arrival.max_tokens, arrival.leave_after)
+        except Exception as err:  # a failed request is a result, not the end of the soak
+            return {"tokens": [], "chunks": [], "left": False, "error": repr(err)[:200], "begun": time.monotonic()}
+
+    sampler = asyncio.create_task(sample())
+    async with client_for(server) as client:
+        results = await asyncio.gather(*(send(client, a) for a in schedule))
+    seconds = time.monotonic() - begun
+    done.set()
+    await sampler
+    return {"results": results, "seconds": seconds, "samples": samples, "log": server.log.read_text(errors="replace")}
+
+
+def speed(schedule: list[Arrival], results: list[dict], until: float) -> dict:
+    """Latency and throughput of the requests that arrived in the first ``until`` seconds."""
+    picked = [r for a, r in zip(schedule, results) if a.at < until and r["chunks"]]
+    latencies = [gap for r in picked for gap in faults.inter_token_latencies(r["chunks"])]
+    first = min((r["begun"] for r in picked), default=0.0)
+    last = max((r["chunks"][-1][0] for r in picked), default=0.0)
+    return faults.speed_summary(latencies, sum(len(r["tokens"]) for r in picked), last - first)
+
+
+def soak_flags() -> dict:
+    return dict(max_model_len=SOAK_MODEL_LEN, max_num_batched_tokens=SOAK_BATCHED, prefix_caching=None, max_num_seqs=64)
+
+
+def part_soak(ctx: Context) -> None:
+    schedule = soak_schedule(ctx.seed, ctx.soak_s)
+    reference_s = min(ctx.soak_s, SOAK_REFERENCE_S)
+    model = ctx.model()
+    flags = soak_flags()
+
+    def traffic_for(arrivals: list[Arrival]):
+        async def traffic(server: Served) -> dict:
+            return await soak(server, arrivals)
+
+        return traffic
+
+    ours = on_server(ctx, "CUSTOM", "soak", model, traffic_for(schedule), **flags)
+    results = ours["results"]
+    errors = [r["error"] for r in results if "error" in r]
+    stayed = [(a, r) for a, r in zip(schedule, results) if not r["left"] and "error" not in r]
+    complete = faults.judge_completions([len(r["tokens"]) for _, r in stayed], [a.max_tokens for a, _ in stayed])
+    left = sum(r["left"] for r in results)
+    ctx.row(
+        f"soak of {ours['seconds']:.0f} s (asked {ctx.soak_s:g} s)",
+        (
+            complete[0] and not errors,
+            f"{len(schedule)} requests, {left} left early by their clients; {complete[1]}"
+            + (f"; {len(errors)} failed: {errors[0]}" if errors else ""),
+        ),
+    )
+    reference_schedule = [a for a in schedule if a.at < reference_s]
+    ref = on_server(ctx, REFERENCE, "soak", model, traffic_for(reference_schedule), **flags)
+    mine, theirs = speed(schedule, results, reference_s), speed(reference_schedule, ref["results"], reference_s)
+    ctx.details["speed"] = {"ours": mine, REFERENCE: theirs, "window_s": reference_s}
+    ctx.row(
+        f"speed vs {REFERENCE}, first {reference_s:.0f} s",
+        faults.judge_speed(mine, theirs, REFERENCE, faults.SPEED_SLACK),
+    )
+    warmup = max(SOAK_WARMUP_S, SOAK_WARMUP_SHARE * ours["seconds"])
+    gpu = [(t, m) for t, m, _ in ours["samples"] if m is not None]
+    host = [(t, m) for t, _, m in ours["samples"] if m is not None]
+    ctx.details["memory"] = {"warmup_s": warmup, "gpu_mib": gpu, "host_mib": host}
+    memory_ok, memory_note = faults.judge_memory_flat(gpu, warmup)
+    host_growth = faults.memory_growth(host, warmup)
+    host_note = f"{host_growth[0]:.0f} -> {host_growth[1]:.0f} MiB" if host_growth else "too few samples"
+    ctx.row("GPU memory flat", (memory_ok, f"{memory_note}; server's host memory {host_note}"))
+    ctx.row("server log", faults.judge_log(ours["log"]))
+    ctx.row("exit on SIGINT", faults.judge_clean_exit(ours["stop"]["stopped"], ours["stop"]["exit"]))
+    if ctx.selftest:
+        growth = 4 * faults.MEMORY_GROWTH_MIB / max(ours["seconds"] - warmup, 1.0)
+        ctx.selftest_row("memory that grows", faults.judge_memory_flat(faults.grow_memory(gpu, growth), warmup))
+        ctx.selftest_row("an error in the log", faults.judge_log(faults.log_with_error(ours["log"])))
+        cut = faults.drop_token([r["tokens"] for _, r in stayed])
+        ctx.selftest_row(
+            "a request cut short", faults.judge_completions([len(t) for t in cut], [a.max_tokens for a, _ in stayed])
+        )
+
+
+RUNNERS = {
+    "preemption": part_preemption,
+    "aborts": part_aborts,
+    "prefix": part_prefix,
+    "long": part_long,
+    "soak": part_soak,
+}
+
+
+def run_part(ctx: Context, part: str) -> dict:
+    """One part; an exception (a server that does not start, a client error) is its failing row, and
+    so is a stop by a signal (``interrupted``: the rows so far are still reported)."""
+    ctx.rows, ctx.details = [], {}
+    begun, interrupted = time.monotonic(), False
+    try:
+        RUNNERS[part](ctx)
+    except Exception as err:
+        ctx.rows.append(("ran to the end", False, f"{type(err).__name__}: {str(err)[:400]}"))
+    except (KeyboardInterrupt, SystemExit) as err:
+        interrupted = True
+        ctx.rows.append(("ran to the end", False, f"stopped by {type(err).__name__} {err}"))
+    rows = [{"check": c, "ok": ok, "note": note} for c, ok, note in ctx.rows]
+    wall = round(time.monotonic() - begun, 1)
+    return {"wall_s": wall, "rows": rows, "details": ctx.details, "interrupted": interrupted}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--kv", default="fp8", choices=["fp8", "auto"])
+    parser.add_argument("--backend", default="auto", choices=["auto", "xqa"], help="our mla_backend setting")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {','.join(PARTS)}")
+    parser.add_argument("--soak-s", type=float, default=600.0, help="how long the soak sends traffic")
+    parser.add_argument("--selftest", action="store_true", help="also feed the judges broken runs: they must fail")
+    parser.add_argument("--seed", type=int, default=34)
+    parser.add_argument("--out", type=Path, default=Path("results/faults"))
+    parser.add_argument("--model-dir", type=Path, default=Path("/tmp/mla_backend_models"))
+    args = parser.parse_args()
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        parser.error(f"unknown parts {unknown}; known: {','.join(PARTS)}")
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    # `timeout` ends a call with SIGTERM: leave through the finally blocks, which stop the servers.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    ctx = Context(args.heads, args.kv, args.backend, args.out, args.model_dir, args.seed, args.soak_s, args.selftest)
+    path = args.out / f"faults_h{args.heads}_{args.kv}_{args.backend}.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
+    summary.update(heads=args.heads, kv=args.kv, backend=args.backend)
+    summary.setdefault("parts", {})
+    done = []
+    for part in parts:
+        print(f"== {part}", flush=True)
+        summary["parts"][part] = run_part(ctx, part)
+        path.write_text(json.dumps(summary, indent=1, default=str))
+        done.append(part)
+        if summary["parts"][part]["interrupted"]:
+            break
+    print(f"\n== vllm serve under faults, {args.heads} heads, kv {args.kv}, backend {args.backend} ==")
+    failed = 0
+    for part in done:
+        result = summary["parts"][part]
+        print(f"-- {part} ({result['wall_s']:.0f} s)")
+        for row in result["rows"]:
+            failed += not row["ok"]
+            print(f"{'PASS' if row['ok'] else 'FAIL':5} {row['check']:44} {row['note']}")
+    print(f"{'all passed' if not failed else f'{failed} failed'}; {path}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
