@@ -503,3 +503,19 @@ def test_a_checked_sglang_engine_keeps_both_its_plugin_and_the_flashinfer_stand_
     ]
     assert env[sglang_decode_check.ENV] == extra[sglang_decode_check.ENV]
     assert env["SGLANG_IS_FLASHINFER_AVAILABLE"] == "false"
+
+
+def test_the_calibrated_rule_applies_the_tie_rule_unless_the_peer_breaks_it():
+    from integration.judges.tokens import calibrated_agreement
+
+    ref, gaps = [[1, 2, 3, 4], [5, 6, 7, 8]], [[1.0] * 4, [1.0] * 4]
+    early = [[1, 9, 9, 9], [5, 6, 7, 8]]  # leaves the reference at step 1, where it is decided
+    # The peer keeps the rule: the tie rule judges ours.
+    held = calibrated_agreement(early, ref, gaps, peer=ref)
+    assert held["rule_holds"] and not held["ok"] and held["failures"] == [(0, 1, 4)]
+    # The peer breaks it (2 + 2 steps agreed): ours must agree at least as many steps.
+    peer = [[1, 2, 0, 0], [5, 6, 0, 0]]
+    longer = calibrated_agreement(early, ref, gaps, peer)  # 1 + 4 steps
+    assert not longer["rule_holds"] and longer["ok"] and (longer["agreed_steps"], longer["peer_agreed_steps"]) == (5, 4)
+    shorter = calibrated_agreement([[0, 0, 0, 0], [5, 6, 7, 0]], ref, gaps, peer)  # 0 + 3 steps
+    assert not shorter["rule_holds"] and not shorter["ok"]
