@@ -7,7 +7,7 @@ long context and a soak, each against vLLM's own behaviour.
 
 Parts (each starts its own servers; a call that must stay short runs one or two):
 - preemption: a KV pool of PREEMPT_BLOCKS blocks (``--num-gpu-blocks-override``) against a burst of
-  requests of a few thousand tokens. vLLM's ``vllm:num_preemptions_total`` must rise during the
+  requests whose decode outgrows it. vLLM's ``vllm:num_preemptions_total`` must rise during the
   burst, every request must return all its tokens, and the burst's greedy tokens must equal those of
   the same requests sent one at a time (tie rule, gaps from the alone run).
 - aborts: streams of which a seeded share disconnect after a seeded number of chunks (some before
@@ -87,14 +87,17 @@ REQUEST_TIMEOUT_S = 300
 IDLE_TIMEOUT_S = 30  # for vLLM's gauges to read idle after the last response
 REFERENCE = "FLASHMLA"
 
-# preemption: 16 requests of ~3k tokens want ~800 blocks of 64; the pool holds 256.
-PREEMPT_REQUESTS, PREEMPT_PROMPT, PREEMPT_TOKENS = 16, (2500, 3500), 64
-PREEMPT_BLOCKS, PREEMPT_MODEL_LEN = 256, 4096
+# preemption: vLLM admits a request only while its prompt's blocks fit and preempts only when running
+# requests outgrow the pool. 16 prompts of 832-896 tokens (14 blocks of 64 each, 224 of the 256) are
+# all admitted; 256 new tokens each want 64 more blocks, where 32 are free.
+PREEMPT_REQUESTS, PREEMPT_PROMPT, PREEMPT_TOKENS = 16, (832, 896), 256
+PREEMPT_BLOCKS, PREEMPT_MODEL_LEN = 256, 2048
 # aborts: 3 x 12 prompts of 1-1000 tokens; 40% of the clients leave after 0-48 of 64 chunks.
 ABORT_SEEDS, ABORT_TOKENS, ABORT_SHARE, ABORT_LAST_CHUNK = (0, 1, 2), 64, 0.4, 48
 # prefix: 3 prefixes of 1024 tokens, 4 prompts repeated; prefill steps of 512 tokens.
 PREFIXES, PREFIX_LEN, SHARED_PER_PREFIX, REPEATED = 3, 1024, 4, 4
 LONG_PROMPTS_IN_PREFIX, PREFIX_LONG_LEN, PREFIX_BATCHED, PREFIX_TOKENS = 2, (2500, 3000), 512, 48
+PREFIX_MODEL_LEN = 4096  # the long prompts and their new tokens fit
 # long: two requests ending at the model length, with the 8 shortest of make_prompts.
 LONG_MODEL_LEN, LONG_BATCHED, LONG_TOKENS, LONG_SHORT_PROMPTS = 32768, 8192, 48, 8
 # soak: Poisson arrivals of mixed requests.
@@ -337,23 +340,27 @@ def part_preemption(ctx: Context) -> None:
     model = ctx.model()
 
     async def traffic(server: Served) -> dict:
+        # The burst first, so that the float64 window holds its first steps: decodes beside
+        # chunked prefills, in eager batches, before and after the preemptions.
         before = await idle_metrics(server)
-        alone = await one_at_a_time(server, prompts, PREEMPT_TOKENS)
-        between = await idle_metrics(server)  # idle: the counters hold the last response's step
         burst = await together(server, prompts, PREEMPT_TOKENS)
+        between = await idle_metrics(server)  # idle: the counters hold the last response's step
+        alone = await one_at_a_time(server, prompts, PREEMPT_TOKENS)
         return {"alone": alone, "burst": burst, "metrics": [before, between, await idle_metrics(server)]}
 
-    ours = on_server(ctx, "CUSTOM", "preemption", model, traffic, **flags)
+    ours = on_server(ctx, "CUSTOM", "preemption", model, traffic, checked=True, **flags)
     before, between, after = ours["metrics"]
     ctx.details["preemptions"] = {
-        "alone": between.get(faults.PREEMPTIONS, 0) - before.get(faults.PREEMPTIONS, 0),
-        "burst": after.get(faults.PREEMPTIONS, 0) - between.get(faults.PREEMPTIONS, 0),
+        "burst": between.get(faults.PREEMPTIONS, 0) - before.get(faults.PREEMPTIONS, 0),
+        "alone": after.get(faults.PREEMPTIONS, 0) - between.get(faults.PREEMPTIONS, 0),
         "pool_blocks": pool_blocks(after),
     }
-    ctx.row("preempted under the burst", faults.judge_preemption(between, after))
+    ctx.row("preempted under the burst", faults.judge_preemption(before, between))
     counts = [len(t) for t in tokens_of(ours["alone"] + ours["burst"])]
     ctx.row("every request complete", faults.judge_completions(counts, PREEMPT_TOKENS))
     alone, gaps, burst = tokens_of(ours["alone"]), gaps_of_runs(ours["alone"]), tokens_of(ours["burst"])
+    ctx.details["tokens"] = {"alone": alone, "alone_gaps": gaps, "burst": burst}
+    judge_check(ctx, ours["decode_check"])
 
     def peer():
         ref = on_server(ctx, REFERENCE, "preemption", model, traffic, **flags)
@@ -366,7 +373,7 @@ def part_preemption(ctx: Context) -> None:
         )
         poisoned = faults.poison(burst, gaps)
         ctx.selftest_row("a poisoned token", poisoned and faults.judge_tokens(poisoned, alone, gaps))
-        ctx.selftest_row("no preemption (the alone phase)", faults.judge_preemption(before, between))
+        ctx.selftest_row("no preemption (the alone phase)", faults.judge_preemption(between, after))
 
 
 def abort_flags(requests: int) -> dict:
@@ -470,7 +477,12 @@ def prefix_prompts(seed: int) -> tuple[list[list[int]], list[list[int]], dict[st
 
 def prefix_flags(batch: list[list[int]]) -> dict:
     """Prefix caching on (vLLM's default), PREFIX_BATCHED tokens a step: long prompts take several."""
-    return dict(prefix_caching=None, max_num_batched_tokens=PREFIX_BATCHED, max_num_seqs=len(batch))
+    return dict(
+        prefix_caching=None,
+        max_num_batched_tokens=PREFIX_BATCHED,
+        max_num_seqs=len(batch),
+        max_model_len=PREFIX_MODEL_LEN,
+    )
 
 
 def part_prefix(ctx: Context) -> None:

@@ -256,6 +256,13 @@ def test_every_part_s_servers_start_with_flags_vllm_serve_takes(serve_parser):
     assert prefix.additional_config == {} and prefix.num_gpu_blocks_override is None
     assert max(len(batch[i]) for i in kinds["long"]) > 4 * check.PREFIX_BATCHED  # prefilled over several steps
     assert min(len(p) for p in first) >= 300 and len(batch) == prefix.max_num_seqs
+    # vLLM refuses a request whose prompt and new tokens pass max_model_len (HTTP 400).
+    assert max(map(len, first + batch)) + check.PREFIX_TOKENS <= prefix.max_model_len
+    assert check.PREEMPT_PROMPT[1] + check.PREEMPT_TOKENS <= preemption.max_model_len
+    # Preemption: every prompt admitted at once, and their decode outgrowing the pool.
+    prompt_blocks = check.PREEMPT_REQUESTS * -(-check.PREEMPT_PROMPT[1] // 64)
+    final_blocks = check.PREEMPT_REQUESTS * -(-(check.PREEMPT_PROMPT[0] + check.PREEMPT_TOKENS) // 64)
+    assert prompt_blocks <= check.PREEMPT_BLOCKS < final_blocks
     long = parsed(serve_parser, serve_command(ours, "/m", 8000, **check.long_flags()))
     assert long.max_model_len == check.LONG_MODEL_LEN >= 32768 and long.enable_prefix_caching is None
     soak = parsed(serve_parser, serve_command(ours, "/m", 8000, **check.soak_flags()))
