@@ -98,6 +98,9 @@ ABORT_SEEDS, ABORT_TOKENS, ABORT_SHARE, ABORT_LAST_CHUNK = (0, 1, 2), 64, 0.4, 4
 PREFIXES, PREFIX_LEN, SHARED_PER_PREFIX, REPEATED = 3, 1024, 4, 4
 LONG_PROMPTS_IN_PREFIX, PREFIX_LONG_LEN, PREFIX_BATCHED, PREFIX_TOKENS = 2, (2500, 3000), 512, 48
 PREFIX_MODEL_LEN = 4096  # the long prompts and their new tokens fit
+# Calls checked in float64: the batch's steps beside chunked prefills (eager) and, after them, its
+# replayed decode steps (2 layers a step).
+PREFIX_CHECK_CALLS = 2 * (PREFIX_TOKENS + 40)
 # long: two requests ending at the model length, with the 8 shortest of make_prompts.
 LONG_MODEL_LEN, LONG_BATCHED, LONG_TOKENS, LONG_SHORT_PROMPTS = 32768, 8192, 48, 8
 # soak: Poisson arrivals of mixed requests.
@@ -158,9 +161,19 @@ class Served:
 
 
 @contextlib.contextmanager
-def served(ctx: Context, backend: str, label: str, model: str, checked: bool = False, corrupt=None, **flags):
+def served(
+    ctx: Context,
+    backend: str,
+    label: str,
+    model: str,
+    checked: bool = False,
+    corrupt=None,
+    check_calls: int | None = None,
+    **flags,
+):
     """A server of ``backend`` for the time of the block; its start, stop and exit go into the
-    part's details. ``checked``: our decode calls recomputed in float64 in the engine's process."""
+    part's details. ``checked``: our decode calls recomputed in float64 in the engine's process,
+    the first ``check_calls`` of them (48 by default)."""
     spec = ctx.spec(backend)
     port = free_port()
     name = f"{label}_{backend}" + ("_corrupt" if corrupt else "")
@@ -169,7 +182,7 @@ def served(ctx: Context, backend: str, label: str, model: str, checked: bool = F
     if check_dir is not None:
         for stale in check_dir.glob("rank*.json"):
             stale.unlink()
-    env = checked_server_env(check_dir, ctx.kv, corrupt) if check_dir is not None else None
+    env = checked_server_env(check_dir, ctx.kv, corrupt, check_calls) if check_dir is not None else None
     command = serve_command(spec, model, port, host="127.0.0.1", **flags)
     begun = time.monotonic()
     server = start_server(command, log, env)
@@ -496,7 +509,7 @@ def part_prefix(ctx: Context) -> None:
         runs = await together(server, batch, PREFIX_TOKENS)
         return {"first": warm, "batch": runs, "metrics": [between, await idle_metrics(server)]}
 
-    ours = on_server(ctx, "CUSTOM", "prefix", model, traffic, checked=True, **flags)
+    ours = on_server(ctx, "CUSTOM", "prefix", model, traffic, checked=True, check_calls=PREFIX_CHECK_CALLS, **flags)
     between, after = ours["metrics"]
     hits = after.get(faults.PREFIX_HITS, 0) - between.get(faults.PREFIX_HITS, 0)
     ctx.details["prefix"] = {"cache_hit_tokens": hits, "kinds": {k: len(v) for k, v in kinds.items()}}
@@ -516,7 +529,17 @@ def part_prefix(ctx: Context) -> None:
     judge_tokens_or_calibrate(ctx, f"tokens vs {REFERENCE}", mine, theirs, gaps, peer, PEERS[ctx.kv][0])
     judge_check(ctx, ours["decode_check"])
     if ctx.selftest:
-        corrupt = on_server(ctx, "CUSTOM", "prefix", model, traffic, checked=True, corrupt=SELFTEST_CORRUPTION, **flags)
+        corrupt = on_server(
+            ctx,
+            "CUSTOM",
+            "prefix",
+            model,
+            traffic,
+            checked=True,
+            check_calls=PREFIX_CHECK_CALLS,
+            corrupt=SELFTEST_CORRUPTION,
+            **flags,
+        )
         caught, note = judge_selftest(corrupt["decode_check"], asdict(ctx.spec("CUSTOM")))
         ctx.rows.append((f"selftest: outputs x{SELFTEST_CORRUPTION}", caught, note))
         poisoned = faults.poison(mine, gaps)

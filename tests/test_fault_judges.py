@@ -503,7 +503,7 @@ def test_a_checked_server_runs_in_its_log_folder_and_finds_the_worker_check(tmp_
         f"setting = os.environ['{ENV}']\n"
         "print(json.dumps({'cwd': os.getcwd(), 'plugins': plugins, 'env': setting}))\n"
     )
-    env = checked_server_env(tmp_path / "check", "fp8", corrupt=1.05)
+    env = checked_server_env(tmp_path / "check", "fp8", corrupt=1.05, max_calls=160)
     log = tmp_path / "logs" / "server.log"
     server = start_server([sys.executable, "-c", probe], log, env)
     assert server.wait(60) == 0
@@ -514,6 +514,7 @@ def test_a_checked_server_runs_in_its_log_folder_and_finds_the_worker_check(tmp_
         "kv": "fp8",
         "dir": str(tmp_path / "check"),
         "corrupt": 1.05,
+        "max_calls": 160,
     }
 
 

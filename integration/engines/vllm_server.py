@@ -76,13 +76,15 @@ def serve_command(
     return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, *flags]
 
 
-def checked_server_env(directory: Path, kv: str, corrupt: float | None = None) -> dict[str, str]:
+def checked_server_env(
+    directory: Path, kv: str, corrupt: float | None = None, max_calls: int | None = None
+) -> dict[str, str]:
     """Environment additions for a server whose decode calls are recomputed in float64 in its engine
     process (the test-only plugin of vllm_worker_check.py, found through PYTHONPATH); its summary lands
     in ``directory`` (read it with vllm_worker_check.merged_summary). ``corrupt`` scales our outputs
-    (the check must then fail)."""
+    (the check must then fail); ``max_calls`` widens the window of checked calls (48 by default)."""
     directory.mkdir(parents=True, exist_ok=True)
-    settings = {"backend": "CUSTOM", "kv": kv, "dir": str(directory), "corrupt": corrupt}
+    settings = {"backend": "CUSTOM", "kv": kv, "dir": str(directory), "corrupt": corrupt, "max_calls": max_calls}
     plugins = plugin_dir(directory / "plugin")
     path = os.pathsep.join(filter(None, [str(plugins), os.environ.get("PYTHONPATH")]))
     return {WORKER_CHECK_ENV: json.dumps(settings), "PYTHONPATH": path}

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from integration.engines.entry_point_dir import entry_point_dir
 
-ENV = "MLA_E2E_WORKER_CHECK"  # {"backend": "CUSTOM", "kv": "fp8" | "auto", "dir": path, "corrupt": null | float}
+# {"backend": "CUSTOM", "kv": "fp8" | "auto", "dir": path, "corrupt": null | float, "max_calls": null | int}
+ENV = "MLA_E2E_WORKER_CHECK"
 ENTRY_POINT = "integration.engines.vllm_worker_check:install"
 
 
@@ -76,6 +77,7 @@ def start_checker(settings: dict):
         KV_DTYPES[settings["kv"]],
         force_lse=backend == "CUSTOM",
         corrupt=settings.get("corrupt"),
+        max_calls=settings.get("max_calls") or 48,
     )
     checker.__enter__()  # wraps forward_mqa for the life of the worker
     return checker
