@@ -199,6 +199,20 @@ def test_a_log_with_an_error_or_a_traceback_fails():
     assert not ok and "EngineCore encountered a fatal error" in note
     assert not faults.judge_log(log + "Traceback (most recent call last):\n")[0]
     assert not faults.judge_log(log + "RuntimeError: CUDA error: an illegal memory access was encountered\n")[0]
+    # As the GPU's vllm serve logs it: a warm-up traceback vLLM reports as a warning and goes past.
+    warned = "".join(
+        f"(APIServer pid=2143) WARNING 11-25 07:33:57 [base.py:258] {text}\n"
+        for text in (
+            "Chat template warmup failed",
+            "Traceback (most recent call last):",
+            '  File "/tmp/site/vllm/renderers/base.py", line 251, in warmup',
+            "ValueError: Tokenizer not available when `skip_tokenizer_init=True`",
+        )
+    )
+    assert faults.judge_log(log + warned)[0]
+    assert not faults.judge_log(log + "(EngineCore pid=7) ERROR 11-25 07:34:00 [core.py:9] EngineCore failed\n")[0]
+    fault = "(EngineCore pid=7) WARNING 11-25 07:34:00 [x.py:1] CUDA error: an illegal memory access was encountered\n"
+    assert not faults.judge_log(log + fault)[0]
 
 
 def test_only_a_timely_exit_0_on_sigint_is_clean():

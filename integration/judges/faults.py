@@ -30,6 +30,9 @@ USAGE_IDLE_MAX = 1e-6  # exactly 0 when every block is free; one block held of a
 MEMORY_GROWTH_MIB = 256  # GPU memory may move this much between the first and last third after warm-up
 SPEED_SLACK = 1.5  # ours may be this much slower than the reference (p50, p99 latency; tokens/s)
 LOG_ERROR = re.compile(r"Traceback \(most recent call last\)|\bERROR\b|CUDA error|illegal memory access")
+# vLLM's record prefix: "(APIServer pid=1) WARNING 11-25 07:33:57 [base.py:258] ...", one per line of a record.
+LOG_LEVEL = re.compile(r"\b(DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d ")
+GPU_FAULT = re.compile(r"CUDA error|illegal memory access")
 
 
 # --- requests -----------------------------------------------------------------------------------
@@ -179,9 +182,19 @@ def judge_memory_flat(
     )
 
 
+def is_error_line(line: str) -> bool:
+    """An error, a traceback or a GPU fault. A traceback that vLLM logs as a warning (its chat-template
+    warm-up fails under --skip-tokenizer-init, and it says so and goes on) is vLLM's own verdict: not
+    an error; a GPU fault is one at any level."""
+    level = LOG_LEVEL.search(line)
+    if level is None or level.group(1) in ("ERROR", "CRITICAL"):
+        return bool(LOG_ERROR.search(line))
+    return bool(GPU_FAULT.search(line))
+
+
 def judge_log(text: str) -> tuple[bool, str]:
     """No error and no traceback in the server's log."""
-    bad = [line.strip() for line in text.splitlines() if LOG_ERROR.search(line)]
+    bad = [line.strip() for line in text.splitlines() if is_error_line(line)]
     if not bad:
         return True, "no error or traceback in the server log"
     return False, f"{len(bad)} error lines, first: {bad[0][:200]}"
