@@ -493,6 +493,39 @@ MUTATIONS = [
         '        table = {"device": "none", "date": "", "entries": []}\n',
         "the shipped table never read",
     ),
+    # the op's contract: what the property tests found
+    M(
+        "mla_backend/checks.py",
+        'device.type in ("cpu", "cuda"),',
+        'device.type != "mps",',
+        "a meta query reaches a kernel",
+    ),
+    M("mla_backend/checks.py", "_require(math.isfinite(value),", "_require(True,", "an infinite scale accepted"),
+    # engine judges and drivers
+    M(
+        "integration/judges/tokens.py",
+        '    if not verdict["rule_holds"]:\n',
+        "    if True:\n",
+        "the calibrated rule taken where the peer keeps the tie rule",
+    ),
+    M(
+        "integration/engines/sglang_engine.py",
+        "    return {**env, **flashinfer_env(env)}",
+        "    return {**flashinfer_env(env), **env}",
+        "a checked SGLang engine loses the FlashInfer stand-in",
+    ),
+    M(
+        "integration/judges/faults.py",
+        "ok = usage <= USAGE_IDLE_MAX and running == 0",
+        "ok = usage <= 1e-4 and running == 0",
+        "a leaked block passes as idle",
+    ),
+    M(
+        "integration/judges/faults.py",
+        "    return bool(GPU_FAULT.search(line))",
+        "    return False",
+        "a GPU fault logged as a warning passes",
+    ),
 ]
 
 
