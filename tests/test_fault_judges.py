@@ -232,7 +232,10 @@ def serve_parser():
     device = current_platform.device_type
     current_platform.device_type = device or "cpu"
     try:
-        from vllm.entrypoints.openai.cli_args import make_arg_parser
+        try:  # vLLM 0.26; later releases moved it
+            from vllm.entrypoints.openai.cli_args import make_arg_parser
+        except ModuleNotFoundError:
+            from vllm.entrypoints.common.cli_args import make_arg_parser
         from vllm.utils.argparse_utils import FlexibleArgumentParser
 
         yield make_arg_parser(FlexibleArgumentParser())
