@@ -510,9 +510,13 @@ def test_the_calibrated_rule_applies_the_tie_rule_unless_the_peer_breaks_it():
 
     ref, gaps = [[1, 2, 3, 4], [5, 6, 7, 8]], [[1.0] * 4, [1.0] * 4]
     early = [[1, 9, 9, 9], [5, 6, 7, 8]]  # leaves the reference at step 1, where it is decided
-    # The peer keeps the rule: the tie rule judges ours.
-    held = calibrated_agreement(early, ref, gaps, peer=ref)
-    assert held["rule_holds"] and not held["ok"] and held["failures"] == [(0, 1, 4)]
+    # The peer keeps the rule (it leaves the reference only at ties): the tie rule judges ours, even
+    # where ours agrees more steps than the peer.
+    tied_gaps = [[1.0, 1.0, 0.01, 1.0], [0.01, 1.0, 1.0, 1.0]]
+    at_ties = [[1, 2, 0, 0], [0, 0, 0, 0]]
+    held = calibrated_agreement(early, ref, tied_gaps, peer=at_ties)
+    assert held["rule_holds"] and held["agreed_steps"] > held["peer_agreed_steps"]
+    assert not held["ok"] and held["failures"] == [(0, 1, 2)]
     # The peer breaks it (2 + 2 steps agreed): ours must agree at least as many steps.
     peer = [[1, 2, 0, 0], [5, 6, 0, 0]]
     longer = calibrated_agreement(early, ref, gaps, peer)  # 1 + 4 steps
