@@ -3,6 +3,7 @@ processes (the engines' own plugin mechanism: their workers run where the test c
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1]  # this checkout's integration/, where the entry points live
@@ -21,3 +22,9 @@ def entry_point_dir(root: Path, group: str, name: str, target: str) -> Path:
     link.unlink(missing_ok=True)
     link.symlink_to(PACKAGE, target_is_directory=True)
     return root
+
+
+def path_with(directory: Path | str, environ=os.environ) -> str:
+    """A PYTHONPATH with ``directory`` first and ``environ``'s entries after it (no empty entry,
+    which Python would read as the working directory)."""
+    return os.pathsep.join(filter(None, [str(directory), environ.get("PYTHONPATH")]))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from integration.engines.entry_point_dir import entry_point_dir
+from integration.engines.entry_point_dir import entry_point_dir, path_with
 
 ENV = "MLA_E2E_DECODE_CHECK"  # {"corruption": float, "summary": path}
 ENTRY_POINT = "integration.engines.sglang_decode_check:install"
@@ -33,9 +33,8 @@ def plugin_dir(root: Path) -> Path:
 def plugin_env(root: Path, corruption: float, summary: Path) -> dict:
     """The environment of an engine whose decode calls are checked: the settings, and a PYTHONPATH
     that starts with the entry point's directory (plugin_dir)."""
-    path = [str(plugin_dir(root)), os.environ.get("PYTHONPATH", "")]
     settings = json.dumps({"corruption": corruption, "summary": str(summary)})
-    return {ENV: settings, "PYTHONPATH": os.pathsep.join(path)}
+    return {ENV: settings, "PYTHONPATH": path_with(plugin_dir(root))}
 
 
 def install() -> None:

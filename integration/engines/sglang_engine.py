@@ -68,10 +68,11 @@ def flashinfer_env(environ: dict[str, str]) -> dict[str, str]:
     stand-in package on its path and SGLang told FlashInfer is unavailable; none where it is installed."""
     import importlib.util
 
+    from integration.engines.entry_point_dir import path_with  # here: this file also runs as a script
+
     if importlib.util.find_spec("flashinfer") is not None:
         return {}
-    path = os.pathsep.join(filter(None, [str(NO_FLASHINFER), environ.get("PYTHONPATH")]))
-    return {"PYTHONPATH": path, "SGLANG_IS_FLASHINFER_AVAILABLE": "false"}
+    return {"PYTHONPATH": path_with(NO_FLASHINFER, environ), "SGLANG_IS_FLASHINFER_AVAILABLE": "false"}
 
 
 def engine_env(extra: dict[str, str]) -> dict[str, str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from integration.engines.entry_point_dir import entry_point_dir
+from integration.engines.entry_point_dir import entry_point_dir, path_with
 
 ENV = "MLA_E2E_SGLANG_FP8_QUERY"
 ENTRY_POINT = "integration.engines.sglang_quantized_query:install"
@@ -27,7 +27,7 @@ FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
 def plugin_env(root: Path) -> dict:
     """The environment of a triton engine whose decode query is rounded to FP8."""
     path = entry_point_dir(root, "sglang.srt.plugins", "mla_backend_e2e_fp8_query", ENTRY_POINT)
-    return {ENV: "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(path), os.environ.get("PYTHONPATH")]))}
+    return {ENV: "1", "PYTHONPATH": path_with(path)}
 
 
 def rounded_to_fp8(q: torch.Tensor) -> torch.Tensor:

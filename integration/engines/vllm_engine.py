@@ -21,6 +21,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import torch  # noqa: E402
 
+from integration.engines.entry_point_dir import path_with  # noqa: E402
 from integration.engines.vllm_decode_checker import DecodeChecker  # noqa: E402
 from integration.engines.vllm_spec import EngineSpec, engine_kwargs  # noqa: E402
 from integration.engines.vllm_worker_check import ENV as WORKER_CHECK_ENV  # noqa: E402
@@ -119,7 +120,7 @@ def check_in_workers(spec: EngineSpec, corrupt: float | None) -> Path:
     os.environ[WORKER_CHECK_ENV] = json.dumps(settings)
     plugins = plugin_dir(directory / "plugin")
     sys.path.insert(0, str(plugins))  # a spawned worker takes its parent's sys.path, not PYTHONPATH
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugins), os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONPATH"] = path_with(plugins)
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # fresh workers read PYTHONPATH and load the plugin
     return directory
 

@@ -18,6 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from integration.engines.entry_point_dir import path_with
 from integration.engines.vllm_spec import EngineSpec, engine_kwargs
 from integration.engines.vllm_worker_check import ENV as WORKER_CHECK_ENV
 from integration.engines.vllm_worker_check import plugin_dir
@@ -86,8 +87,7 @@ def checked_server_env(
     directory.mkdir(parents=True, exist_ok=True)
     settings = {"backend": "CUSTOM", "kv": kv, "dir": str(directory), "corrupt": corrupt, "max_calls": max_calls}
     plugins = plugin_dir(directory / "plugin")
-    path = os.pathsep.join(filter(None, [str(plugins), os.environ.get("PYTHONPATH")]))
-    return {WORKER_CHECK_ENV: json.dumps(settings), "PYTHONPATH": path}
+    return {WORKER_CHECK_ENV: json.dumps(settings), "PYTHONPATH": path_with(plugins)}
 
 
 def start_server(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
