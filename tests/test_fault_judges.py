@@ -13,13 +13,15 @@ import sys
 import threading
 import time
 import types
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the integration package, from the checkout
+from http_stand_in import QuietHandler  # noqa: E402
+
 from integration.engines.vllm_server import parse_metrics, pool_blocks, serve_command  # noqa: E402
 from integration.engines.vllm_spec import EngineSpec  # noqa: E402
 from integration.judges import faults  # noqa: E402
@@ -306,7 +308,7 @@ def next_tokens(prompt: list[int], n: int) -> list[int]:
     return [(sum(prompt) + 7 * k) % 2048 for k in range(n)]
 
 
-class StandIn(BaseHTTPRequestHandler):
+class StandIn(QuietHandler):
     """Answers as vLLM 0.26's server does, where fault_check reads it: /health, /metrics (the samples
     the judges name), completions with token ids, ``token_id:N`` top logprobs and, streamed, one chunk
     per token. A client that disconnects stops its request. ``breakage`` turns one fault on:
@@ -323,16 +325,6 @@ class StandIn(BaseHTTPRequestHandler):
         cls.breakage = breakage
         cls.state = {"running": 0, "generated": 0, "preemptions": 0, "hits": 0, "leaked": 0}
         cls.seen_blocks = set()
-
-    def log_message(self, *args):
-        pass
-
-    def send(self, body: bytes, content_type: str) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_GET(self):
         if self.path == "/metrics":

@@ -6,12 +6,14 @@ import asyncio
 import json
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the integration package, from the checkout
+from http_stand_in import QuietHandler  # noqa: E402
+
 from integration import serve_check  # noqa: E402
 
 
@@ -19,18 +21,8 @@ def next_tokens(prompt, n):
     return [(t + 1) % 2048 for t in (prompt * n)[:n]]
 
 
-class VllmLikeHandler(BaseHTTPRequestHandler):
+class VllmLikeHandler(QuietHandler):
     requests: list = []
-
-    def log_message(self, *args):
-        pass
-
-    def send(self, body: bytes, content_type: str) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_GET(self):
         self.send(b"vllm:num_requests_running 0\n" if self.path == "/metrics" else b"", "text/plain")
