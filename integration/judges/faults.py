@@ -133,6 +133,7 @@ def speed_summary(latencies: list[float], tokens: int, seconds: float) -> dict:
     return {
         "p50_ms": 1e3 * percentile(latencies, 50),
         "p99_ms": 1e3 * percentile(latencies, 99),
+        "max_ms": 1e3 * max(latencies, default=0.0),
         "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
         "tokens": tokens,
         "seconds": seconds,
