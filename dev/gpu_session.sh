@@ -20,7 +20,32 @@
 # (several, comma-separated, run in turn; routes writes the SM90 route table into the installed
 # wheel, so a later enginebest part in the same call runs on it).
 # Logs go to $OUT (the lent machine's result folder) or results/.
+#
+# A job longer than one device command (the 10-minute soak): DETACH=1 starts it in a process session
+# of its own, which outlives the command while the machine stays held, and waits up to WAIT_S for it;
+# PART=collect (the next call, within the machine's 30 s of idle) waits again and brings the results
+# back. Keep WAIT_S well under the call's limit (status's budget_left_s can cut it): a call killed at
+# its limit returns nothing.
+#   DETACH=1 WAIT_S=540 LIMIT=1000 PART=faults FAULT_PARTS=soak SOAK_S=600 bash dev/gpu_session.sh
+#   PART=collect WAIT_S=300 bash dev/gpu_session.sh
 set -uo pipefail
+DETACHED=/tmp/gpu_session_detached
+if [ "${DETACH:-}" = 1 ]; then
+  rm -rf "$DETACHED" && mkdir -p "$DETACHED"
+  DETACH='' OUT=$DETACHED setsid nohup bash -c "bash '$0' >'$DETACHED/run.txt' 2>&1; touch '$DETACHED/DONE'" \
+    </dev/null >/dev/null 2>&1 &
+  PART=collect
+fi
+if [ "$PART" = collect ]; then
+  for ((waited = 0; waited < ${WAIT_S:-300}; waited += 10)); do
+    [ -f "$DETACHED/DONE" ] && break
+    sleep 10
+  done
+  cp -r "$DETACHED/." "${OUT:-results}/"
+  tail -n 40 "$DETACHED/run.txt"
+  if [ -f "$DETACHED/DONE" ]; then echo "detached job done"; else echo "detached job still running"; fi
+  exit 0
+fi
 OUT=$(mkdir -p "${OUT:-results}" && cd "${OUT:-results}" && pwd)
 HEADS=${HEADS:-16}
 KV=${KV:-fp8}
