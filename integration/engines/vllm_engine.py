@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
 import sys
 import tempfile
@@ -21,11 +20,9 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import torch  # noqa: E402
 
-from integration.engines.entry_point_dir import path_with  # noqa: E402
 from integration.engines.vllm_decode_checker import DecodeChecker  # noqa: E402
 from integration.engines.vllm_spec import EngineSpec, engine_kwargs  # noqa: E402
-from integration.engines.vllm_worker_check import ENV as WORKER_CHECK_ENV  # noqa: E402
-from integration.engines.vllm_worker_check import merged_summary, plugin_dir  # noqa: E402
+from integration.engines.vllm_worker_check import checked_env, merged_summary  # noqa: E402
 from integration.settings import KV_DTYPES  # noqa: E402
 
 
@@ -116,11 +113,9 @@ def check_in_workers(spec: EngineSpec, corrupt: float | None) -> Path:
     vLLM plugin (vllm_worker_check.py); the ranks' summaries land in the returned directory. Call
     in a process of its own (run_engine_isolated): the settings stay in its environment."""
     directory = Path(tempfile.mkdtemp(prefix="mla_worker_check_"))
-    settings = {"backend": spec.backend, "kv": spec.kv_cache_dtype, "dir": str(directory), "corrupt": corrupt}
-    os.environ[WORKER_CHECK_ENV] = json.dumps(settings)
-    plugins = plugin_dir(directory / "plugin")
-    sys.path.insert(0, str(plugins))  # a spawned worker takes its parent's sys.path, not PYTHONPATH
-    os.environ["PYTHONPATH"] = path_with(plugins)
+    os.environ.update(checked_env(directory, spec.backend, spec.kv_cache_dtype, corrupt))
+    # A spawned worker takes its parent's sys.path, not PYTHONPATH.
+    sys.path.insert(0, str(directory / "plugin"))
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # fresh workers read PYTHONPATH and load the plugin
     return directory
 

@@ -18,10 +18,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from integration.engines.entry_point_dir import path_with
 from integration.engines.vllm_spec import EngineSpec, engine_kwargs
-from integration.engines.vllm_worker_check import ENV as WORKER_CHECK_ENV
-from integration.engines.vllm_worker_check import plugin_dir
+from integration.engines.vllm_worker_check import checked_env
 
 MAX_NUM_SEQS = 96  # concurrent requests a served engine takes unless told (serve_check's 96 streams)
 SERVER_LABELS = ("model_name", "engine")  # name the server, not the quantity: samples are summed over them
@@ -80,14 +78,9 @@ def serve_command(
 def checked_server_env(
     directory: Path, kv: str, corrupt: float | None = None, max_calls: int | None = None
 ) -> dict[str, str]:
-    """Environment additions for a server whose decode calls are recomputed in float64 in its engine
-    process (the test-only plugin of vllm_worker_check.py, found through PYTHONPATH); its summary lands
-    in ``directory`` (read it with vllm_worker_check.merged_summary). ``corrupt`` scales our outputs
-    (the check must then fail); ``max_calls`` widens the window of checked calls (48 by default)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    settings = {"backend": "CUSTOM", "kv": kv, "dir": str(directory), "corrupt": corrupt, "max_calls": max_calls}
-    plugins = plugin_dir(directory / "plugin")
-    return {WORKER_CHECK_ENV: json.dumps(settings), "PYTHONPATH": path_with(plugins)}
+    """Environment additions for a server of ours whose decode calls are recomputed in float64 in its
+    engine process (vllm_worker_check.checked_env)."""
+    return checked_env(directory, "CUSTOM", kv, corrupt, max_calls)
 
 
 def start_server(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from integration.engines.entry_point_dir import entry_point_dir
+from integration.engines.entry_point_dir import entry_point_dir, path_with
 
 # {"backend": "CUSTOM", "kv": "fp8" | "auto", "dir": path, "corrupt": null | float, "max_calls": null | int}
 ENV = "MLA_E2E_WORKER_CHECK"
@@ -28,6 +28,18 @@ ENTRY_POINT = "integration.engines.vllm_worker_check:install"
 
 def plugin_dir(root: Path) -> Path:
     return entry_point_dir(root, "vllm.general_plugins", "mla_backend_worker_check", ENTRY_POINT)
+
+
+def checked_env(
+    directory: Path, backend: str, kv: str, corrupt: float | None = None, max_calls: int | None = None
+) -> dict[str, str]:
+    """Environment additions for a vLLM process whose decode calls are recomputed in float64: the
+    settings, and a PYTHONPATH that starts with this plugin's directory (under ``directory``, where
+    the ranks' summaries land too; read them with merged_summary). ``corrupt`` scales our outputs
+    (the check must then fail); ``max_calls`` widens the window of checked calls (48 by default)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    settings = {"backend": backend, "kv": kv, "dir": str(directory), "corrupt": corrupt, "max_calls": max_calls}
+    return {ENV: json.dumps(settings), "PYTHONPATH": path_with(plugin_dir(directory / "plugin"))}
 
 
 def install() -> None:
