@@ -56,7 +56,8 @@ def judge_tokens(
     """Greedy tokens against a reference run up to its first tie (judges/tokens.py's rule).
 
     ``peer`` calibrates the rule where vLLM breaks it itself: ``{"name", "tokens", "ref", "gaps"}``,
-    a vLLM backend's tokens in the same situation against its own reference. With an FP8 cache a
+    a vLLM backend's tokens in the same situation against its own reference (``"engine"``, where
+    given, names another engine whose backend it is: the SGLang check's). With an FP8 cache a
     tiny change upstream (batch shape, recomputed prefill) flips e4m3 roundings of new cache entries,
     and a backend need not keep its tokens under the rule; where the peer breaks it too, ours must
     not stay with its reference significantly fewer steps than the peer does with its own."""
@@ -67,12 +68,13 @@ def judge_tokens(
     broken = f", tie rule broken at (request, step, first tie) {verdict['failures'][:4]}"
     if peer is None:
         return False, note + broken
+    engine = peer.get("engine", "vLLM")
     if agreement(peer["tokens"], peer["ref"], peer["gaps"])["ok"]:
-        return False, note + broken + f" while vLLM's {peer['name']} keeps it"
+        return False, note + broken + f" while {engine}'s {peer['name']} keeps it"
     mine, theirs = steps_per_prompt(ours, ref), steps_per_prompt(peer["tokens"], peer["ref"])
     ok = not significantly_fewer_steps(mine, theirs)
     return ok, (
-        note + f"; vLLM's {peer['name']} breaks the tie rule too: {sum(mine)} steps agreed vs {sum(theirs)} "
+        note + f"; {engine}'s {peer['name']} breaks the tie rule too: {sum(mine)} steps agreed vs {sum(theirs)} "
         f"for {peer['name']}" + ("" if ok else " (significantly fewer)")
     )
 
