@@ -8,6 +8,8 @@
 # .gpu/extra/. Installs them under /tmp (kept while the machine stays warm), then runs PART:
 #   sglang (integration/sglang_e2e.py, alone in its call: carry .gpu-sglang, the SGLang bundle of
 #     ../shared/gpu/README.md, and .gpu/dist instead of the vLLM bundle; SGL_KV, SGL_PARTS)
+#   | sglang_faults (integration/sglang_fault_check.py, carried as sglang is: SGL_KV one of fp8_e4m3
+#     and auto, FAULT_PARTS of preemption,aborts,radix, SELFTEST=1)
 #   | zoo (integration/zoo_e2e.py: FAMILIES, ZOO_KV, SELFTEST=1, REFUSALS=1, ISOLATED=1)
 #   | serve | mtp | parallel | correctness | enginebest | enginebest_parallel | realdims | variants | inputs | placement
 #   | faults (integration/fault_check.py: FAULT_PARTS of preemption,aborts,prefix,long,soak; BACKEND, SOAK_S, SELFTEST=1;
@@ -51,7 +53,7 @@ HEADS=${HEADS:-16}
 KV=${KV:-fp8}
 LIMIT=${LIMIT:-560}
 
-if [ "$PART" = sglang ]; then  # SGLang cannot share a site with vLLM 0.26: its own bundle, carried alone
+if [[ "$PART" == sglang* ]]; then  # SGLang cannot share a site with vLLM 0.26: its own bundle, carried alone
   [ -d /tmp/sgl_site/sglang ] || bash .gpu-sglang/install_sglang_on_gpu.sh .gpu-sglang /tmp/sgl_site >/dev/null || exit 1
   # shellcheck disable=SC1091
   source /tmp/sgl_site/env.sh
@@ -93,6 +95,8 @@ for part in ${PART//,/ }; do
       ${SELFTEST:+--selftest} ${REFUSALS:+--refusals} ${ISOLATED:+--isolated} --out "$OUT" ;;
     sglang) run python3 integration/sglang_e2e.py --heads "$HEADS" --kv "${SGL_KV:-fp8_e4m3,auto}" --references "${SGL_REFS:-triton}" \
       --parts "${SGL_PARTS:-tokens,check,selftest}" --out "$OUT/sglang" ;;
+    sglang_faults) run python3 integration/sglang_fault_check.py --heads "$HEADS" --kv "${SGL_KV:-fp8_e4m3}" \
+      --parts "${FAULT_PARTS:-preemption,aborts,radix}" ${SELFTEST:+--selftest} --out "$OUT/sglang_faults" ;;
     realdims) run python3 integration/real_dims.py --heads "$HEADS" --kv "$KV" --out "$OUT" ;;
     variants) run python3 dev/variant_error.py ;;
     inputs) run python3 dev/input_ab.py ;;
