@@ -1,9 +1,12 @@
-"""End-to-end check of the SGLang plugin on a GPU: a seeded DeepSeek-V3 through ``sglang.Engine`` with
+"""End-to-end check of the SGLang plugin on a GPU: seeded MLA models through ``sglang.Engine`` with
 ``--decode-attention-backend mla_backend`` against SGLang's own decode backends (prefill: triton).
 
     python integration/sglang_e2e.py --heads 16 --kv fp8_e4m3,auto --parts tokens,check,selftest
+    python integration/sglang_e2e.py --families all --layouts all --refusals --out results/sglang_zoo
 
-Parts:
+Models: a tiny DeepSeek-V3 with --heads heads, or (--families) the zoo's families as SGLang 0.5.17
+reads them (models/sglang_checkpoint.py; names as zoo_e2e.py takes them, ``all`` for every family it
+runs on our kernels), in each family's first layout or (--layouts all) every one. Per model and KV dtype:
 - tokens: greedy tokens agree with SGLang's triton decode up to its first tie (the vLLM check's rule,
   integration/judges/tokens.py): a step where its top-2 logprob gap is below 0.1 nats, or where a second
   reference (--references) disagrees with it. With an FP8 cache the reference is triton on the query
@@ -13,8 +16,10 @@ Parts:
   real paged cache (integration/engines/sglang_decode_check.py); the worst row must be within the
   kernel's tolerance.
 - selftest: the same with our outputs scaled by 1.05; the check must fail.
-Each engine runs in a process of its own (integration/engines/sglang_engine.py). Exit status 1 if a
-part fails.
+Refused families (--refusals: all of them; or named in --families): an engine on dummy weights must stop
+at start-up with our message and leave no process behind (judges/sglang_refusal.py).
+Each engine runs in a process of its own (integration/engines/sglang_engine.py). One row per (model,
+layout, KV dtype, part); exit status 1 if a part fails.
 """
 
 from __future__ import annotations
@@ -22,17 +27,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 # Run as a script: the checkout on the path for the integration package, after the installed packages
 # (the mla_backend under test is the installed one).
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 from integration.engines.sglang_decode_check import plugin_env  # noqa: E402
-from integration.engines.sglang_engine import run_isolated  # noqa: E402
+from integration.engines.sglang_engine import run_isolated, start_refused  # noqa: E402
 from integration.engines.sglang_quantized_query import plugin_env as quantized_query_env  # noqa: E402
 from integration.judges.decode_verdict import judge_sglang_check  # noqa: E402
+from integration.judges.sglang_refusal import judge_refusal  # noqa: E402
 from integration.judges.tokens import agreement, calibrated_agreement  # noqa: E402
+from integration.models.families import FAMILIES, Family  # noqa: E402
 from integration.models.prompts import make_prompts  # noqa: E402
+from integration.models.sglang_checkpoint import (  # noqa: E402
+    DEEPSEEK_LAYERS,
+    pick_served,
+    refusal,
+    save_sglang_checkpoint,
+    save_sglang_config,
+)
 from integration.settings import SELFTEST_CORRUPTION  # noqa: E402
 from mla_backend.tools.tiny_model import save_tiny_deepseek_v3  # noqa: E402
 
@@ -40,14 +55,43 @@ REFERENCE, SECOND_REFERENCE = "triton", "flashmla"
 FP8_QUERY_REFERENCE = "triton, fp8 query"  # engines/sglang_quantized_query.py
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--heads", type=int, help="the tiny DeepSeek-V3's heads (default 16; not with --families)")
+    parser.add_argument("--families", help="zoo families, comma-separated (Name@heads for a layout), or all")
+    parser.add_argument("--layouts", choices=("first", "all"), default="first")
+    parser.add_argument("--refusals", action="store_true", help="also start every family our backend refuses")
+    parser.add_argument("--kv", default="fp8_e4m3,auto")
+    parser.add_argument("--references", default=f"{REFERENCE},{SECOND_REFERENCE}")
+    parser.add_argument("--parts", default="tokens,check,selftest")
+    parser.add_argument("--out", type=Path, default=Path("results/sglang"))
+    args = parser.parse_args(argv)
+    if args.heads is not None and args.families:
+        parser.error("--heads picks the tiny DeepSeek-V3; with --families name a layout as Name@heads")
+    return args
+
+
+def plan(args: argparse.Namespace) -> tuple[list[tuple[Family, str]], list[Family]]:
+    """The (family, layout) pairs whose parts run, and the families started to be refused."""
+    chosen = pick_served(args.families, args.layouts == "all") if args.families else []
+    refused = [f for f in FAMILIES if f.expect == "refused" and (args.refusals or any(f is c for c, _ in chosen))]
+    return [(f, layout) for f, layout in chosen if f.expect == "bundled"], refused
+
+
+def add_row(rows: list, model: str, kv: str, part: str, status: str, note: str, **details) -> None:
+    """One row of the table (PASS, FAIL, UNREACHED, or ref for a reference's run), printed as it comes."""
+    rows.append({"model": model, "kv": kv, "part": part, "status": status, "note": note, **details})
+    print(f"{status:9} {model:44} {kv:9} {part:26} {note}", flush=True)
+
+
 def run_checked(
-    model: str, prompts: list[list[int]], kv: str, corruption: float, out: Path, log: Path
+    model: str, prompts: list, kv: str, corruption: float, work: Path, log: Path
 ) -> tuple[bool | None, str]:
     """Ours in eager mode with every decode call checked in the scheduler process: (within
     tolerance, note), or (None, why) where no call could be checked."""
-    summary = out / f"check_{kv}_x{corruption}.json"
+    summary = work / f"check_{kv}_x{corruption}.json"
     summary.unlink(missing_ok=True)
-    env = plugin_env(out / "check_plugin", corruption, summary)
+    env = plugin_env(work / "check_plugin", corruption, summary)
     run = run_isolated(model, prompts, "mla_backend", kv, False, log, greedy_only=True, env=env)
     if "error" in run:
         return None, run["error"]
@@ -60,76 +104,84 @@ def describe(run: dict) -> str:
     return run.get("error") or f"{run['tokens_per_s']:.0f} decode tok/s"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--heads", type=int, default=16)
-    parser.add_argument("--kv", default="fp8_e4m3,auto")
-    parser.add_argument("--references", default=f"{REFERENCE},{SECOND_REFERENCE}")
-    parser.add_argument("--parts", default="tokens,check,selftest")
-    parser.add_argument("--out", type=Path, default=Path("results/sglang"))
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    # SGLang's DeepSeek model reads moe_layer_freq, which transformers' config does not write.
-    model = str(save_tiny_deepseek_v3(args.out / f"tiny_h{args.heads}", heads=args.heads, moe_layer_freq=1))
-    log = args.out / "engines.log"
-    references, parts = args.references.split(","), set(args.parts.split(","))
-    prompts = make_prompts()
-    results, failed = [], False
-    for kv in args.kv.split(","):
-        if "check" in parts:
-            within, note = run_checked(model, prompts, kv, 1.0, args.out, log)
-            ok = within is True
-            failed |= not ok
-            results.append({"part": "check", "kv": kv, "ok": ok, "note": note})
-            print(f"{'PASS' if ok else 'FAIL':9} mla_backend {kv:9} eager   float64 check: {note}", flush=True)
-        if "selftest" in parts:
-            within, note = run_checked(model, prompts, kv, SELFTEST_CORRUPTION, args.out, log)
-            ok = within is False  # the check ran and failed
-            failed |= not ok
-            results.append({"part": "selftest", "kv": kv, "ok": ok, "note": note})
-            outcome = "check failed, as it must" if ok else "check did not fail"
-            print(f"{'PASS' if ok else 'FAIL':9} mla_backend {kv:9} eager   x{SELFTEST_CORRUPTION} {outcome}: {note}")
-        if "tokens" not in parts:
+def tokens(model: str, prompts: list, kv: str, references: list[str], work: Path, log: Path, row) -> None:
+    """Ours with CUDA graphs and without against the references, under the tie rule (FP8: calibrated)."""
+    ours = {graphs: run_isolated(model, prompts, "mla_backend", kv, graphs, log) for graphs in (True, False)}
+    refs = {name: run_isolated(model, prompts, name, kv, True, log) for name in references}
+    base_name = REFERENCE
+    if kv.startswith("fp8"):  # judged on the inputs ours sees: the query rounded to FP8 too
+        base_name = FP8_QUERY_REFERENCE
+        env = quantized_query_env(work / "fp8_query_plugin")
+        refs = {base_name: run_isolated(model, prompts, REFERENCE, kv, True, log, env=env), **refs}
+    for name, ref in refs.items():
+        row(f"reference {name}", "ref", describe(ref), decode=name, graphs=True, **ref)
+    base = refs[base_name]
+    others = [r["tokens"] for n, r in refs.items() if n != base_name and "error" not in r]
+    for graphs, run in ours.items():
+        part = f"tokens {'graphs' if graphs else 'eager'}"
+        if "error" in run or "error" in base:
+            row(part, "FAIL", run.get("error") or f"no reference: {base['error']}", decode="mla_backend", graphs=graphs)
             continue
-        ours = {graphs: run_isolated(model, prompts, "mla_backend", kv, graphs, log) for graphs in (True, False)}
-        for graphs, run in ours.items():
-            print(f"ours      mla_backend {kv:9} {'graphs' if graphs else 'eager '}  " + describe(run), flush=True)
-        refs = {name: run_isolated(model, prompts, name, kv, True, log) for name in references}
-        base_name = REFERENCE
-        if kv.startswith("fp8"):  # judged on the inputs ours sees: the query rounded to FP8 too
-            base_name = FP8_QUERY_REFERENCE
-            env = quantized_query_env(args.out / "fp8_query_plugin")
-            refs = {base_name: run_isolated(model, prompts, REFERENCE, kv, True, log, env=env), **refs}
-        for name, ref in refs.items():
-            results.append({"decode": name, "kv": kv, "graphs": True, **ref})
-            print(f"reference {name:11} {kv:9} graphs  " + describe(ref), flush=True)
-        base = refs[base_name]
-        others = [r["tokens"] for n, r in refs.items() if n != base_name and "error" not in r]
-        for graphs, run in ours.items():
-            mode = "graphs" if graphs else "eager "
-            if "error" in run or "error" in base:
-                failed = True
-                print(f"FAIL      mla_backend {kv:9} {mode}  {run.get('error') or 'no reference'}")
-                continue
-            if base_name == FP8_QUERY_REFERENCE and "error" not in refs[REFERENCE]:
-                verdict = calibrated_agreement(run["tokens"], base["tokens"], base["gaps"], refs[REFERENCE]["tokens"])
-            else:
-                verdict = agreement(run["tokens"], base["tokens"], base["gaps"], *others)
-            failed |= not verdict["ok"]
-            results.append({"decode": "mla_backend", "kv": kv, "graphs": graphs, **run, "verdict": verdict})
-            print(
-                f"{'PASS' if verdict['ok'] else 'FAIL':9} mla_backend {kv:9} {mode}  {verdict['identical']}/"
-                f"{len(run['tokens'])} identical to {base_name}, divergences (prompt, step, first tie) "
-                f"{verdict['divergent']}"
-                + (
-                    f"; {verdict['agreed_steps']} steps agreed vs {verdict['peer_agreed_steps']} for plain "
-                    f"{REFERENCE}, which breaks the tie rule itself"
-                    if verdict.get("rule_holds") is False
-                    else ""
-                )
-            )
-    (args.out / f"sglang_h{args.heads}.json").write_text(json.dumps(results, indent=1))
-    return 1 if failed else 0
+        if base_name == FP8_QUERY_REFERENCE and "error" not in refs[REFERENCE]:
+            verdict = calibrated_agreement(run["tokens"], base["tokens"], base["gaps"], refs[REFERENCE]["tokens"])
+        else:
+            verdict = agreement(run["tokens"], base["tokens"], base["gaps"], *others)
+        note = (
+            f"{describe(run)}; {verdict['identical']}/{len(run['tokens'])} identical to {base_name}, divergences "
+            f"(prompt, step, first tie) {verdict['divergent']}"
+        )
+        if verdict.get("rule_holds") is False:
+            note += f"; {verdict['agreed_steps']} steps agreed vs {verdict['peer_agreed_steps']} for plain {REFERENCE}"
+        row(
+            part, "PASS" if verdict["ok"] else "FAIL", note, decode="mla_backend", graphs=graphs, **run, verdict=verdict
+        )
+
+
+def run_model(model: str, label: str, args: argparse.Namespace, work: Path, log: Path, rows: list) -> None:
+    """The parts on one model, each KV dtype; a row per part into ``rows``."""
+    prompts, parts = make_prompts(), set(args.parts.split(","))
+    work.mkdir(parents=True, exist_ok=True)
+    for kv in args.kv.split(","):
+        row = partial(add_row, rows, label, kv)
+        if "check" in parts:
+            within, note = run_checked(model, prompts, kv, 1.0, work, log)
+            row("check", "PASS" if within is True else "FAIL", note)
+        if "selftest" in parts:  # passes where the check ran and failed
+            within, note = run_checked(model, prompts, kv, SELFTEST_CORRUPTION, work, log)
+            outcome = "check failed, as it must" if within is False else "check did not fail"
+            row(f"selftest x{SELFTEST_CORRUPTION}", "PASS" if within is False else "FAIL", f"{outcome}: {note}")
+        if "tokens" in parts:
+            tokens(model, prompts, kv, args.references.split(","), work, log, row)
+
+
+def main() -> int:
+    args = parse()
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = args.out / "engines.log"
+    rows: list[dict] = []
+    families, refused = plan(args)
+    for family in refused:  # quick: each stops at start-up (its first layout, on dummy weights)
+        layout = next(iter(family.heads))
+        model = save_sglang_config(family, args.out / "models" / f"{family.published}_config", layout)
+        engine_log = args.out / f"refusal_{family.published}.log"
+        status, note = judge_refusal(start_refused(str(model), engine_log), engine_log.read_text(), refusal(family))
+        add_row(rows, f"{family.name} {layout} ({family.heads[layout]} heads)", "auto", "refused", status, note)
+    if not args.families:
+        heads = args.heads or 16
+        model = save_tiny_deepseek_v3(args.out / f"tiny_h{heads}", heads=heads, **DEEPSEEK_LAYERS)
+        run_model(str(model), f"tiny DeepSeek-V3 ({heads} heads)", args, args.out, log, rows)
+    for family, layout in families:
+        name = f"{family.published}_h{family.heads[layout]}"
+        model = save_sglang_checkpoint(family, args.out / "models" / name, layout)
+        run_model(
+            str(model), f"{family.name} {layout} ({family.heads[layout]} heads)", args, args.out / name, log, rows
+        )
+    summary = args.out / (f"sglang_h{args.heads or 16}.json" if not args.families else "sglang_zoo.json")
+    summary.write_text(json.dumps(rows, indent=1))
+    print(f"\n{len(rows)} rows ({summary}):")
+    for r in rows:
+        print(f"{r['status']:9} {r['model']:44} {r['kv']:9} {r['part']:26} {r['note'][:160]}")
+    return 1 if any(r["status"] == "FAIL" for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -1,30 +1,43 @@
 """One SGLang engine for the end-to-end check (integration/sglang_e2e.py): greedy tokens with top-2
 logprobs, then decode tokens/s; each engine in a process of its own (run_isolated runs this file,
 which reads its settings as JSON on stdin and prints its result as one JSON line). Where FlashInfer is
-not installed, the process gets the stand-in package of no_flashinfer/ (flashinfer_env)."""
+not installed, the process gets the stand-in package of no_flashinfer/ (flashinfer_env). start_refused
+starts one that our backend must stop at start-up, and reports how it ended.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 NEW_TOKENS = 32
 PAGE_SIZE = 64
 THROUGHPUT = dict(batch=32, context=2048, new_tokens=128)
+REFUSAL_TIMEOUT_S = 300  # start-up to the backend's factory: config, dummy weights, memory pools
 
 
 def run_engine(
-    model: str, prompts: list[list[int]], decode: str, kv: str, graphs: bool, greedy_only: bool = False
+    model: str,
+    prompts: list[list[int]],
+    decode: str,
+    kv: str,
+    graphs: bool,
+    greedy_only: bool = False,
+    engine_args: dict | None = None,
 ) -> dict:
-    """One engine (this process): greedy tokens with top-2 logprobs, then decode tokens/s."""
+    """One engine (this process): greedy tokens with top-2 logprobs, then decode tokens/s.
+    ``engine_args``: further sglang.Engine arguments (a refused family's ``load_format``)."""
     import sglang
     import torch
 
-    engine = sglang.Engine(
+    settings = dict(
         model_path=model,
         skip_tokenizer_init=True,
         page_size=PAGE_SIZE,
@@ -39,6 +52,7 @@ def run_engine(
         mem_fraction_static=0.5,
         log_level="warning",
     )
+    engine = sglang.Engine(**settings, **(engine_args or {}))
     try:
         greedy = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
         outs = engine.generate(input_ids=prompts, sampling_params=greedy, return_logprob=True, top_logprobs_num=2)
@@ -109,7 +123,71 @@ def run_isolated(
     return json.loads(lines[-1])
 
 
+def start_refused(model: str, log: Path, timeout_s: float = REFUSAL_TIMEOUT_S) -> dict:
+    """An engine with our decode backend on dummy weights, in a process session of its own, its stderr
+    written to ``log``; once it ends (or is killed at ``timeout_s``): its exit status, whether it timed
+    out or served (printed tokens), and the processes of its session still alive (none, where SGLang
+    took down what it started). Those are then killed."""
+    spec = {"model": model, "prompts": [[1, 2, 3]], "decode": "mla_backend", "kv": "auto", "graphs": False}
+    spec |= {"greedy_only": True, "engine_args": {"load_format": "dummy"}}
+    # Its output to a file, not a pipe: a process it leaves behind would hold a pipe open, and the wait
+    # is for the engine's own process.
+    with open(log, "w") as sink, tempfile.TemporaryFile("w+") as out:
+        child = subprocess.Popen(
+            [sys.executable, __file__],
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=sink,
+            text=True,
+            env=engine_env({}),
+            start_new_session=True,  # its processes share its id as their group: found and killed by it
+        )
+        assert child.stdin is not None  # stdin=PIPE
+        with contextlib.suppress(BrokenPipeError), child.stdin as spec_in:  # an engine may die unread
+            spec_in.write(json.dumps(spec))
+        try:
+            child.wait(timeout=timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            timed_out = True
+        out.seek(0)
+        served = any(line.startswith("{") for line in out.read().splitlines())
+    left_over = session_processes(child.pid)
+    if left_over:
+        os.killpg(child.pid, signal.SIGKILL)
+        session_processes(child.pid)  # until they are gone
+    return {"returncode": child.returncode, "timed_out": timed_out, "served": served, "left_over": left_over}
+
+
+def session_processes(session: int, grace_s: float = 10.0) -> list[str]:
+    """Live processes (zombies left out) of a process group, after up to ``grace_s`` for them to end."""
+    import psutil
+
+    deadline = time.monotonic() + grace_s
+    while True:
+        alive = []
+        for proc in psutil.process_iter(["name", "status"]):
+            try:
+                if os.getpgid(proc.pid) == session and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                    alive.append(f"{proc.pid} {proc.info['name']}")
+            except (ProcessLookupError, psutil.Error):
+                continue
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.5)
+
+
 if __name__ == "__main__":
     spec = json.loads(sys.stdin.read())
-    run = run_engine(spec["model"], spec["prompts"], spec["decode"], spec["kv"], spec["graphs"], spec["greedy_only"])
+    run = run_engine(
+        spec["model"],
+        spec["prompts"],
+        spec["decode"],
+        spec["kv"],
+        spec["graphs"],
+        spec["greedy_only"],
+        spec.get("engine_args"),
+    )
     print(json.dumps(run), flush=True)

@@ -30,9 +30,12 @@ def dense_config(family: Family, layout: str | None = None) -> dict:
     return config
 
 
-def save_checkpoint(family: Family, path: str | Path, layout: str | None = None, seed: int = 0) -> Path:
+def save_checkpoint(
+    family: Family, path: str | Path, layout: str | None = None, seed: int = 0, transformers_type: str | None = None
+) -> Path:
     """Write a bf16 checkpoint of ``family`` with the heads of ``layout`` to ``path`` (reused if the
-    same family, layout and seed wrote it)."""
+    same family, layout and seed wrote it). ``transformers_type``: the transformers model type whose
+    classes write the weights, where the installed transformers lacks the family's own."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = Path(path)
@@ -41,7 +44,7 @@ def save_checkpoint(family: Family, path: str | Path, layout: str | None = None,
     stamp_file = path / "mla_backend_stamp.json"
     if stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
         return path
-    model_type = TRANSFORMERS_TYPE.get(family.model_type, family.model_type)
+    model_type = transformers_type or TRANSFORMERS_TYPE.get(family.model_type, family.model_type)
     fields = {k: v for k, v in config.items() if k != "model_type"}
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **fields)).to(torch.bfloat16)

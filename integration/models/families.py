@@ -197,3 +197,19 @@ FAMILIES: tuple[Family, ...] = (
         refusal=SPARSE_REFUSAL,
     ),
 )
+
+
+def pick(names: str, every_layout: bool) -> list[tuple[Family, str]]:
+    """(family, layout) pairs for names like ``GLM-4.7-Flash`` (its first layout, or all of them) or
+    ``DeepSeek-V3@128`` (the layout with that many heads per GPU)."""
+    chosen = []
+    for wanted in (n.strip() for n in names.split(",")):
+        name, _, heads = wanted.partition("@")
+        family = next((f for f in FAMILIES if f.name.lower().startswith(name.lower())), None)
+        if family is None:
+            raise SystemExit(f"unknown family {name!r}; the zoo has {[f.name for f in FAMILIES]}")
+        layouts = [layout for layout, n in family.heads.items() if not heads or n == int(heads)]
+        if not layouts:
+            raise SystemExit(f"{family.name} has no layout with {heads} heads: {family.heads}")
+        chosen += [(family, layout) for layout in (layouts if every_layout or heads else layouts[:1])]
+    return chosen

@@ -1,0 +1,333 @@
+"""integration/sglang_e2e.py over the model zoo. Plain tests: the families and layouts it runs or starts
+to be refused, its rows and JSON summary with the engines stood in, how start_refused reports an engine
+(integration/engines/sglang_engine.py) and the verdict on it (judges/sglang_refusal.py). Under SGLang
+0.5.17 (-m sglang): each checkpoint it writes (models/sglang_checkpoint.py) is the family's MLA model to
+SGLang's ModelConfig and resolves to the family's model class, SGLang builds that class from it on CPU
+with every weight loaded, and the refused families stop our factory with the message the run looks for.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the integration package, from the checkout
+from integration import sglang_e2e  # noqa: E402
+from integration.judges.sglang_refusal import judge_refusal  # noqa: E402
+from integration.models import families  # noqa: E402
+from integration.models.families import FAMILIES, Family  # noqa: E402
+from integration.models.sglang_checkpoint import SGLANG_MODULES, refusal, save_sglang_checkpoint  # noqa: E402
+
+BUNDLED = ["DeepSeek-V3 / R1", "DeepSeek-V2-Lite", "Moonlight", "Kimi-K2 / K2.5 (text)", "GLM-4.7-Flash"]
+BUNDLED += ["LongCat-Flash", "Kimi-Linear"]
+REFUSED = ["MiniCPM3", "DeepSeek-V3.2", "GLM-5"]
+
+
+def planned(*argv: str) -> tuple[list[str], list[str]]:
+    runs, refused = sglang_e2e.plan(sglang_e2e.parse(list(argv)))
+    return [f"{f.name}@{f.heads[layout]}" for f, layout in runs], [f.name for f in refused]
+
+
+def test_heads_alone_runs_the_tiny_deepseek_as_before():
+    args = sglang_e2e.parse(["--heads", "128", "--kv", "auto"])
+    assert (args.heads, args.families, planned("--heads", "128")) == (128, None, ([], []))
+    assert sglang_e2e.parse([]).heads is None  # main() takes 16
+
+
+def test_heads_with_families_is_an_error(capsys):
+    with pytest.raises(SystemExit):
+        sglang_e2e.parse(["--heads", "16", "--families", "GLM-4.7-Flash"])
+    assert "Name@heads" in capsys.readouterr().err
+
+
+def test_all_runs_every_family_sglang_serves_on_our_kernels_and_refuses_none():
+    runs, refused = planned("--families", "all")
+    assert [name.rpartition("@")[0] for name in runs] == BUNDLED and refused == []
+    assert runs[0] == "DeepSeek-V3 / R1@16" and runs[3] == "Kimi-K2 / K2.5 (text)@8"  # first layouts
+    every, _ = planned("--families", "all", "--layouts", "all")
+    assert len(every) == sum(len(f.heads) for f in FAMILIES if f.name in BUNDLED)
+    assert {"DeepSeek-V3 / R1@128", "Kimi-K2 / K2.5 (text)@64", "LongCat-Flash@64"} <= set(every)
+
+
+def test_named_layouts_run_and_named_refused_families_are_started():
+    runs, refused = planned("--families", "Kimi-K2@64,DeepSeek-V3.2,glm-4.7")
+    assert runs == ["Kimi-K2 / K2.5 (text)@64", "GLM-4.7-Flash@20"] and refused == ["DeepSeek-V3.2"]
+    assert planned("--refusals") == ([], REFUSED)
+    assert planned("--families", "Moonlight", "--refusals") == (["Moonlight@16"], REFUSED)
+
+
+def test_unknown_families_and_ones_sglang_does_not_run_stop_the_run(monkeypatch):
+    with pytest.raises(SystemExit, match="unknown family"):
+        planned("--families", "Nope")
+    with pytest.raises(SystemExit, match="no layout with 7 heads"):
+        planned("--families", "DeepSeek-V3@7")
+    other = Family("Other-MLA", "DeepSeek-V3", "OtherMLAForCausalLM", "other", {"TP1": 16}, "bundled")
+    monkeypatch.setattr(families, "FAMILIES", (*FAMILIES, other))
+    with pytest.raises(SystemExit, match=r"does not run \['Other-MLA'\]"):
+        planned("--families", "Other-MLA")
+
+
+def fake_engines(monkeypatch, tmp_path, check_error=1e-3):
+    """The runner's engines and checkpoints stood in: every engine returns the same greedy tokens, the
+    float64 check its summary (``check_error``, x the corruption), a refused engine stops as SGLang does."""
+    from integration.engines import sglang_decode_check
+
+    def run_isolated(model, prompts, decode, kv, graphs, log, greedy_only=False, env=None):
+        if env and sglang_decode_check.ENV in env:
+            settings = json.loads(env[sglang_decode_check.ENV])
+            error = check_error * (1 if settings["corruption"] == 1.0 else 50)
+            Path(settings["summary"]).write_text(json.dumps({"calls": 8, "rows": 640, "max_rel_err": error}))
+        runs.append((model, decode, kv, graphs))
+        return {"tokens": [[7, 8, 9]] * len(prompts), "gaps": [[1.0] * 3] * len(prompts), "tokens_per_s": 1e3}
+
+    def start_refused(model, log):
+        log.write_text(SCHEDULER_TRACEBACK)
+        return STOPPED
+
+    runs: list = []
+    monkeypatch.setattr(sglang_e2e, "run_isolated", run_isolated)
+    monkeypatch.setattr(sglang_e2e, "start_refused", start_refused)
+    monkeypatch.setattr(sglang_e2e, "save_tiny_deepseek_v3", lambda path, **kw: path)
+    monkeypatch.setattr(sglang_e2e, "save_sglang_checkpoint", lambda family, path, layout: path)
+    monkeypatch.setattr(sglang_e2e, "save_sglang_config", lambda family, path, layout: path)
+    monkeypatch.setattr(sglang_e2e, "refusal", lambda family: SPARSE)
+    return runs
+
+
+def run_main(monkeypatch, *argv):
+    monkeypatch.setattr(sys, "argv", ["sglang_e2e.py", *argv])
+    return sglang_e2e.main()
+
+
+def test_the_runner_gives_one_row_per_model_layout_kv_and_part_and_keeps_the_json(monkeypatch, tmp_path, capsys):
+    runs = fake_engines(monkeypatch, tmp_path)
+    argv = ["--families", "GLM-4.7-Flash,Kimi-K2@64,DeepSeek-V3.2", "--references", "triton", "--out", str(tmp_path)]
+    assert run_main(monkeypatch, *argv) == 0
+    rows = json.loads((tmp_path / "sglang_zoo.json").read_text())
+    ours = [(r["model"], r["kv"], r["part"], r["status"]) for r in rows if r["status"] != "ref"]
+    parts = ["check", "selftest x1.05", "tokens graphs", "tokens eager"]
+    models = ["GLM-4.7-Flash TP1 (20 heads)", "Kimi-K2 / K2.5 (text) TP1 (64 heads)"]
+    want = [(m, kv, p, "PASS") for m in models for kv in ("fp8_e4m3", "auto") for p in parts]
+    assert ours == [("DeepSeek-V3.2 TP8 (16 heads)", "auto", "refused", "PASS"), *want]
+    assert {r["part"] for r in rows if r["status"] == "ref"} == {"reference triton", "reference triton, fp8 query"}
+    assert all(model.endswith(("GLM-4.7-Flash_h20", "Kimi-K2-Instruct_h64")) for model, *_ in runs)
+    printed = capsys.readouterr().out  # each row as it comes, then the table
+    assert f"{len(rows)} rows" in printed
+    assert printed.count(models[1]) == 2 * len([r for r in rows if r["model"] == models[1]])
+
+
+def test_the_tiny_path_keeps_its_summary_and_a_failing_part_fails_the_run(monkeypatch, tmp_path):
+    fake_engines(monkeypatch, tmp_path, check_error=0.5)  # beyond every tolerance: the check fails
+    assert run_main(monkeypatch, "--heads", "32", "--kv", "auto", "--parts", "check", "--out", str(tmp_path)) == 1
+    (row,) = json.loads((tmp_path / "sglang_h32.json").read_text())
+    assert (row["model"], row["part"], row["status"]) == ("tiny DeepSeek-V3 (32 heads)", "check", "FAIL")
+
+
+SCHEDULER_TRACEBACK = """[2026-11-25 10:00:00] Scheduler hit an exception: Traceback (most recent call last):
+  File "/tmp/sgl_site/sglang/srt/managers/scheduler.py", line 4930, in run_scheduler_process
+    scheduler = Scheduler(
+  File "/tmp/sgl_site/sglang/srt/model_executor/model_runner.py", line 2101, in init_attention_backend
+    self.attn_backend = self._get_attention_backend()
+  File "/tmp/mla/mla_backend/sglang/backend.py", line 97, in create_backend
+    check_model(runner.model_config)
+  File "/tmp/mla/mla_backend/sglang/backend.py", line 87, in check_model
+    raise BackendUnavailableError(
+mla_backend.config.BackendUnavailableError: mla_backend decodes dense MLA; this model's attention is sparse \
+(an indexer picks the top-k tokens, with a cache of its own): start SGLang without --decode-attention-backend \
+mla_backend so it picks its dsa backend
+
+[2026-11-25 10:00:00] Received sigquit from a child process. It usually means the child failed.
+"""
+SPARSE = "this model's attention is sparse"
+STOPPED = {"returncode": -9, "timed_out": False, "served": False, "left_over": []}
+
+
+def test_a_refusal_passes_where_our_factory_stopped_start_up_with_the_message_and_all_ended():
+    status, note = judge_refusal(STOPPED, SCHEDULER_TRACEBACK, SPARSE)
+    assert status == "PASS" and "exit -9" in note and "BackendUnavailableError" in note
+
+
+@pytest.mark.parametrize(
+    "change, log, want",
+    [
+        ({"served": True}, SCHEDULER_TRACEBACK, "started and served"),
+        ({"timed_out": True}, SCHEDULER_TRACEBACK, "did not stop"),
+        ({"left_over": ["4242 sglang::scheduler"]}, SCHEDULER_TRACEBACK, "left behind"),
+        ({}, SCHEDULER_TRACEBACK + "Fatal Python error: Segmentation fault\n", "crashed"),
+        ({}, SCHEDULER_TRACEBACK.replace(SPARSE, "something else"), "without"),
+    ],
+)
+def test_a_refusal_fails_where_it_served_hung_left_processes_crashed_or_said_something_else(change, log, want):
+    status, note = judge_refusal({**STOPPED, **change}, log, SPARSE)
+    assert status == "FAIL" and want in note
+
+
+def test_an_engine_stopped_before_any_decode_backend_was_asked_for_is_unreached_not_passed():
+    """MiniCPM3: the transformers SGLang 0.5.17 works with reads its config only with the model's remote
+    code, so the engine stops in its own process, long before the factory."""
+    log = 'Traceback (most recent call last):\n  File "/tmp/sgl_site/sglang/srt/server_args.py", line 3530\n'
+    log += "ValueError: The checkpoint you are trying to load has model type `minicpm3` ...\n"
+    status, note = judge_refusal({**STOPPED, "returncode": 1}, log, "needs kv_lora_rank 512")
+    assert status == "UNREACHED" and "minicpm3" in note
+    assert judge_refusal(STOPPED, log + SPARSE, SPARSE)[0] == "UNREACHED"  # the message alone is not our factory
+
+
+# Stand-ins for the engine process start_refused runs (integration/engines/sglang_engine.py): one that
+# hangs with a child, one that exits leaving a child running, one that serves.
+CHILD = "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+HANGS = CHILD + "import time\ntime.sleep(60)\n"
+LEAVES = CHILD + "sys.stderr.write('stopped\\n')\nsys.exit(1)\n"
+SERVES = "import sys\nsys.stdin.read()\nprint('{\"tokens\": [[1]]}')\n"
+
+
+def test_start_refused_reports_a_hang_a_process_left_behind_and_serving_and_kills_what_remains(tmp_path, monkeypatch):
+    import psutil
+
+    from integration.engines import sglang_engine
+
+    engine, log = tmp_path / "engine.py", tmp_path / "engine.log"
+    monkeypatch.setattr(sglang_engine, "__file__", str(engine))
+    engine.write_text(HANGS)
+    run = sglang_engine.start_refused("model", log, timeout_s=3)
+    assert run["timed_out"] and run["left_over"] == [] and not run["served"]  # its whole session killed
+    engine.write_text(LEAVES)
+    run = sglang_engine.start_refused("model", log, timeout_s=60)
+    assert (run["returncode"], run["timed_out"], run["served"]) == (1, False, False)
+    assert len(run["left_over"]) == 1 and log.read_text() == "stopped\n"
+    pid = int(run["left_over"][0].split()[0])
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # killed after
+    engine.write_text(SERVES)
+    assert sglang_engine.start_refused("model", log, timeout_s=60)["served"]
+
+
+# -- under SGLang 0.5.17 -------------------------------------------------------------------------------
+
+# CI runs these in its SGLang venv (-m sglang) and deselects them elsewhere; run without -m where SGLang
+# is missing, they are skipped rather than failing on the import.
+needs_sglang = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="needs SGLang")
+
+RUN = [
+    pytest.param(f, layout, id=f"{f.name.split(' ')[0]}-{layout}")
+    for f in FAMILIES
+    if f.name in BUNDLED
+    for layout in f.heads
+]
+
+
+@pytest.mark.sglang
+@needs_sglang
+@pytest.mark.parametrize("family, layout", RUN)
+def test_each_checkpoint_the_run_writes_is_the_family_s_mla_model_to_sglang(family, layout, tmp_path):
+    from sglang.srt.configs.model_config import AttentionArch, ModelConfig
+    from sglang.srt.model_loader.utils import get_model_architecture
+
+    config = ModelConfig(str(save_sglang_checkpoint(family, tmp_path, layout)))
+    assert config.attention_arch == AttentionArch.MLA and config.num_attention_heads == family.heads[layout]
+    assert (config.kv_lora_rank, config.qk_rope_head_dim) == (512, 64)
+    model_class, architecture = get_model_architecture(config)
+    assert architecture == family.architecture
+    assert model_class.__module__ == f"sglang.srt.models.{SGLANG_MODULES[family.architecture]}"
+
+
+# SGLang builds each family's model class on CPU and loads the checkpoint into it, in a process of its own
+# (the distributed groups and server arguments it needs are process-wide). Four stand-ins let the classes
+# be built without a GPU, none of them in the weights' path: the CUDA path's RoPE class (not the CPU
+# engine's) built on CPU, without the custom rotary kernel it would import where there is no CUDA, and
+# LongCat's side stream.
+BUILD = """
+import json, sys, torch
+from pathlib import Path
+from safetensors.torch import load_file
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.distributed import init_distributed_environment, initialize_model_parallel
+from sglang.srt.layers.dp_attention import initialize_dp_attention
+from sglang.srt.layers.rotary_embedding import base, factory, rope_variant
+from sglang.srt.model_loader.utils import get_model_architecture
+from sglang.srt import runtime_context
+from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+from integration.models.families import FAMILIES
+from integration.models.sglang_checkpoint import save_sglang_checkpoint
+
+base._is_cpu = True
+factory.get_rope_cpu = lambda *args: factory.get_rope(*args[:8])
+rope_variant.get_device = lambda *args: "cpu"
+runtime_context.set_stream("alt", object())
+init_distributed_environment(backend="gloo", world_size=1, rank=0, local_rank=0,
+                             distributed_init_method="tcp://127.0.0.1:" + sys.argv[2])
+initialize_model_parallel(1)
+torch.set_default_dtype(torch.bfloat16)
+result = {}
+for name in json.loads(sys.argv[3]):
+    family = next(f for f in FAMILIES if f.name == name)
+    path = save_sglang_checkpoint(family, Path(sys.argv[1]) / family.published)
+    args = ServerArgs(model_path=str(path), device="cpu", page_size=64, prefill_attention_backend="triton",
+                      decode_attention_backend="triton", skip_tokenizer_init=True, disable_radix_cache=True)
+    set_global_server_args_for_scheduler(args)
+    config = ModelConfig.from_server_args(args)
+    initialize_dp_attention(server_args=args, model_config=config)
+    try:
+        model = get_model_architecture(config)[0](config.hf_config, None)
+        for parameter in model.parameters():
+            parameter.data.fill_(float("nan"))
+        model.load_weights(iter(load_file(next(path.glob("*.safetensors"))).items()))
+        result[name] = [n for n, p in model.named_parameters() if p.float().isnan().any()]
+    except Exception as err:
+        result[name] = repr(err)[:500]
+print("RESULT " + json.dumps(result))
+"""
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    args = [str(tmp_path_factory.mktemp("built")), str(port), json.dumps(BUNDLED)]
+    done = subprocess.run([sys.executable, "-c", BUILD, *args], capture_output=True, text=True, env=env, timeout=1200)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, done.stderr[-3000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+@pytest.mark.sglang
+@needs_sglang
+@pytest.mark.parametrize("name", BUNDLED)
+def test_sglang_builds_each_family_s_model_from_its_checkpoint_and_loads_every_weight(built, name):
+    """What the GPU run would otherwise find at start-up: a config key SGLang's model code reads and the
+    checkpoint lacks (moe_layer_freq, LongCat's rope, Kimi-Linear's linear_attn_config), or a weight under
+    a name its loader does not map (a parameter left unloaded)."""
+    assert built[name] == [], built[name]
+
+
+@pytest.mark.sglang
+@needs_sglang
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.name in REFUSED], ids=lambda f: f.name)
+def test_each_refused_family_stops_our_factory_with_the_message_the_run_looks_for(family, tmp_path, monkeypatch):
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.utils import get_model_architecture
+
+    from integration.models.sglang_checkpoint import save_sglang_config
+    from mla_backend.config import BackendUnavailableError
+    from mla_backend.sglang import backend
+
+    monkeypatch.setenv("MLA_BACKEND_DEVICE_CAPABILITY", "12.0")
+    if family.model_type == "minicpm3":  # SGLang reads its config only with the model's remote code
+        config = SimpleNamespace(**{k: family.config()[k] for k in ("kv_lora_rank", "qk_rope_head_dim")})
+    else:
+        config = ModelConfig(str(save_sglang_config(family, tmp_path)))
+        assert get_model_architecture(config)[1] == family.architecture
+    server_args = SimpleNamespace(page_size=64, speculative_algorithm=None)
+    server_args.get_attention_backends = lambda: ("triton", "mla_backend")
+    runner = SimpleNamespace(model_config=config, server_args=server_args, device="cpu")
+    with pytest.raises(BackendUnavailableError) as info:
+        backend.create_backend(runner)
+    assert refusal(family) in str(info.value)
