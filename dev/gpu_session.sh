@@ -7,7 +7,8 @@
 # the project's wheel in .gpu/dist/ (built here for the GPU's architecture) and any extra wheels in
 # .gpu/extra/. Installs them under /tmp (kept while the machine stays warm), then runs PART:
 #   sglang (integration/sglang_e2e.py, alone in its call: carry .gpu-sglang, the SGLang bundle of
-#     ../shared/gpu/README.md, and .gpu/dist instead of the vLLM bundle; SGL_KV, SGL_PARTS)
+#     ../shared/gpu/README.md, and .gpu/dist instead of the vLLM bundle; SGL_KV, SGL_PARTS; SGL_FAMILIES
+#     of the zoo, SGL_LAYOUTS first|all, SGL_REFUSALS=1 for the families SGLang must refuse)
 #   | sglang_faults (integration/sglang_fault_check.py, carried as sglang is: SGL_KV one of fp8_e4m3
 #     and auto, FAULT_PARTS of preemption,aborts,radix, SELFTEST=1)
 #   | zoo (integration/zoo_e2e.py: FAMILIES, ZOO_KV, SELFTEST=1, REFUSALS=1, ISOLATED=1)
@@ -93,8 +94,11 @@ for part in ${PART//,/ }; do
       run python3 integration/run_e2e.py --heads "$HEADS" --parts "$parts" --kv "$KV" --prompt-seeds "$seeds" --out "$OUT" ;;
     zoo) run python3 integration/zoo_e2e.py --families "${FAMILIES:-GLM-4.7-Flash,Kimi-K2}" --kv "${ZOO_KV:-fp8,auto}" \
       ${SELFTEST:+--selftest} ${REFUSALS:+--refusals} ${ISOLATED:+--isolated} --out "$OUT" ;;
-    sglang) run python3 integration/sglang_e2e.py --heads "$HEADS" --kv "${SGL_KV:-fp8_e4m3,auto}" --references "${SGL_REFS:-triton}" \
-      --parts "${SGL_PARTS:-tokens,check,selftest}" --out "$OUT/sglang" ;;
+    sglang)
+      models=(--heads "$HEADS")
+      [ -n "${SGL_FAMILIES:-}" ] && models=(--families "$SGL_FAMILIES" --layouts "${SGL_LAYOUTS:-first}")
+      run python3 integration/sglang_e2e.py "${models[@]}" ${SGL_REFUSALS:+--refusals} --kv "${SGL_KV:-fp8_e4m3,auto}" \
+        --references "${SGL_REFS:-triton}" --parts "${SGL_PARTS:-tokens,check,selftest}" --out "$OUT/sglang" ;;
     sglang_faults) run python3 integration/sglang_fault_check.py --heads "$HEADS" --kv "${SGL_KV:-fp8_e4m3}" \
       --parts "${FAULT_PARTS:-preemption,aborts,radix}" ${SELFTEST:+--selftest} --out "$OUT/sglang_faults" ;;
     realdims) run python3 integration/real_dims.py --heads "$HEADS" --kv "$KV" --out "$OUT" ;;

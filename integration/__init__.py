@@ -8,7 +8,8 @@
   one decode call, the verdicts on a run (its decode check, speculation, the route, parallel runs).
 - ``settings.py``: the few settings more than one room reads (a leaf).
 - the runnable checks at the top (``run_e2e.py``, ``zoo_e2e.py``, ``serve_check.py``,
-  ``fault_check.py``, ``sglang_e2e.py``, ``sglang_fault_check.py``, ``real_dims.py``): each composes models, engines and judges.
+  ``fault_check.py``, ``sglang_e2e.py``, ``sglang_fault_check.py``,
+  ``real_dims.py``): each composes models, engines and judges.
 
 Imports go one way: checks -> engines, judges, models, settings; engines -> settings, and
 judges.decode_check only (the float64 comparison runs inside the engine's process, while the cache
