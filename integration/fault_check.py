@@ -638,28 +638,30 @@ def soak_schedule(seed: int, seconds: float) -> list[Arrival]:
 async def soak(server: Served, schedule: list[Arrival]) -> dict:
     """Send ``schedule`` on time, sample memory meanwhile, wait for the last request; the log as it
     stood before the stop (the stop itself is judged by its exit status)."""
-    begun = time.monotonic()
     samples: list[tuple[float, float | None, float | None]] = []
     done = asyncio.Event()
-
-    async def sample():
-        while not done.is_set():
-            gpu = await asyncio.to_thread(gpu_memory_used_mib)
-            host = await asyncio.to_thread(process_tree_rss_mib, server.process.pid)
-            samples.append((time.monotonic() - begun, gpu, host))
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(done.wait(), SOAK_SAMPLE_S)
-
-    async def send(client, arrival: Arrival) -> dict:
-        await asyncio.sleep(max(0.0, begun + arrival.at - time.monotonic()))
-        try:
-            return await stream(client, server.model, arrival.prompt, arrival.max_tokens, arrival.leave_after)
-        except Exception as err:  # a failed request is a result, not the end of the soak
-            return {"tokens": [], "chunks": [], "left": False, "error": repr(err)[:200], "begun": time.monotonic()}
-
-    sampler = asyncio.create_task(sample())
+    # The client first: making it can import the HTTP stack, which holds the loop for seconds on a
+    # busy machine and would delay the first arrivals and samples against the clock.
     async with client_for(server) as client:
-        results = await asyncio.gather(*(send(client, a) for a in schedule))
+        begun = time.monotonic()
+
+        async def sample():
+            while not done.is_set():
+                gpu = await asyncio.to_thread(gpu_memory_used_mib)
+                host = await asyncio.to_thread(process_tree_rss_mib, server.process.pid)
+                samples.append((time.monotonic() - begun, gpu, host))
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(done.wait(), SOAK_SAMPLE_S)
+
+        async def send(arrival: Arrival) -> dict:
+            await asyncio.sleep(max(0.0, begun + arrival.at - time.monotonic()))
+            try:
+                return await stream(client, server.model, arrival.prompt, arrival.max_tokens, arrival.leave_after)
+            except Exception as err:  # a failed request is a result, not the end of the soak
+                return {"tokens": [], "chunks": [], "left": False, "error": repr(err)[:200], "begun": time.monotonic()}
+
+        sampler = asyncio.create_task(sample())
+        results = await asyncio.gather(*(send(a) for a in schedule))
     seconds = time.monotonic() - begun
     done.set()
     await sampler
