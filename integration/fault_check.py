@@ -48,12 +48,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import random
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # Run as a script: the checkout on the path for the integration package, after the installed packages
@@ -74,8 +73,9 @@ from integration.engines.vllm_server import (  # noqa: E402
 )
 from integration.engines.vllm_spec import EngineSpec  # noqa: E402
 from integration.engines.vllm_worker_check import merged_summary  # noqa: E402
-from integration.judges import faults  # noqa: E402
+from integration.judges import faults, report  # noqa: E402
 from integration.judges.decode_verdict import judge_decode_check, judge_selftest  # noqa: E402
+from integration.judges.faults import gaps_of_runs, tokens_of  # noqa: E402
 from integration.models.prompts import make_prompts  # noqa: E402
 from integration.settings import PEERS, SELFTEST_CORRUPTION  # noqa: E402
 from mla_backend.tools.tiny_model import TINY_DEFAULTS, save_tiny_deepseek_v3  # noqa: E402
@@ -111,7 +111,7 @@ EXTRA_BODY = {"return_token_ids": True, "ignore_eos": True, "return_tokens_as_to
 
 
 @dataclass
-class Context:
+class Context(report.PartRows):
     heads: int
     kv: str
     backend: str  # our mla_backend "backend" setting: auto or xqa
@@ -120,8 +120,6 @@ class Context:
     seed: int
     soak_s: float
     selftest: bool
-    rows: list = field(default_factory=list)  # this part's (check, ok, note)
-    details: dict = field(default_factory=dict)  # this part's numbers for the JSON
 
     def spec(self, backend: str) -> EngineSpec:
         ours = {"backend": self.backend} if backend == "CUSTOM" and self.backend != "auto" else {}
@@ -132,19 +130,6 @@ class Context:
             return str(save_tiny_deepseek_v3(self.model_dir / f"dsv3_h{self.heads}", heads=self.heads))
         path = self.model_dir / f"dsv3_h{self.heads}_pos{max_positions}"
         return str(save_tiny_deepseek_v3(path, heads=self.heads, max_position_embeddings=max_positions))
-
-    def row(self, check: str, verdict: tuple[bool, str]) -> bool:
-        self.rows.append((check, bool(verdict[0]), verdict[1]))
-        return bool(verdict[0])
-
-    def selftest_row(self, check: str, verdict: tuple[bool, str] | None) -> None:
-        """A judge fed a broken run: the row passes where the judge failed it."""
-        if verdict is None:
-            self.rows.append((f"selftest: {check}", False, "could not build the broken run"))
-        else:
-            caught = not verdict[0]
-            note = "caught" if caught else "NOT CAUGHT"
-            self.rows.append((f"selftest: {check}", caught, f"{note}: {verdict[1]}"))
 
 
 # --- one server -----------------------------------------------------------------------------------
@@ -309,27 +294,14 @@ async def idle_metrics(server: Served) -> dict[str, float]:
     return await asyncio.to_thread(wait_until_idle, server.port, faults.IDLE, IDLE_TIMEOUT_S)
 
 
-def tokens_of(results: list[dict]) -> list[list[int]]:
-    return [r["tokens"] for r in results]
-
-
-def gaps_of_runs(results: list[dict]) -> list[list[float]]:
-    return [r["gaps"] for r in results]
-
-
 def random_prompt(rng: random.Random, length: int) -> list[int]:
     return [rng.randrange(VOCAB) for _ in range(length)]
 
 
 def judge_tokens_or_calibrate(ctx, check, ours, ref, ref_gaps, run_peer, peer_name) -> None:
-    """Tokens under the tie rule; where ours breaks it, ``run_peer()`` gives (peer tokens, peer's
-    reference tokens, gaps) for the same traffic on vLLM's ``peer_name``, which calibrates the rule."""
-    verdict = faults.judge_tokens(ours, ref, ref_gaps)
-    if not verdict[0]:
-        peer_tokens, peer_ref, peer_gaps = run_peer()
-        peer = {"name": peer_name, "tokens": peer_tokens, "ref": peer_ref, "gaps": peer_gaps}
-        verdict = faults.judge_tokens(ours, ref, ref_gaps, peer)
-    ctx.row(check, verdict)
+    """Tokens under the tie rule, calibrated where ours breaks it by vLLM's ``peer_name`` on the same
+    traffic (faults.judge_tokens_or_calibrate)."""
+    ctx.row(check, faults.judge_tokens_or_calibrate(ours, ref, ref_gaps, run_peer, {"name": peer_name}))
 
 
 # --- the parts ------------------------------------------------------------------------------------
@@ -760,20 +732,7 @@ RUNNERS = {
 
 
 def run_part(ctx: Context, part: str) -> dict:
-    """One part; an exception (a server that does not start, a client error) is its failing row, and
-    so is a stop by a signal (``interrupted``: the rows so far are still reported)."""
-    ctx.rows, ctx.details = [], {}
-    begun, interrupted = time.monotonic(), False
-    try:
-        RUNNERS[part](ctx)
-    except Exception as err:
-        ctx.rows.append(("ran to the end", False, f"{type(err).__name__}: {str(err)[:400]}"))
-    except (KeyboardInterrupt, SystemExit) as err:
-        interrupted = True
-        ctx.rows.append(("ran to the end", False, f"stopped by {type(err).__name__} {err}"))
-    rows = [{"check": c, "ok": ok, "note": note} for c, ok, note in ctx.rows]
-    wall = round(time.monotonic() - begun, 1)
-    return {"wall_s": wall, "rows": rows, "details": ctx.details, "interrupted": interrupted}
+    return report.run_part(ctx, lambda: RUNNERS[part](ctx))
 
 
 def main() -> int:
@@ -798,27 +757,13 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ctx = Context(args.heads, args.kv, args.backend, args.out, args.model_dir, args.seed, args.soak_s, args.selftest)
     path = args.out / f"faults_h{args.heads}_{args.kv}_{args.backend}.json"
-    summary = json.loads(path.read_text()) if path.exists() else {}
-    summary.update(heads=args.heads, kv=args.kv, backend=args.backend)
-    summary.setdefault("parts", {})
-    done = []
-    for part in parts:
-        print(f"== {part}", flush=True)
-        summary["parts"][part] = run_part(ctx, part)
-        path.write_text(json.dumps(summary, indent=1, default=str))
-        done.append(part)
-        if summary["parts"][part]["interrupted"]:
-            break
-    print(f"\n== vllm serve under faults, {args.heads} heads, kv {args.kv}, backend {args.backend} ==")
-    failed = 0
-    for part in done:
-        result = summary["parts"][part]
-        print(f"-- {part} ({result['wall_s']:.0f} s)")
-        for row in result["rows"]:
-            failed += not row["ok"]
-            print(f"{'PASS' if row['ok'] else 'FAIL':5} {row['check']:44} {row['note']}")
-    print(f"{'all passed' if not failed else f'{failed} failed'}; {path}")
-    return 1 if failed else 0
+    return report.run_parts(
+        parts,
+        lambda part: run_part(ctx, part),
+        path,
+        dict(heads=args.heads, kv=args.kv, backend=args.backend),
+        f"vllm serve under faults, {args.heads} heads, kv {args.kv}, backend {args.backend}",
+    )
 
 
 if __name__ == "__main__":

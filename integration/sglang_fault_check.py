@@ -59,7 +59,7 @@ import random
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
@@ -79,8 +79,9 @@ from integration.engines.sglang_server import (  # noqa: E402
     wait_until_idle,
 )
 from integration.engines.vllm_server import free_port, wait_until_healthy  # noqa: E402
-from integration.judges import faults, sglang_faults  # noqa: E402
+from integration.judges import faults, report, sglang_faults  # noqa: E402
 from integration.judges.decode_verdict import judge_sglang_check  # noqa: E402
+from integration.judges.faults import gaps_of_runs, tokens_of  # noqa: E402
 from integration.models.prompts import make_prompts  # noqa: E402
 from integration.settings import SELFTEST_CORRUPTION  # noqa: E402
 from mla_backend.tools.tiny_model import TINY_DEFAULTS, save_tiny_deepseek_v3  # noqa: E402
@@ -108,15 +109,13 @@ RADIX_SHORT, RADIX_LONG, RADIX_LONG_LEN, RADIX_CHUNK, RADIX_TOKENS = 3, 2, (1500
 
 
 @dataclass
-class Context:
+class Context(report.PartRows):
     heads: int
     kv: str  # SGLang's --kv-cache-dtype: fp8_e4m3 or auto (bf16)
     out: Path
     model_dir: Path
     seed: int
     selftest: bool
-    rows: list = field(default_factory=list)  # this part's (check, ok, note)
-    details: dict = field(default_factory=dict)  # this part's numbers for the JSON
 
     @property
     def fp8(self) -> bool:
@@ -126,18 +125,6 @@ class Context:
         # SGLang's DeepSeek model reads moe_layer_freq, which transformers' config does not write.
         path = self.model_dir / f"dsv3_h{self.heads}_sglang"
         return str(save_tiny_deepseek_v3(path, heads=self.heads, moe_layer_freq=1))
-
-    def row(self, check: str, verdict: tuple[bool, str]) -> bool:
-        self.rows.append((check, bool(verdict[0]), verdict[1]))
-        return bool(verdict[0])
-
-    def selftest_row(self, check: str, verdict: tuple[bool, str] | None) -> None:
-        """A judge fed a broken run: the row passes where the judge failed it."""
-        if verdict is None:
-            self.rows.append((f"selftest: {check}", False, "could not build the broken run"))
-        else:
-            caught = not verdict[0]
-            self.rows.append((f"selftest: {check}", caught, f"{'caught' if caught else 'NOT CAUGHT'}: {verdict[1]}"))
 
 
 # --- one server -----------------------------------------------------------------------------------
@@ -221,27 +208,15 @@ async def metrics(server: Served) -> dict[str, float]:
     return await asyncio.to_thread(scrape, server.port)
 
 
-def tokens_of(results: list[dict]) -> list[list[int]]:
-    return [r["tokens"] for r in results]
-
-
-def gaps_of_runs(results: list[dict]) -> list[list[float]]:
-    return [r["gaps"] for r in results]
-
-
 def random_prompt(rng: random.Random, length: int) -> list[int]:
     return [rng.randrange(VOCAB) for _ in range(length)]
 
 
 def judge_tokens_or_calibrate(ctx: Context, check: str, ours, ref, ref_gaps, run_peer=None) -> None:
-    """Tokens under the tie rule; where ours breaks it, ``run_peer()`` gives (peer tokens, peer's
-    reference tokens, gaps) for the same traffic on SGLang's triton decode, which calibrates the rule."""
-    verdict = faults.judge_tokens(ours, ref, ref_gaps)
-    if not verdict[0] and run_peer is not None:
-        tokens, peer_ref, peer_gaps = run_peer()
-        peer = {"engine": "SGLang", "name": PEER, "tokens": tokens, "ref": peer_ref, "gaps": peer_gaps}
-        verdict = faults.judge_tokens(ours, ref, ref_gaps, peer)
-    ctx.row(check, verdict)
+    """Tokens under the tie rule, calibrated where ours breaks it by SGLang's triton decode on the same
+    traffic (faults.judge_tokens_or_calibrate)."""
+    peer = {"engine": "SGLang", "name": PEER}
+    ctx.row(check, faults.judge_tokens_or_calibrate(ours, ref, ref_gaps, run_peer, peer))
 
 
 def judge_server(ctx: Context, run: dict) -> None:
@@ -483,24 +458,7 @@ RUNNERS = {"preemption": part_preemption, "aborts": part_aborts, "radix": part_r
 
 
 def run_part(ctx: Context, part: str) -> dict:
-    """One part; an exception (a server that does not start, a client error) is its failing row, and
-    so is a stop by a signal (``interrupted``: the rows so far are still reported)."""
-    ctx.rows, ctx.details = [], {}
-    begun, interrupted = time.monotonic(), False
-    try:
-        RUNNERS[part](ctx)
-    except Exception as err:
-        ctx.rows.append(("ran to the end", False, f"{type(err).__name__}: {str(err)[:400]}"))
-    except (KeyboardInterrupt, SystemExit) as err:
-        interrupted = True
-        ctx.rows.append(("ran to the end", False, f"stopped by {type(err).__name__} {err}"))
-    rows = [{"check": c, "ok": ok, "note": note} for c, ok, note in ctx.rows]
-    return {
-        "wall_s": round(time.monotonic() - begun, 1),
-        "rows": rows,
-        "details": ctx.details,
-        "interrupted": interrupted,
-    }
+    return report.run_part(ctx, lambda: RUNNERS[part](ctx))
 
 
 def main() -> int:
@@ -523,27 +481,13 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ctx = Context(args.heads, args.kv, args.out, args.model_dir, args.seed, args.selftest)
     path = args.out / f"sglang_faults_h{args.heads}_{args.kv}.json"
-    summary = json.loads(path.read_text()) if path.exists() else {}
-    summary.update(heads=args.heads, kv=args.kv)
-    summary.setdefault("parts", {})
-    done = []
-    for part in parts:
-        print(f"== {part}", flush=True)
-        summary["parts"][part] = run_part(ctx, part)
-        path.write_text(json.dumps(summary, indent=1, default=str))
-        done.append(part)
-        if summary["parts"][part]["interrupted"]:
-            break
-    print(f"\n== sglang.launch_server under faults, {args.heads} heads, kv {args.kv} ==")
-    failed = 0
-    for part in done:
-        result = summary["parts"][part]
-        print(f"-- {part} ({result['wall_s']:.0f} s)")
-        for row in result["rows"]:
-            failed += not row["ok"]
-            print(f"{'PASS' if row['ok'] else 'FAIL':5} {row['check']:44} {row['note']}")
-    print(f"{'all passed' if not failed else f'{failed} failed'}; {path}")
-    return 1 if failed else 0
+    return report.run_parts(
+        parts,
+        lambda part: run_part(ctx, part),
+        path,
+        dict(heads=args.heads, kv=args.kv),
+        f"sglang.launch_server under faults, {args.heads} heads, kv {args.kv}",
+    )
 
 
 if __name__ == "__main__":

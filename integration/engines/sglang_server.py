@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from integration.engines import prometheus
 from integration.engines.sglang_engine import PAGE_SIZE, engine_env
 
 # SGLang's idle check (managers/scheduler_components/invariant_checker.py) raises on a leaked KV token
@@ -125,36 +126,18 @@ def stop(server: subprocess.Popen, timeout_s: float = 60) -> bool:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text as ``{sample: value}``, SGLang's samples only. A sample's key is its name (a
-    counter's with ``_total``), with the labels other than SERVER_LABELS appended as
-    ``{label=value,...}`` (sorted); samples that differ only in SERVER_LABELS are added up."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if not sample.name.startswith("sglang:"):
-                continue
-            labels = sorted((k, v) for k, v in sample.labels.items() if k not in SERVER_LABELS)
-            key = sample.name + ("{" + ",".join(f"{k}={v}" for k, v in labels) + "}" if labels else "")
-            values[key] = values.get(key, 0.0) + sample.value
-    return values
+    """SGLang's samples of a /metrics text (prometheus.parse_metrics), summed over SERVER_LABELS."""
+    return prometheus.parse_metrics(text, "sglang:", SERVER_LABELS)
 
 
 def scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        return parse_metrics(response.read().decode())
+    return parse_metrics(prometheus.metrics_text(port))
 
 
 def wait_until_idle(port: int, names: tuple[str, ...], timeout_s: float) -> dict[str, float]:
     """Scrape until every metric in ``names`` reads 0 or the time runs out; the last scrape either way
     (the scheduler publishes its idle gauges once it finds itself idle, after the last response)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        metrics = scrape(port)
-        if all(metrics.get(name, 1.0) == 0.0 for name in names) or time.monotonic() > deadline:
-            return metrics
-        time.sleep(0.5)
+    return prometheus.wait_until_zero(lambda: scrape(port), names, timeout_s)
 
 
 def flush_cache(port: int) -> bool:

@@ -18,6 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from integration.engines import prometheus
 from integration.engines.vllm_spec import EngineSpec, engine_kwargs
 from integration.engines.vllm_worker_check import checked_env
 
@@ -116,36 +117,19 @@ def wait_until_healthy(server: subprocess.Popen, port: int, timeout_s: float) ->
     return False
 
 
-def metrics_text(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        return response.read().decode()
-
-
 def metrics_answer(port: int) -> bool:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         return response.status == 200 and "vllm:" in response.read().decode()
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text as ``{sample: value}``, vLLM's samples only. A sample's key is its name (a
-    counter's with ``_total``), with the labels other than model_name and engine appended as
-    ``{label=value,...}`` (sorted); samples that differ only in those two are added up."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if not sample.name.startswith("vllm:"):
-                continue
-            labels = sorted((k, v) for k, v in sample.labels.items() if k not in SERVER_LABELS)
-            key = sample.name + ("{" + ",".join(f"{k}={v}" for k, v in labels) + "}" if labels else "")
-            values[key] = values.get(key, 0.0) + sample.value
-    return values
+    """vLLM's samples of a /metrics text (prometheus.parse_metrics), summed over SERVER_LABELS."""
+    return prometheus.parse_metrics(text, "vllm:", SERVER_LABELS)
 
 
 def scrape(port: int) -> dict[str, float]:
     """The server's /metrics, parsed (parse_metrics)."""
-    return parse_metrics(metrics_text(port))
+    return parse_metrics(prometheus.metrics_text(port))
 
 
 def pool_blocks(metrics: dict[str, float]) -> int | None:
@@ -159,12 +143,7 @@ def pool_blocks(metrics: dict[str, float]) -> int | None:
 def wait_until_idle(port: int, names: tuple[str, ...], timeout_s: float = 30) -> dict[str, float]:
     """Scrape until every metric in ``names`` reads 0 (vLLM publishes its gauges after each engine
     step, so they lag the last response) or the time runs out; the last scrape either way."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        metrics = scrape(port)
-        if all(metrics.get(name, 1.0) == 0.0 for name in names) or time.monotonic() > deadline:
-            return metrics
-        time.sleep(0.5)
+    return prometheus.wait_until_zero(lambda: scrape(port), names, timeout_s)
 
 
 def gpu_memory_used_mib() -> float | None:

@@ -79,6 +79,29 @@ def judge_tokens(
     )
 
 
+def judge_tokens_or_calibrate(
+    ours: list[list[int]], ref: list[list[int]], ref_gaps: list[list[float]], run_peer, peer: dict
+) -> tuple[bool, str]:
+    """judge_tokens; where ours breaks the tie rule and ``run_peer`` is given, ``run_peer()`` gives
+    (peer tokens, peer's reference tokens, gaps) for the same traffic on the backend ``peer`` names
+    (``"name"``, and ``"engine"`` where not vLLM), which calibrates the rule. The peer runs only then."""
+    verdict = judge_tokens(ours, ref, ref_gaps)
+    if verdict[0] or run_peer is None:
+        return verdict
+    tokens, peer_ref, peer_gaps = run_peer()
+    return judge_tokens(ours, ref, ref_gaps, {**peer, "tokens": tokens, "ref": peer_ref, "gaps": peer_gaps})
+
+
+def tokens_of(results: list[dict]) -> list[list[int]]:
+    """The generated tokens of each request of a run."""
+    return [r["tokens"] for r in results]
+
+
+def gaps_of_runs(results: list[dict]) -> list[list[float]]:
+    """The top-2 logprob gaps of each request of a run."""
+    return [r["gaps"] for r in results]
+
+
 # --- the server's metrics -----------------------------------------------------------------------
 
 
