@@ -105,12 +105,17 @@ def gaps_of_runs(results: list[dict]) -> list[list[float]]:
 # --- the server's metrics -----------------------------------------------------------------------
 
 
+def judge_counter_rose(before: dict[str, float], after: dict[str, float], name: str, what: str) -> tuple[bool, str]:
+    """The counter ``name`` rose between two scrapes of /metrics: ``what`` happened."""
+    if name not in before or name not in after:
+        return False, f"{name} not reported"
+    count = after[name] - before[name]
+    return count > 0, f"{count:g} {what} ({name})"
+
+
 def judge_preemption(before: dict[str, float], after: dict[str, float]) -> tuple[bool, str]:
     """vLLM preempted requests between two scrapes of /metrics."""
-    if PREEMPTIONS not in before or PREEMPTIONS not in after:
-        return False, f"{PREEMPTIONS} not reported"
-    count = after[PREEMPTIONS] - before[PREEMPTIONS]
-    return count > 0, f"{count:g} preemptions ({PREEMPTIONS})"
+    return judge_counter_rose(before, after, PREEMPTIONS, "preemptions")
 
 
 def judge_blocks_freed(idle: dict[str, float]) -> tuple[bool, str]:

@@ -35,10 +35,7 @@ SGLANG_FAULT = re.compile(
 
 def judge_retraction(before: dict[str, float], after: dict[str, float]) -> tuple[bool, str]:
     """SGLang retracted decode requests (its preemption) between two scrapes of /metrics."""
-    if RETRACTIONS not in before or RETRACTIONS not in after:
-        return False, f"{RETRACTIONS} not reported"
-    count = after[RETRACTIONS] - before[RETRACTIONS]
-    return count > 0, f"{count:g} requests retracted ({RETRACTIONS})"
+    return faults.judge_counter_rose(before, after, RETRACTIONS, "requests retracted")
 
 
 def judge_idle(idle: dict[str, float]) -> tuple[bool, str]:
