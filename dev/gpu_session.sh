@@ -9,8 +9,9 @@
 #   sglang (integration/sglang_e2e.py, alone in its call: carry .gpu-sglang, the SGLang bundle of
 #     ../shared/gpu/README.md, and .gpu/dist instead of the vLLM bundle; SGL_KV, SGL_PARTS; SGL_FAMILIES
 #     of the zoo, SGL_LAYOUTS first|all, SGL_REFUSALS=1 for the families SGLang must refuse)
-#   | sglang_faults (integration/sglang_fault_check.py, carried as sglang is: SGL_KV one of fp8_e4m3
-#     and auto, FAULT_PARTS of preemption,aborts,radix, SELFTEST=1)
+#   | sglang_faults (integration/sglang_fault_check.py, carried as sglang is, with the bundle's server
+#     part from dev/sglang_server_extras.sh: SGL_KV one of fp8_e4m3 and auto, FAULT_PARTS of
+#     preemption,aborts,radix, SELFTEST=1)
 #   | zoo (integration/zoo_e2e.py: FAMILIES, ZOO_KV, SELFTEST=1, REFUSALS=1, ISOLATED=1)
 #   | serve | mtp | parallel | correctness | enginebest | enginebest_parallel | realdims | variants | inputs | placement
 #   | faults (integration/fault_check.py: FAULT_PARTS of preemption,aborts,prefix,long,soak; BACKEND, SOAK_S, SELFTEST=1;

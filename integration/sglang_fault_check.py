@@ -95,10 +95,13 @@ IDLE_TIMEOUT_S = 40  # past SGLang's 30-s refresh of an idle server's gauges, sh
 PROBE, PROBE_TOKENS = list(range(1, 9)), 2  # one decode step: the scheduler then publishes its idle state
 
 # preemption: 16 prompts of 192-256 tokens, 192 new tokens each, in a pool of 4096 tokens (64 pages).
-# SGLang admits a request while its prompt and all its new tokens fit beside the running ones' remaining
-# tokens times 0.7 x conservativeness (0.21): a dozen run at once, each wanting 6-7 pages at its end.
+# SGLang admits a request while its prompt and its new tokens times the new-token ratio fit beside the
+# running ones' (the ratio, scaled by conservativeness 0.3, has decayed to about 0.17 after the alone
+# phase): a dozen run at once, each wanting 6-7 pages at its end. The prefill chunk holds every prompt
+# of the burst, so admission is bounded by that reservation alone; with a 2048-token chunk SGLang took
+# 8 (2048 tokens), and 8 finish inside the pool.
 PREEMPT_REQUESTS, PREEMPT_PROMPT, PREEMPT_TOKENS = 16, (192, 256), 192
-PREEMPT_POOL, PREEMPT_CHUNK, PREEMPT_CONSERVATIVENESS = 4096, 2048, 0.3
+PREEMPT_POOL, PREEMPT_CHUNK, PREEMPT_CONSERVATIVENESS = 4096, 4096, 0.3
 # aborts: 3 x 12 prompts of 1-1000 tokens; 40% of the clients leave after 0-48 of 64 chunks.
 ABORT_SEEDS, ABORT_TOKENS, ABORT_SHARE, ABORT_LAST_CHUNK = (0, 1, 2), 64, 0.4, 48
 SERVE_POOL = 65536  # the aborts' and the radix part's pool: no retraction there

@@ -81,7 +81,19 @@ def test_retraction_seen_only_where_the_counter_rose():
         f"7 requests retracted ({sglang_faults.RETRACTIONS})",
     )
     assert not sglang_faults.judge_retraction(before, before)[0]
-    assert not sglang_faults.judge_retraction({}, after)[0]  # not reported is no pass
+    assert not sglang_faults.judge_retraction({}, after)[0]  # a scrape with nothing in it is no reading
+    assert not sglang_faults.judge_retraction(before, {})[0]
+
+
+def test_a_counter_sglang_never_wrote_reads_as_zero_retractions():
+    """A server that has not retracted yet serves no sample of the (labelled) counter at all."""
+    never = {k: v for k, v in sglang_server.parse_metrics(exposition()).items() if k != sglang_faults.RETRACTIONS}
+    after = sglang_server.parse_metrics(exposition(retracted=2))
+    assert sglang_faults.judge_retraction(never, after) == (
+        True,
+        f"2 requests retracted ({sglang_faults.RETRACTIONS})",
+    )
+    assert not sglang_faults.judge_retraction(never, never)[0]  # the alone phase: nothing retracted
 
 
 def test_an_idle_server_holds_no_token_and_a_leaked_page_fails():
@@ -209,6 +221,8 @@ def test_the_parts_sizes_make_sglang_retract_and_fit_where_they_must():
     # ...and the burst does not: its requests need more pages at their end than the pool holds.
     assert check.PREEMPT_REQUESTS * -(-(check.PREEMPT_PROMPT[0] + check.PREEMPT_TOKENS) // 64) > pages
     assert 0 < check.PREEMPT_CONSERVATIVENESS < 1  # below SGLang's default: running requests reserve less
+    # ...and one prefill chunk takes every prompt of the burst, so the chunk does not cap admission
+    assert check.PREEMPT_REQUESTS * -(-check.PREEMPT_PROMPT[1] // 64) * 64 <= check.PREEMPT_CHUNK
     prompts, leave = check.abort_plan(34)
     assert sum(len(p) + check.ABORT_TOKENS for p in prompts) < check.SERVE_POOL  # no retraction among the aborts
     assert all(k is None or k < check.ABORT_TOKENS for k in leave) and sum(k is not None for k in leave) >= 8
@@ -590,6 +604,9 @@ labels = {"model_name": "/m", "engine_type": "unified", "tp_rank": 0, "pp_rank":
 collector = SchedulerMetricsCollector(labels=labels, server_args=args)
 collector.log_stats(SchedulerStats(num_running_reqs=QueueCount(total=2), num_queue_reqs=QueueCount(total=1),
                                    num_used_tokens=128, kv_evictable_tokens=640, num_retracted_reqs=3))
+registry = CollectorRegistry()
+multiprocess.MultiProcessCollector(registry)
+sys.stdout.write(generate_latest(registry).decode() + "\n# ---- after a retraction\n")
 collector.increment_retracted_reqs(3, 700, 90)
 collector.increment_realtime_tokens(None, prefill_compute_tokens=500, decode_tokens=40)
 registry = CollectorRegistry()
@@ -604,7 +621,10 @@ def test_the_metrics_sglang_writes_are_the_samples_the_judges_read():
     /metrics serves it: every sample a judge names is there, under that name, with its value."""
     done = subprocess.run([sys.executable, "-c", METRICS_PROBE], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    metrics = sglang_server.parse_metrics(done.stdout)
+    first, rendered = done.stdout.split("# ---- after a retraction\n")
+    assert sglang_faults.RETRACTIONS not in sglang_server.parse_metrics(first)  # written from its first use
+    assert sglang_faults.judge_retraction(sglang_server.parse_metrics(first), sglang_server.parse_metrics(rendered))[0]
+    metrics = sglang_server.parse_metrics(rendered)
     assert {name: metrics[name] for name in sglang_faults.IDLE} == {
         sglang_faults.RUNNING: 2.0,
         sglang_faults.QUEUED: 1.0,

@@ -419,9 +419,10 @@ def test_the_engine_check_passes_ours_and_fails_a_corrupted_output(monkeypatch, 
 
 
 def test_the_flashinfer_stand_in_defines_what_sglang_imports_unguarded():
-    """The GPU run's engine processes (no FlashInfer on the lent GPU's image): every name the DeepSeek
-    engine's modules import from flashinfer at module level, outside a FlashInfer-availability test or a
-    try (SGLang takes those under ``if is_cuda():``), exists in the stand-in package."""
+    """The GPU run's engine and server processes (no FlashInfer on the lent GPU's image): every name the
+    DeepSeek engine's modules, and the vision attention the server's transcription endpoint imports,
+    take from flashinfer at module level, outside a FlashInfer-availability test or a try (SGLang takes
+    those under ``if is_cuda():``), exists in the stand-in package."""
     import ast
     import subprocess
 
@@ -440,9 +441,11 @@ def test_the_flashinfer_stand_in_defines_what_sglang_imports_unguarded():
 
     srt = Path(sglang.__file__).parent / "srt"
     wanted = set()
-    for module in ("layers/sampler.py", "layers/quantization/fp8_utils.py"):  # on the engine's import path
+    # the engine's import path, then sglang.launch_server's (http_server -> ... -> qwen3_asr -> vision)
+    for module in ("layers/sampler.py", "layers/quantization/fp8_utils.py", "layers/attention/vision.py"):
         wanted |= set(unguarded(ast.parse((srt / module).read_text(encoding="utf-8-sig")).body))
     assert ("flashinfer.sampling", "min_p_sampling_from_probs") in wanted and ("flashinfer", "bmm_fp8") in wanted
+    assert ("flashinfer.prefill", "cudnn_batch_prefill_with_kv_cache") in wanted
     probe = f"import importlib\nfor m, n in {sorted(wanted)!r}:\n    getattr(importlib.import_module(m), n)\n"
     done = subprocess.run([sys.executable, "-c", probe], env={"PYTHONPATH": str(NO_FLASHINFER)}, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()[-2000:]

@@ -34,8 +34,16 @@ SGLANG_FAULT = re.compile(
 
 
 def judge_retraction(before: dict[str, float], after: dict[str, float]) -> tuple[bool, str]:
-    """SGLang retracted decode requests (its preemption) between two scrapes of /metrics."""
-    return faults.judge_counter_rose(before, after, RETRACTIONS, "requests retracted")
+    """SGLang retracted decode requests (its preemption) between two scrapes of /metrics. The counter
+    is a labelled one, which prometheus_client writes only from its first increment: a scrape that
+    holds the scheduler's gauges but not the counter reads it as 0; a scrape without those gauges is
+    no reading at all."""
+    for when, scrape in (("first", before), ("second", after)):
+        missing = [name for name in IDLE if name not in scrape]
+        if missing:
+            return False, f"the {when} scrape holds no scheduler metrics: {missing} not reported"
+    counted = ({RETRACTIONS: 0.0, **before}, {RETRACTIONS: 0.0, **after})
+    return faults.judge_counter_rose(*counted, RETRACTIONS, "requests retracted")
 
 
 def judge_idle(idle: dict[str, float]) -> tuple[bool, str]:

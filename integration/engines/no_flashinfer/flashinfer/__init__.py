@@ -1,4 +1,4 @@
-"""Stand-in for FlashInfer where it is not installed (the lent GPU's image): SGLang 0.5.17 imports three of
+"""Stand-in for FlashInfer where it is not installed (the lent GPU's image): SGLang 0.5.17 imports four of
 its names without a guard. Each raises if called; with SGLANG_IS_FLASHINFER_AVAILABLE=false, SGLang and
 sgl_kernel take their own kernels everywhere, so none is called (integration/engines/sglang_engine.py)."""
 
