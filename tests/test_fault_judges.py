@@ -8,6 +8,7 @@ stand-in cuts requests short, leaks blocks or ignores disconnects)."""
 
 import contextlib
 import json
+import re
 import os
 import sys
 import threading
@@ -481,6 +482,13 @@ def test_each_part_passes_a_server_that_behaves_and_its_selftest_catches_every_b
     selftests = [name for name in rows if name.startswith("selftest: ")]
     assert len(selftests) >= 2 and all(rows[name]["note"].startswith(("caught", "check failed")) for name in selftests)
     json.dumps(result, default=str)  # the summary is written as JSON
+    if part == "soak":  # ours over the whole soak, beside the window judged against the peer
+        whole, judged = result["details"]["speed"]["ours_whole_run"], result["details"]["speed"]["ours"]
+        assert whole["tokens"] >= judged["tokens"] > 0 and re.search(r"ours \d+-2 s: p50/p99", rows_named(rows, "speed"))
+
+
+def rows_named(rows: dict, prefix: str) -> str:
+    return next(row["note"] for name, row in rows.items() if name.startswith(prefix))
 
 
 @pytest.mark.parametrize(
