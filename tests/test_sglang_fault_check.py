@@ -606,7 +606,7 @@ collector.log_stats(SchedulerStats(num_running_reqs=QueueCount(total=2), num_que
                                    num_used_tokens=128, kv_evictable_tokens=640, num_retracted_reqs=3))
 registry = CollectorRegistry()
 multiprocess.MultiProcessCollector(registry)
-sys.stdout.write(generate_latest(registry).decode() + "\n# ---- after a retraction\n")
+sys.stdout.write(generate_latest(registry).decode() + "\\n# ---- after a retraction\\n")
 collector.increment_retracted_reqs(3, 700, 90)
 collector.increment_realtime_tokens(None, prefill_compute_tokens=500, decode_tokens=40)
 registry = CollectorRegistry()
