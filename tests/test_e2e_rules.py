@@ -4,6 +4,7 @@ token streams, and the engine plumbing's CPU-checkable parts (integration/engine
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -450,6 +451,26 @@ def test_an_isolated_engine_process_applies_the_parents_patches_first(monkeypatc
     monkeypatch.setenv(vllm_engine.SETUP_ENV, "zoo_patch_probe:patch")
     assert vllm_engine._set_up_then_run("spec") == {"ran": ("spec",)}
     assert order == ["patch", "engine"]
+
+
+def test_sglang_decode_throughput_leaves_the_prefill_out():
+    """Decode tokens/s as under vLLM: a run of n new tokens minus a run of one, so a long prefill
+    (here 50 ms against 1 ms a decode step) does not count."""
+    from integration.engines import sglang_engine
+
+    class Engine:
+        def __init__(self):
+            self.calls = []
+
+        def generate(self, input_ids, sampling_params):
+            self.calls.append(sampling_params["max_new_tokens"])
+            time.sleep(0.05 + 0.001 * sampling_params["max_new_tokens"])
+
+    engine = Engine()
+    rate = sglang_engine.decode_throughput(engine, [[1, 2]] * 4, 33)
+    assert engine.calls == [1, 33] * 4  # a warm-up pair, then three
+    # 4 requests x 32 steps in 32 ms: 4000 tok/s (sleeps overshoot either run); with the prefill, 1600
+    assert 0.75 * 4000 < rate < 1.25 * 4000
 
 
 def test_sglang_engines_get_the_flashinfer_stand_in_only_where_flashinfer_is_absent(monkeypatch):
