@@ -10,7 +10,13 @@ Per family and layout (the heads one GPU decodes; ``--layouts all`` for every la
 - ours: page 64, full CUDA graphs, the bundled kernels forced (``backend='xqa'``: at page 64 `auto`
   may hand SM90's decode to FlashMLA), per KV dtype: greedy tokens under the tie rule, every replayed
   decode call recomputed in float64, the route;
-- selftest (``--selftest``): ours with outputs x1.05; the float64 check must fail.
+- selftest (``--selftest``): ours with outputs x1.05; the float64 check must fail;
+- drafts (``--parts drafts``, families whose drafter is an MTP layer of their checkpoint): the checkpoint
+  with one MTP layer, speculative decoding with the family's own method (GLM-4.7-Flash's
+  ``glm4_moe_lite_mtp``, DeepSeek-V3's ``deepseek_mtp``) at k = ``--draft-tokens``; ours against
+  vLLM's backends run with the same drafter and k, judged as the speculative runs of run_e2e.py are
+  (decode calls with 1 + k query tokens must reach our kernel), and reported against the same
+  checkpoint decoded without speculation.
 Families whose attention the zoo expects refused (models/families.py) start an engine with the flag
 (``--refusals``) and must stop with the zoo's reason. Exit status 1 if anything fails.
 """
@@ -34,13 +40,14 @@ from integration.engines.vllm_engine import SETUP_ENV, release_engine, run_engin
 from integration.engines.vllm_references import reference_runs  # noqa: E402
 from integration.engines.vllm_spec import EngineSpec, engine_kwargs  # noqa: E402
 from integration.judges.decode_verdict import judge_selftest  # noqa: E402
-from integration.judges.vllm_run import judge  # noqa: E402
+from integration.judges.vllm_run import judge, non_speculative_note  # noqa: E402
 from integration.models.checkpoints import save_checkpoint, save_config  # noqa: E402
 from integration.models.families import FAMILIES, Family, pick  # noqa: E402
 from integration.models.prompts import make_prompts  # noqa: E402
 from integration.settings import SELFTEST_CORRUPTION  # noqa: E402
 
 OURS = {"backend": "xqa"}
+MTP_DRAFTERS = ("deepseek_mtp", "glm4_moe_lite_mtp")  # drafters that are a layer of the family's checkpoint
 
 
 def run_family(
@@ -77,6 +84,43 @@ def run_family(
     return ok_all
 
 
+def run_drafts(
+    family: Family, layout: str, kvs: set[str], model_dir: Path, draft_tokens: list[int], rows: list
+) -> bool:
+    """The family's own drafter (one MTP layer in its checkpoint) at each k of ``draft_tokens``; every
+    speculative engine runs in a process of its own, as run_e2e.py's do."""
+    heads = family.heads[layout]
+    path = model_dir / f"{family.published}_h{heads}_mtp"
+    model = str(save_checkpoint(family, path, layout, mtp_layers=1))
+    label = f"{family.name} {layout} ({heads} heads)"
+    prompts = make_prompts(0)
+    try:
+        plain = reference_runs(model, prompts, rows, kvs, isolated=True)
+    except Exception as err:
+        rows.append((f"{label}: references without drafts", "FAIL", repr(err)[:300]))
+        return False
+    ok_all = True
+    for k in draft_tokens:
+        try:
+            refs = reference_runs(model, prompts, rows, kvs, spec_tokens=k, spec_method=family.drafter)
+        except Exception as err:
+            rows.append((f"{label}: references, {family.drafter} k={k}", "FAIL", repr(err)[:300]))
+            ok_all = False
+            continue
+        for kv in sorted(kvs):
+            spec = EngineSpec("CUSTOM", kv, 64, True, spec_tokens=k, spec_method=family.drafter, mla_backend=OURS)
+            try:
+                result = run_engine_isolated(spec, model, prompts)
+                ok, notes = judge(result, refs, "bundled")
+                notes.append(non_speculative_note(result, plain, kv))
+            except Exception as err:
+                ok, notes = False, [repr(err)[:300]]
+            ok_all &= ok
+            rows.append((f"{label}: {spec.name}", "PASS" if ok else "FAIL", "; ".join(notes)))
+            print(f"[zoo] {label} {spec.name}: {'PASS' if ok else 'FAIL'} {'; '.join(notes)}", flush=True)
+    return ok_all
+
+
 def refusal(family: Family, model_dir: Path, rows: list) -> bool:
     """An engine of the refused family with the flag (config.json only, dummy weights): start-up must
     stop with the zoo's reason."""
@@ -108,10 +152,15 @@ def main() -> int:
     parser.add_argument("--selftest", action="store_true")
     parser.add_argument("--isolated", action="store_true", help="each engine in a process of its own")
     parser.add_argument("--refusals", action="store_true", help="also start the refused families")
+    parser.add_argument("--parts", default="plain", help="plain (greedy, no drafter), drafts (see above), or both")
+    parser.add_argument("--draft-tokens", default="1,3", help="k, the draft tokens per step, comma-separated")
     parser.add_argument("--out", default="results/zoo")
     parser.add_argument("--model-dir", default="/tmp/mla_backend_zoo")
     args = parser.parse_args()
     out, model_dir, kvs = Path(args.out), Path(args.model_dir), set(args.kv.split(","))
+    parts = set(args.parts.split(","))
+    if not parts <= {"plain", "drafts"}:
+        parser.error(f"--parts: plain and drafts, not {sorted(parts - {'plain', 'drafts'})}")
     out.mkdir(parents=True, exist_ok=True)
     allow_dense_only_glm()
     os.environ[SETUP_ENV] = f"{allow_dense_only_glm.__module__}:{allow_dense_only_glm.__name__}"  # --isolated
@@ -121,8 +170,11 @@ def main() -> int:
         for family in (f for f in FAMILIES if f.expect == "refused"):
             ok &= refusal(family, model_dir, rows)
     for family, layout in pick(args.families, args.layouts == "all"):
-        if family.expect == "bundled":
+        if family.expect == "bundled" and "plain" in parts:
             ok &= run_family(family, layout, kvs, model_dir, args.selftest, args.isolated, rows)
+        if family.expect == "bundled" and "drafts" in parts and family.drafter in MTP_DRAFTERS:
+            draft_tokens = [int(k) for k in args.draft_tokens.split(",")]
+            ok &= run_drafts(family, layout, kvs, model_dir, draft_tokens, rows)
     (out / "zoo.json").write_text(json.dumps(rows, indent=1))
     print(f"\n== model zoo ({torch.cuda.get_device_name()}) ==")
     for name, status, notes in rows:

@@ -12,11 +12,18 @@ class EngineSpec:
     block_size: int = 64
     graphs: bool = True  # full CUDA graphs for decode; False = enforce_eager
     spec_tokens: int = 0  # speculative tokens per step
-    spec_method: str = "ngram"  # ngram (vLLM's GPU n-gram proposer) or mtp (the checkpoint's MTP layer)
+    # ngram (vLLM's GPU n-gram proposer), mtp (DeepSeek-V3's: the checkpoint's MTP layer) or a family's
+    # own MTP method as vLLM names it (glm4_moe_lite_mtp, ...; models/families.py's drafter)
+    spec_method: str = "ngram"
     mla_backend: dict = field(default_factory=dict)  # additional_config["mla_backend"]
     max_num_seqs: int = 16
     tp: int = 1  # tensor parallel size (heads split over GPUs)
     dcp: int = 1  # decode context parallel size (KV split over GPUs; our LSE merges the parts)
+
+    @property
+    def is_mtp(self) -> bool:
+        """The drafter is the checkpoint's own MTP layer (not the n-gram proposer)."""
+        return self.spec_method == "mtp" or self.spec_method.endswith("_mtp")
 
     @property
     def name(self) -> str:
@@ -57,9 +64,10 @@ def engine_kwargs(spec: EngineSpec, model: str, max_model_len: int, memory_fract
         kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     if spec.spec_tokens:
         kwargs["disable_log_stats"] = False  # keeps the speculative-decoding counters
-    if spec.spec_tokens and spec.spec_method == "mtp":
-        # DeepSeek-V3's own drafter: the checkpoint's MTP layer, run k times; its attention is ours too.
-        kwargs["speculative_config"] = {"method": "deepseek_mtp", "num_speculative_tokens": spec.spec_tokens}
+    if spec.spec_tokens and spec.is_mtp:
+        # The model's own drafter: the checkpoint's MTP layer, run k times; its attention is ours too.
+        method = "deepseek_mtp" if spec.spec_method == "mtp" else spec.spec_method
+        kwargs["speculative_config"] = {"method": method, "num_speculative_tokens": spec.spec_tokens}
     elif spec.spec_tokens:
         # A random model does not copy its prompt: a 1-token lookup still finds drafts in long prompts.
         kwargs["speculative_config"] = {

@@ -21,34 +21,50 @@ from .families import Family
 TRANSFORMERS_TYPE = {"kimi_k2": "deepseek_v3"}
 
 
-def dense_config(family: Family, layout: str | None = None) -> dict:
+def dense_config(family: Family, layout: str | None = None, mtp_layers: int = 0) -> dict:
+    """The family's config with every layer dense, the ``mtp_layers`` MTP layers after them included."""
     config = family.config(layout)
     layers = config["num_hidden_layers"]
-    config["first_k_dense_replace"] = layers
+    config["first_k_dense_replace"] = layers + mtp_layers
     config["mlp_layer_types"] = ["dense"] * layers  # transformers' GLM-4.7-Flash config reads this instead
-    config["num_nextn_predict_layers"] = 0  # transformers' default (1) would claim an MTP layer
+    config["num_nextn_predict_layers"] = mtp_layers  # transformers' default (1) would claim an MTP layer
     return config
 
 
+def transformers_model(model_type: str, config: dict) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    fields["mlp_layer_types"] = ["dense"] * fields["num_hidden_layers"]  # deeper models (MTP) too
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **fields))
+
+
 def save_checkpoint(
-    family: Family, path: str | Path, layout: str | None = None, seed: int = 0, transformers_type: str | None = None
+    family: Family,
+    path: str | Path,
+    layout: str | None = None,
+    seed: int = 0,
+    transformers_type: str | None = None,
+    mtp_layers: int = 0,
 ) -> Path:
     """Write a bf16 checkpoint of ``family`` with the heads of ``layout`` to ``path`` (reused if the
     same family, layout and seed wrote it). ``transformers_type``: the transformers model type whose
-    classes write the weights, where the installed transformers lacks the family's own."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    classes write the weights, where the installed transformers lacks the family's own.
+    ``mtp_layers``: the family's multi-token-prediction layers after the decoder layers, as its
+    released checkpoints hold them (mla_backend.tools.tiny_model.add_mtp_layers)."""
+    from mla_backend.tools.tiny_model import add_mtp_layers
 
     path = Path(path)
-    config = dense_config(family, layout)
+    config = dense_config(family, layout, mtp_layers)
     stamp = {"family": family.name, "seed": seed, **config}
     stamp_file = path / "mla_backend_stamp.json"
     if stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
         return path
     model_type = transformers_type or TRANSFORMERS_TYPE.get(family.model_type, family.model_type)
-    fields = {k: v for k, v in config.items() if k != "model_type"}
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **fields)).to(torch.bfloat16)
-    model.save_pretrained(path)
+    transformers_model(model_type, config).to(torch.bfloat16).save_pretrained(path)
+    if mtp_layers:
+        add_mtp_layers(path, config, mtp_layers, seed, lambda deeper: transformers_model(model_type, deeper))
     written = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**written, **config}, indent=1))
     stamp_file.write_text(json.dumps(stamp))

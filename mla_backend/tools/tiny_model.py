@@ -63,16 +63,22 @@ def save_tiny_deepseek_v3(path: str | Path, heads: int = 16, seed: int = 0, mtp_
     return path
 
 
-def add_mtp_layers(path: Path, settings: dict, count: int, seed: int) -> None:
-    """Append seeded MTP layers to the saved checkpoint. Their decoder blocks come from a deeper model
-    of the same config (so they are initialised as the decoder layers are); the MTP projections use
-    the same wide normal init, the norms start at one as RMSNorm's do."""
-    from safetensors.torch import load_file, save_file
+def deeper_deepseek_v3(settings: dict) -> torch.nn.Module:
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    return DeepseekV3ForCausalLM(DeepseekV3Config(**settings))
+
+
+def add_mtp_layers(path: Path, settings: dict, count: int, seed: int, deeper_model=deeper_deepseek_v3) -> None:
+    """Append seeded MTP layers to the saved checkpoint. Their decoder blocks come from a deeper model
+    of the same config (``deeper_model(settings)``, the family's transformers class; so they are
+    initialised as the decoder layers are); the MTP projections use the same wide normal init, the
+    norms start at one as RMSNorm's do. DeepSeek-V3's layout, which GLM-4.7-Flash's checkpoints share."""
+    from safetensors.torch import load_file, save_file
 
     layers = settings["num_hidden_layers"]
     torch.manual_seed(seed + 1)
-    deeper = DeepseekV3ForCausalLM(DeepseekV3Config(**{**settings, "num_hidden_layers": layers + count}))
+    deeper = deeper_model({**settings, "num_hidden_layers": layers + count})
     deeper_state = deeper.to(torch.bfloat16).state_dict()
     (weights_file,) = path.glob("*.safetensors")  # one shard at these sizes
     tensors = load_file(weights_file)

@@ -1,0 +1,127 @@
+"""The model zoo's drafters (integration/zoo_e2e.py --parts drafts): a family's seeded checkpoint with
+one MTP layer holds it where vLLM's drafter for the family reads it and its main model skips it;
+vLLM's speculative config takes the checkpoint with the family's method; the run starts every
+engine with that drafter at each k and judges ours against references run with the same drafter."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from integration import zoo_e2e  # noqa: E402
+from integration.engines.vllm_spec import EngineSpec, engine_kwargs  # noqa: E402
+from integration.models.checkpoints import save_checkpoint  # noqa: E402
+from integration.models.families import FAMILIES  # noqa: E402
+
+MTP_ONLY = {"enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight", "shared_head.head.weight"}
+DRAFTED = [f for f in FAMILIES if f.drafter in zoo_e2e.MTP_DRAFTERS]
+
+
+def family_id(family) -> str:
+    return family.name.split(" ")[0]
+
+
+@pytest.fixture(scope="module", params=DRAFTED, ids=family_id)
+def drafted(request, tmp_path_factory):
+    family = request.param
+    path = save_checkpoint(family, tmp_path_factory.mktemp("mtp"), mtp_layers=1)
+    config = json.loads((path / "config.json").read_text())
+    with safe_open(str(next(path.glob("*.safetensors"))), "pt") as weights:
+        shapes = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+    return family, path, config, shapes
+
+
+def test_the_zoo_drafts_glm_and_deepseek_with_their_own_mtp_layer():
+    assert {f.drafter for f in DRAFTED} == {"deepseek_mtp", "glm4_moe_lite_mtp"}
+
+
+def test_the_mtp_layer_is_a_dense_decoder_layer_plus_the_mtp_projections(drafted):
+    _, _, config, shapes = drafted
+    layers = config["num_hidden_layers"]
+    assert config["num_nextn_predict_layers"] == 1
+    assert config["first_k_dense_replace"] > layers  # vLLM builds MoE for any layer index past it
+    decoder = {n.removeprefix("model.layers.0.") for n in shapes if n.startswith("model.layers.0.")}
+    mtp = {n.removeprefix(f"model.layers.{layers}.") for n in shapes if n.startswith(f"model.layers.{layers}.")}
+    assert mtp == decoder | MTP_ONLY | {"embed_tokens.weight"}
+    for name in decoder:
+        assert shapes[f"model.layers.{layers}.{name}"] == shapes[f"model.layers.0.{name}"], name
+    hidden = config["hidden_size"]
+    assert shapes[f"model.layers.{layers}.eh_proj.weight"] == (hidden, 2 * hidden)
+
+
+def test_the_main_model_leaves_the_mtp_layer_to_the_drafter(drafted):
+    from types import SimpleNamespace
+
+    from vllm.model_executor.models.utils import get_spec_layer_idx_from_weight_name
+
+    _, _, config, shapes = drafted
+    layers = config["num_hidden_layers"]
+    spec = {n for n in shapes if get_spec_layer_idx_from_weight_name(SimpleNamespace(**config), n) is not None}
+    assert spec == {n for n in shapes if n.startswith(f"model.layers.{layers}.")}
+
+
+def test_vllm_makes_the_family_s_drafter_from_the_checkpoint(drafted):
+    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+
+    family, path, _, _ = drafted
+    target = ModelConfig(model=str(path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16")
+    method = engine_kwargs(EngineSpec("CUSTOM", spec_tokens=3, spec_method=family.drafter), str(path), 2048, 0.2)[
+        "speculative_config"
+    ]["method"]
+    speculative = SpeculativeConfig(
+        method=method, num_speculative_tokens=3, target_model_config=target, target_parallel_config=ParallelConfig()
+    )
+    drafter = speculative.draft_model_config.hf_config
+    expected = {"deepseek_mtp": "DeepSeekMTPModel", "glm4_moe_lite_mtp": "Glm4MoeLiteMTPModel"}[family.drafter]
+    assert speculative.num_speculative_tokens == 3 and drafter.architectures == [expected]
+
+
+def test_a_family_s_mtp_method_reaches_vllm_by_its_own_name():
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    glm = EngineSpec("CUSTOM", "fp8", 64, True, spec_tokens=1, spec_method="glm4_moe_lite_mtp")
+    kwargs = engine_kwargs(glm, "/m", 2048, 0.2)
+    assert kwargs["speculative_config"] == {"method": "glm4_moe_lite_mtp", "num_speculative_tokens": 1}
+    assert set(kwargs) <= {f.name for f in dataclasses.fields(EngineArgs)}
+    assert glm.is_mtp and EngineSpec("CUSTOM", spec_tokens=1, spec_method="mtp").is_mtp
+    assert not EngineSpec("CUSTOM", spec_tokens=1).is_mtp  # the n-gram proposer
+    assert "glm4_moe_lite_mtp1" in glm.name
+
+
+def test_the_drafts_part_runs_each_k_against_references_with_the_same_drafter(monkeypatch, tmp_path):
+    glm = next(f for f in DRAFTED if f.drafter == "glm4_moe_lite_mtp")
+    references, ours = [], []
+
+    def reference_runs(model, prompts, rows, kvs, spec_tokens=0, spec_method="ngram", isolated=False):
+        references.append((spec_tokens, spec_method if spec_tokens else None, Path(model).name))
+        return {"k": spec_tokens}
+
+    def judge(result, refs, route):
+        assert refs == {"k": result["spec"].spec_tokens} and route == "bundled"
+        return result["spec"].spec_tokens != 3, ["judged"]  # k = 3 fails: its row must say so
+
+    monkeypatch.setattr(zoo_e2e, "reference_runs", reference_runs)
+
+    def run_engine_isolated(spec, model, prompts):
+        ours.append(spec)
+        return {"spec": spec}
+
+    monkeypatch.setattr(zoo_e2e, "run_engine_isolated", run_engine_isolated)
+    monkeypatch.setattr(zoo_e2e, "judge", judge)
+    monkeypatch.setattr(zoo_e2e, "non_speculative_note", lambda result, plain, kv: "vs plain")
+    rows: list = []
+    ok = zoo_e2e.run_drafts(glm, "TP1", {"fp8"}, tmp_path, [1, 3], rows)
+
+    name = f"{glm.published}_h20_mtp"
+    assert references == [(0, None, name), (1, "glm4_moe_lite_mtp", name), (3, "glm4_moe_lite_mtp", name)]
+    assert [(s.spec_tokens, s.spec_method, s.mla_backend) for s in ours] == [
+        (1, "glm4_moe_lite_mtp", zoo_e2e.OURS),
+        (3, "glm4_moe_lite_mtp", zoo_e2e.OURS),
+    ]
+    assert not ok and [status for _, status, _ in rows] == ["PASS", "FAIL"]
+    assert json.loads((tmp_path / name / "config.json").read_text())["num_nextn_predict_layers"] == 1
