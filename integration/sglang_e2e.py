@@ -16,6 +16,9 @@ runs on our kernels), in each family's first layout or (--layouts all) every one
   real paged cache (integration/engines/sglang_decode_check.py); the worst row must be within the
   kernel's tolerance.
 - selftest: the same with our outputs scaled by 1.05; the check must fail.
+With --dp-attention N every engine, ours and the references, runs SGLang's data-parallel attention on
+N GPUs (``tp_size`` = ``dp_size`` = N, ``enable_dp_attention``): each rank decodes all heads of its own
+requests, ranks without requests run idle steps, and the check must have run on every rank.
 Refused families (--refusals: all of them; or named in --families): an engine on dummy weights must stop
 at start-up with our message and leave no process behind (judges/sglang_refusal.py).
 Each engine runs in a process of its own (integration/engines/sglang_engine.py). One row per (model,
@@ -33,7 +36,7 @@ from pathlib import Path
 # Run as a script: the checkout on the path for the integration package, after the installed packages
 # (the mla_backend under test is the installed one).
 sys.path.append(str(Path(__file__).resolve().parents[1]))
-from integration.engines.sglang_decode_check import plugin_env  # noqa: E402
+from integration.engines.sglang_decode_check import clear_summary, plugin_env, read_summary  # noqa: E402
 from integration.engines.sglang_engine import run_isolated, start_refused  # noqa: E402
 from integration.engines.sglang_quantized_query import plugin_env as quantized_query_env  # noqa: E402
 from integration.judges.decode_verdict import judge_sglang_check  # noqa: E402
@@ -64,8 +67,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv", default="fp8_e4m3,auto")
     parser.add_argument("--references", default=f"{REFERENCE},{SECOND_REFERENCE}")
     parser.add_argument("--parts", default="tokens,check,selftest")
+    parser.add_argument("--dp-attention", type=int, default=1, help="GPUs of data-parallel attention (1: none)")
     parser.add_argument("--out", type=Path, default=Path("results/sglang"))
     args = parser.parse_args(argv)
+    if args.dp_attention < 1:
+        parser.error("--dp-attention: at least 1")
     if args.heads is not None and args.families:
         parser.error("--heads picks the tiny DeepSeek-V3; with --families name a layout as Name@heads")
     return args
@@ -85,34 +91,50 @@ def add_row(rows: list, model: str, kv: str, part: str, status: str, note: str, 
 
 
 def run_checked(
-    model: str, prompts: list, kv: str, corruption: float, work: Path, log: Path
+    model: str, prompts: list, kv: str, corruption: float, work: Path, log: Path, parallel: dict | None = None
 ) -> tuple[bool | None, str]:
     """Ours in eager mode with every decode call checked in the scheduler process: (within
     tolerance, note), or (None, why) where no call could be checked."""
     summary = work / f"check_{kv}_x{corruption}.json"
-    summary.unlink(missing_ok=True)
+    clear_summary(summary)
     env = plugin_env(work / "check_plugin", corruption, summary)
-    run = run_isolated(model, prompts, "mla_backend", kv, False, log, greedy_only=True, env=env)
+    run = run_isolated(model, prompts, "mla_backend", kv, False, log, greedy_only=True, env=env, engine_args=parallel)
     if "error" in run:
         return None, run["error"]
-    if not summary.exists():
+    checked = read_summary(summary)
+    if checked is None:
         return None, "no decode call was checked"
-    return judge_sglang_check(json.loads(summary.read_text()), fp8=kv.startswith("fp8"))
+    ok, note = judge_sglang_check(checked, fp8=kv.startswith("fp8"))
+    if parallel:  # every data-parallel attention rank decodes, so each must have checked calls
+        ok = ok and checked["processes"] == parallel["dp_size"]
+        note += f"; {checked['processes']} of {parallel['dp_size']} ranks checked"
+    return ok, note
+
+
+def parallel_args(dp_attention: int) -> dict | None:
+    """sglang.Engine arguments of data-parallel attention over ``dp_attention`` GPUs (None: one GPU)."""
+    if dp_attention == 1:
+        return None
+    return {"tp_size": dp_attention, "dp_size": dp_attention, "enable_dp_attention": True}
 
 
 def describe(run: dict) -> str:
     return run.get("error") or f"{run['tokens_per_s']:.0f} decode tok/s"
 
 
-def tokens(model: str, prompts: list, kv: str, references: list[str], work: Path, log: Path, row) -> None:
-    """Ours with CUDA graphs and without against the references, under the tie rule (FP8: calibrated)."""
-    ours = {graphs: run_isolated(model, prompts, "mla_backend", kv, graphs, log) for graphs in (True, False)}
-    refs = {name: run_isolated(model, prompts, name, kv, True, log) for name in references}
+def tokens(
+    model: str, prompts: list, kv: str, references: list[str], work: Path, log: Path, row, parallel: dict | None = None
+) -> None:
+    """Ours with CUDA graphs and without against the references, under the tie rule (FP8: calibrated);
+    every engine in the layout of ``parallel``."""
+    run = partial(run_isolated, engine_args=parallel)
+    ours = {graphs: run(model, prompts, "mla_backend", kv, graphs, log) for graphs in (True, False)}
+    refs = {name: run(model, prompts, name, kv, True, log) for name in references}
     base_name = REFERENCE
     if kv.startswith("fp8"):  # judged on the inputs ours sees: the query rounded to FP8 too
         base_name = FP8_QUERY_REFERENCE
         env = quantized_query_env(work / "fp8_query_plugin")
-        refs = {base_name: run_isolated(model, prompts, REFERENCE, kv, True, log, env=env), **refs}
+        refs = {base_name: run(model, prompts, REFERENCE, kv, True, log, env=env), **refs}
     for name, ref in refs.items():
         row(f"reference {name}", "ref", describe(ref), decode=name, graphs=True, **ref)
     base = refs[base_name]
@@ -140,18 +162,21 @@ def tokens(model: str, prompts: list, kv: str, references: list[str], work: Path
 def run_model(model: str, label: str, args: argparse.Namespace, work: Path, log: Path, rows: list) -> None:
     """The parts on one model, each KV dtype; a row per part into ``rows``."""
     prompts, parts = make_prompts(), set(args.parts.split(","))
+    parallel = parallel_args(args.dp_attention)
+    if parallel:
+        label += f", DP attention {args.dp_attention}"
     work.mkdir(parents=True, exist_ok=True)
     for kv in args.kv.split(","):
         row = partial(add_row, rows, label, kv)
         if "check" in parts:
-            within, note = run_checked(model, prompts, kv, 1.0, work, log)
+            within, note = run_checked(model, prompts, kv, 1.0, work, log, parallel)
             row("check", "PASS" if within is True else "FAIL", note)
         if "selftest" in parts:  # passes where the check ran and failed
-            within, note = run_checked(model, prompts, kv, SELFTEST_CORRUPTION, work, log)
+            within, note = run_checked(model, prompts, kv, SELFTEST_CORRUPTION, work, log, parallel)
             outcome = "check failed, as it must" if within is False else "check did not fail"
             row(f"selftest x{SELFTEST_CORRUPTION}", "PASS" if within is False else "FAIL", f"{outcome}: {note}")
         if "tokens" in parts:
-            tokens(model, prompts, kv, args.references.split(","), work, log, row)
+            tokens(model, prompts, kv, args.references.split(","), work, log, row, parallel)
 
 
 def main() -> int:

@@ -54,7 +54,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import random
 import signal
 import sys
@@ -67,6 +66,7 @@ from typing import cast
 # (the mla_backend under test is the installed one).
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 from integration.engines import sglang_client as client  # noqa: E402
+from integration.engines.sglang_decode_check import clear_summary, read_summary  # noqa: E402
 from integration.engines.sglang_decode_check import plugin_env as check_env  # noqa: E402
 from integration.engines.sglang_quantized_query import plugin_env as fp8_query_env  # noqa: E402
 from integration.engines.sglang_server import (  # noqa: E402
@@ -165,7 +165,7 @@ def served(
     if check is not None:
         graphs = False  # the check recomputes each call as it runs: no graph replays
         summary = ctx.out / f"check_{name}_h{ctx.heads}_{ctx.kv}.json"
-        summary.unlink(missing_ok=True)
+        clear_summary(summary)
         extra = check_env(ctx.out / "check_plugin", check, summary)
     elif fp8_query:
         extra = fp8_query_env(ctx.out / "fp8_query_plugin")
@@ -195,7 +195,7 @@ def on_server(ctx: Context, decode: str, label: str, model: str, traffic, **kwar
         result = asyncio.run(traffic(server))
         result["log"] = server.log.read_text(errors="replace")
     if server.check is not None:
-        result["decode_check"] = json.loads(server.check.read_text()) if server.check.exists() else None
+        result["decode_check"] = read_summary(server.check)
     result["stop"] = ctx.details["servers"][server.name]
     return result
 

@@ -436,6 +436,7 @@ def stand_in(monkeypatch, tmp_path):
     server each time one starts) and, for checked servers, the float64 check's summary as the SGLang
     check writes it (failing for corrupted outputs)."""
     from integration import sglang_fault_check
+    from integration.engines import sglang_decode_check
 
     log = tmp_path / "server.log"
     log.write_text("[2026-11-25 10:00:00] The server is fired up and ready to roll!\n")
@@ -454,7 +455,8 @@ def stand_in(monkeypatch, tmp_path):
         if check is not None:
             summary = tmp_path / f"check_{name}.json"
             error = 2e-3 if check == 1.0 else 5e-2
-            summary.write_text(json.dumps({"calls": 64, "rows": 9000, "max_rel_err": error}))
+            written = sglang_decode_check.process_summary(summary, os.getpid())  # the server's scheduler
+            written.write_text(json.dumps({"calls": 64, "rows": 9000, "max_rel_err": error}))
         process = types.SimpleNamespace(pid=os.getpid())
         yield sglang_fault_check.Served(name, httpd.server_address[1], process, log, summary)
         record.update(stopped=True, exit=-2)  # SIGINT: uvicorn re-raises it once it has shut down

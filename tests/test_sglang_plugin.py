@@ -413,8 +413,8 @@ def test_the_engine_check_passes_ours_and_fails_a_corrupted_output(monkeypatch, 
     bk.init_forward_metadata(batch)
     q_nope, q_rope = absorbed_query(len(lengths), torch.float8_e4m3fn)
     bk.forward_decode(q_nope, None, None, layer(torch.tensor(2.0)), batch, save_kv_cache=False, q_rope=q_rope)
-    result = json.loads(summary.read_text())
-    assert result["calls"] == 1 and result["rows"] == len(lengths) * HEADS
+    result = check.read_summary(summary)
+    assert result["calls"] == 1 and result["rows"] == len(lengths) * HEADS and result["processes"] == 1
     assert judge_sglang_check(result, fp8=True)[0] is within
 
 

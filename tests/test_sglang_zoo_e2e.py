@@ -73,17 +73,21 @@ def test_unknown_families_and_ones_sglang_does_not_run_stop_the_run(monkeypatch)
         planned("--families", "Other-MLA")
 
 
-def fake_engines(monkeypatch, tmp_path, check_error=1e-3):
+def fake_engines(monkeypatch, tmp_path, check_error=1e-3, checked_ranks=None):
     """The runner's engines and checkpoints stood in: every engine returns the same greedy tokens, the
-    float64 check its summary (``check_error``, x the corruption), a refused engine stops as SGLang does."""
+    float64 check its summary (``check_error``, x the corruption) from each of ``checked_ranks``
+    scheduler processes (default: one per data-parallel rank), a refused engine stops as SGLang does."""
     from integration.engines import sglang_decode_check
 
-    def run_isolated(model, prompts, decode, kv, graphs, log, greedy_only=False, env=None):
+    def run_isolated(model, prompts, decode, kv, graphs, log, greedy_only=False, env=None, engine_args=None):
         if env and sglang_decode_check.ENV in env:
             settings = json.loads(env[sglang_decode_check.ENV])
             error = check_error * (1 if settings["corruption"] == 1.0 else 50)
-            Path(settings["summary"]).write_text(json.dumps({"calls": 8, "rows": 640, "max_rel_err": error}))
-        runs.append((model, decode, kv, graphs))
+            ranks = checked_ranks or (engine_args or {}).get("dp_size", 1)
+            for pid in range(4000, 4000 + ranks):
+                summary = sglang_decode_check.process_summary(Path(settings["summary"]), pid)
+                summary.write_text(json.dumps({"calls": 8, "rows": 640, "max_rel_err": error}))
+        runs.append((model, decode, kv, graphs, engine_args))
         return {"tokens": [[7, 8, 9]] * len(prompts), "gaps": [[1.0] * 3] * len(prompts), "tokens_per_s": 1e3}
 
     def start_refused(model, log):
@@ -127,6 +131,50 @@ def test_the_tiny_path_keeps_its_summary_and_a_failing_part_fails_the_run(monkey
     assert run_main(monkeypatch, "--heads", "32", "--kv", "auto", "--parts", "check", "--out", str(tmp_path)) == 1
     (row,) = json.loads((tmp_path / "sglang_h32.json").read_text())
     assert (row["model"], row["part"], row["status"]) == ("tiny DeepSeek-V3 (32 heads)", "check", "FAIL")
+
+
+def test_dp_attention_runs_every_engine_on_the_layout_and_the_check_on_every_rank(monkeypatch, tmp_path):
+    runs = fake_engines(monkeypatch, tmp_path)
+    argv = ["--heads", "128", "--kv", "fp8_e4m3", "--dp-attention", "2", "--references", "triton"]
+    assert run_main(monkeypatch, *argv, "--out", str(tmp_path)) == 0
+    layout = {"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}
+    assert len(runs) == 6 and all(engine_args == layout for *_, engine_args in runs)  # ours x4, triton x2
+    rows = {r["part"]: r for r in json.loads((tmp_path / "sglang_h128.json").read_text()) if r["status"] != "ref"}
+    assert all(r["status"] == "PASS" and r["model"].endswith("DP attention 2") for r in rows.values())
+    assert "2 of 2 ranks checked" in rows["check"]["note"]
+
+
+def test_dp_attention_fails_where_one_rank_checked_nothing(monkeypatch, tmp_path):
+    fake_engines(monkeypatch, tmp_path, checked_ranks=1)  # the other rank ran no decode call
+    argv = ["--heads", "128", "--kv", "fp8_e4m3", "--dp-attention", "2", "--parts", "check", "--out", str(tmp_path)]
+    assert run_main(monkeypatch, *argv) == 1
+    (row,) = json.loads((tmp_path / "sglang_h128.json").read_text())
+    assert row["status"] == "FAIL" and "1 of 2 ranks checked" in row["note"]
+
+
+def test_the_check_s_summaries_add_up_over_the_scheduler_processes(tmp_path):
+    from integration.engines import sglang_decode_check as check
+
+    summary = tmp_path / "check_fp8_x1.0.json"
+    assert check.read_summary(summary) is None
+    for pid, (calls, error) in {11: (3, 1e-3), 12: (5, 4e-3)}.items():
+        check.process_summary(summary, pid).write_text(
+            json.dumps({"calls": calls, "rows": 10 * calls, "max_rel_err": error})
+        )
+    (tmp_path / "check_fp8_x1.05.11.json").write_text("{}")  # another run's: not read
+    assert check.read_summary(summary) == {"calls": 8, "rows": 80, "max_rel_err": 4e-3, "processes": 2}
+    check.clear_summary(summary)
+    assert check.read_summary(summary) is None and (tmp_path / "check_fp8_x1.05.11.json").exists()
+
+
+@pytest.mark.sglang
+def test_dp_attention_settings_are_sglang_engine_arguments():
+    import dataclasses
+
+    from sglang.srt.server_args import ServerArgs
+
+    fields = {f.name for f in dataclasses.fields(ServerArgs)}
+    assert set(sglang_e2e.parallel_args(2)) <= fields and sglang_e2e.parallel_args(1) is None
 
 
 SCHEDULER_TRACEBACK = """[2026-11-25 10:00:00] Scheduler hit an exception: Traceback (most recent call last):

@@ -7,8 +7,8 @@ integration/judges/decode_verdict.py's judge_sglang_check.
 SGLang serves from a scheduler process of its own, so the check is installed there the way SGLang
 installs plugins: ``plugin_dir`` writes a test-only entry point (group ``sglang.srt.plugins``) that
 runs ``install`` in every SGLang process (``plugin_env``: the environment that puts it on the path);
-the settings travel in an environment variable and the scheduler writes its summary to a file after
-every call.
+the settings travel in an environment variable and each scheduler process (one per data-parallel
+attention rank) writes its summary to a file of its own after every call; ``read_summary`` adds them up.
 """
 
 from __future__ import annotations
@@ -37,6 +37,31 @@ def plugin_env(root: Path, corruption: float, summary: Path) -> dict:
     return {ENV: settings, "PYTHONPATH": path_with(plugin_dir(root))}
 
 
+def process_summary(summary: Path, pid: int) -> Path:
+    """The file one scheduler process writes: ``summary``'s name with the process id in it."""
+    return summary.with_name(f"{summary.stem}.{pid}{summary.suffix}")
+
+
+def clear_summary(summary: Path) -> None:
+    """Removes what an earlier run of the same settings wrote."""
+    for written in summary.parent.glob(f"{summary.stem}.*{summary.suffix}"):
+        written.unlink()
+
+
+def read_summary(summary: Path) -> dict | None:
+    """The summaries every scheduler process wrote, added up (None where none was written): calls and
+    rows summed, the worst error over all, and how many processes checked calls."""
+    parts = [json.loads(p.read_text()) for p in sorted(summary.parent.glob(f"{summary.stem}.*{summary.suffix}"))]
+    if not parts:
+        return None
+    return {
+        "calls": sum(p["calls"] for p in parts),
+        "rows": sum(p["rows"] for p in parts),
+        "max_rel_err": max(p["max_rel_err"] for p in parts),
+        "processes": len(parts),
+    }
+
+
 def install() -> None:
     """Entry point: wraps MLADecodeBackend._attend where ENV is set (the checked engine only)."""
     settings = os.environ.get(ENV)
@@ -46,7 +71,7 @@ def install() -> None:
     from mla_backend.sglang.backend import MLADecodeBackend
 
     settings = json.loads(settings)
-    corruption, sink = settings["corruption"], Path(settings["summary"])
+    corruption, sink = settings["corruption"], process_summary(Path(settings["summary"]), os.getpid())
     summary = {"calls": 0, "rows": 0, "max_rel_err": 0.0}
     original = MLADecodeBackend._attend
 

@@ -121,9 +121,12 @@ def run_isolated(
     log: Path,
     greedy_only: bool = False,
     env: dict | None = None,
+    engine_args: dict | None = None,
 ) -> dict:
-    """run_engine in a process of its own, its stderr appended to ``log``; {"error": ...} where it failed."""
+    """run_engine in a process of its own, its stderr appended to ``log``; {"error": ...} where it failed.
+    ``engine_args``: further sglang.Engine arguments (a parallel layout)."""
     spec = {"model": model, "prompts": prompts, "decode": decode, "kv": kv, "graphs": graphs}
+    spec["engine_args"] = engine_args
     with open(log, "a") as sink:
         done = subprocess.run(
             [sys.executable, __file__],
