@@ -11,12 +11,12 @@ Per family and layout (the heads one GPU decodes; ``--layouts all`` for every la
   may hand SM90's decode to FlashMLA), per KV dtype: greedy tokens under the tie rule, every replayed
   decode call recomputed in float64, the route;
 - selftest (``--selftest``): ours with outputs x1.05; the float64 check must fail;
-- drafts (``--parts drafts``, families whose drafter is an MTP layer of their checkpoint): the checkpoint
-  with one MTP layer, speculative decoding with the family's own method (GLM-4.7-Flash's
-  ``glm4_moe_lite_mtp``, DeepSeek-V3's ``deepseek_mtp``) at k = ``--draft-tokens``; ours against
-  vLLM's backends run with the same drafter and k, judged as the speculative runs of run_e2e.py are
-  (decode calls with 1 + k query tokens must reach our kernel), and reported against the same
-  checkpoint decoded without speculation.
+- drafts (``--parts drafts``): the family's drafters at k = ``--draft-tokens``: its own MTP layer
+  (GLM-4.7-Flash's ``glm4_moe_lite_mtp``, DeepSeek-V3's ``deepseek_mtp``; the checkpoint with one MTP
+  layer) and, for the families users run with one, an Eagle3 drafter with an MLA draft layer
+  (``eagle3``, models/eagle3_drafter.py); ours against vLLM's backends run with the same drafter and k,
+  judged as the speculative runs of run_e2e.py are (decode calls with 1 + k query tokens must reach
+  our kernel), and reported against the same target decoded without speculation.
 Families whose attention the zoo expects refused (models/families.py) start an engine with the flag
 (``--refusals``) and must stop with the zoo's reason. Exit status 1 if anything fails.
 """
@@ -42,6 +42,7 @@ from integration.engines.vllm_spec import EngineSpec, engine_kwargs  # noqa: E40
 from integration.judges.decode_verdict import judge_selftest  # noqa: E402
 from integration.judges.vllm_run import judge, non_speculative_note  # noqa: E402
 from integration.models.checkpoints import save_checkpoint, save_config  # noqa: E402
+from integration.models.eagle3_drafter import save_eagle3_drafter  # noqa: E402
 from integration.models.families import FAMILIES, Family, pick  # noqa: E402
 from integration.models.prompts import make_prompts  # noqa: E402
 from integration.settings import SELFTEST_CORRUPTION  # noqa: E402
@@ -84,15 +85,43 @@ def run_family(
     return ok_all
 
 
+def drafters(family: Family, layout: str, model_dir: Path) -> list[tuple[str, str, str | None]]:
+    """(speculative method, target checkpoint, drafter checkpoint or None) of each drafter the family
+    runs with: its MTP layer (inside a checkpoint that holds one), an Eagle3 drafter of its own."""
+    heads = family.heads[layout]
+    runs = []
+    if family.drafter in MTP_DRAFTERS:
+        path = model_dir / f"{family.published}_h{heads}_mtp"
+        runs.append((family.drafter, str(save_checkpoint(family, path, layout, mtp_layers=1)), None))
+    if family.eagle3_mla:
+        target = save_checkpoint(family, model_dir / f"{family.published}_h{heads}", layout)
+        drafter = save_eagle3_drafter(target, model_dir / f"{family.published}_h{heads}_eagle3")
+        runs.append(("eagle3", str(target), str(drafter)))
+    return runs
+
+
 def run_drafts(
     family: Family, layout: str, kvs: set[str], model_dir: Path, draft_tokens: list[int], rows: list
 ) -> bool:
-    """The family's own drafter (one MTP layer in its checkpoint) at each k of ``draft_tokens``; every
-    speculative engine runs in a process of its own, as run_e2e.py's do."""
-    heads = family.heads[layout]
-    path = model_dir / f"{family.published}_h{heads}_mtp"
-    model = str(save_checkpoint(family, path, layout, mtp_layers=1))
-    label = f"{family.name} {layout} ({heads} heads)"
+    """Each of the family's drafters at each k of ``draft_tokens``; every speculative engine runs in a
+    process of its own, as run_e2e.py's do."""
+    ok_all = True
+    for method, model, draft_model in drafters(family, layout, model_dir):
+        ok_all &= run_drafter(family, layout, kvs, method, model, draft_model, draft_tokens, rows)
+    return ok_all
+
+
+def run_drafter(
+    family: Family,
+    layout: str,
+    kvs: set[str],
+    method: str,
+    model: str,
+    draft_model: str | None,
+    draft_tokens: list[int],
+    rows: list,
+) -> bool:
+    label = f"{family.name} {layout} ({family.heads[layout]} heads)"
     prompts = make_prompts(0)
     try:
         plain = reference_runs(model, prompts, rows, kvs, isolated=True)
@@ -101,14 +130,15 @@ def run_drafts(
         return False
     ok_all = True
     for k in draft_tokens:
+        drafted = dict(spec_tokens=k, spec_method=method, draft_model=draft_model)
         try:
-            refs = reference_runs(model, prompts, rows, kvs, spec_tokens=k, spec_method=family.drafter)
+            refs = reference_runs(model, prompts, rows, kvs, **drafted)
         except Exception as err:
-            rows.append((f"{label}: references, {family.drafter} k={k}", "FAIL", repr(err)[:300]))
+            rows.append((f"{label}: references, {method} k={k}", "FAIL", repr(err)[:300]))
             ok_all = False
             continue
         for kv in sorted(kvs):
-            spec = EngineSpec("CUSTOM", kv, 64, True, spec_tokens=k, spec_method=family.drafter, mla_backend=OURS)
+            spec = EngineSpec("CUSTOM", kv, 64, True, mla_backend=OURS, **drafted)
             try:
                 result = run_engine_isolated(spec, model, prompts)
                 ok, notes = judge(result, refs, "bundled")
@@ -172,7 +202,7 @@ def main() -> int:
     for family, layout in pick(args.families, args.layouts == "all"):
         if family.expect == "bundled" and "plain" in parts:
             ok &= run_family(family, layout, kvs, model_dir, args.selftest, args.isolated, rows)
-        if family.expect == "bundled" and "drafts" in parts and family.drafter in MTP_DRAFTERS:
+        if family.expect == "bundled" and "drafts" in parts:
             draft_tokens = [int(k) for k in args.draft_tokens.split(",")]
             ok &= run_drafts(family, layout, kvs, model_dir, draft_tokens, rows)
     (out / "zoo.json").write_text(json.dumps(rows, indent=1))

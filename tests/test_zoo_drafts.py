@@ -1,7 +1,8 @@
 """The model zoo's drafters (integration/zoo_e2e.py --parts drafts): a family's seeded checkpoint with
-one MTP layer holds it where vLLM's drafter for the family reads it and its main model skips it;
-vLLM's speculative config takes the checkpoint with the family's method; the run starts every
-engine with that drafter at each k and judges ours against references run with the same drafter."""
+one MTP layer holds it where vLLM's drafter for the family reads it and its main model skips it; the
+Eagle3 drafter with an MLA layer (models/eagle3_drafter.py) holds the weights vLLM's deepseek_eagle3
+model loads, and its attention is MLA; vLLM's speculative config takes each with its method; the run
+starts every engine with the drafter at each k and judges ours against references with the same one."""
 
 import json
 import sys
@@ -97,7 +98,7 @@ def test_the_drafts_part_runs_each_k_against_references_with_the_same_drafter(mo
     glm = next(f for f in DRAFTED if f.drafter == "glm4_moe_lite_mtp")
     references, ours = [], []
 
-    def reference_runs(model, prompts, rows, kvs, spec_tokens=0, spec_method="ngram", isolated=False):
+    def reference_runs(model, prompts, rows, kvs, spec_tokens=0, spec_method="ngram", isolated=False, draft_model=None):
         references.append((spec_tokens, spec_method if spec_tokens else None, Path(model).name))
         return {"k": spec_tokens}
 
@@ -125,3 +126,68 @@ def test_the_drafts_part_runs_each_k_against_references_with_the_same_drafter(mo
     ]
     assert not ok and [status for _, status, _ in rows] == ["PASS", "FAIL"]
     assert json.loads((tmp_path / name / "config.json").read_text())["num_nextn_predict_layers"] == 1
+
+
+@pytest.fixture(scope="module")
+def eagle3(tmp_path_factory):
+    from integration.models.eagle3_drafter import save_eagle3_drafter
+
+    family = next(f for f in FAMILIES if f.eagle3_mla and f.name.startswith("Kimi"))
+    root = tmp_path_factory.mktemp("eagle3")
+    target = save_checkpoint(family, root / "target", "TP8")
+    return family, target, save_eagle3_drafter(target, root / "drafter")
+
+
+def test_the_eagle3_drafter_holds_what_vllm_s_deepseek_eagle3_loads(eagle3):
+    from vllm.model_executor.models.deepseek_eagle3 import DeepseekV2Eagle3Model
+
+    from integration.models.eagle3_drafter import aux_layers, drafter_shapes
+
+    _, target, drafter = eagle3
+    config = json.loads((drafter / "config.json").read_text())
+    target_config = json.loads((target / "config.json").read_text())
+    with safe_open(str(drafter / "model.safetensors"), "pt") as weights:
+        shapes = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+    assert shapes == drafter_shapes(config)
+    hidden = config["hidden_size"]
+    assert shapes["layers.0.self_attn.kv_a_proj_with_mqa.weight"] == (512 + 64, 2 * hidden)  # reads [embeds, h]
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == aux_layers(target_config["num_hidden_layers"])
+    assert shapes["fc.weight"] == (hidden, len(aux_layers(target_config["num_hidden_layers"])) * hidden)
+    mapped = {DeepseekV2Eagle3Model.hf_to_vllm_mapper._map_name(name) for name in shapes if name != "lm_head.weight"}
+    assert {"layers.0.self_attn.fused_qkv_a_proj.weight", "layers.0.mlp.gate_up_proj.weight"} <= mapped
+    for key in ("num_attention_heads", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
+        assert config[key] == target_config[key], key  # the draft layer decodes as the target's layers do
+
+
+def test_aux_layers_are_distinct_layer_inputs_after_the_first(eagle3):
+    from integration.models.eagle3_drafter import aux_layers
+
+    assert aux_layers(2) == [1, 2] and aux_layers(61) == [1, 30, 61]
+
+
+def test_vllm_reads_the_eagle3_drafter_as_an_mla_model_beside_its_target(eagle3):
+    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+
+    _, target, drafter = eagle3
+    target_config = ModelConfig(model=str(target), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16")
+    spec = EngineSpec("CUSTOM", spec_tokens=2, spec_method="eagle3", draft_model=str(drafter))
+    kwargs = engine_kwargs(spec, str(target), 2048, 0.2)["speculative_config"]
+    assert kwargs == {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": 2}
+    speculative = SpeculativeConfig(
+        **kwargs, target_model_config=target_config, target_parallel_config=ParallelConfig()
+    )
+    draft = speculative.draft_model_config
+    assert draft.hf_config.architectures == ["Eagle3DeepseekV2ForCausalLM"]
+    assert draft.use_mla and draft.get_head_size() == 576  # so the flag's backend serves the draft layer
+
+
+def test_deepseek_and_kimi_run_an_eagle3_drafter_and_glm_its_mtp_layer(tmp_path, monkeypatch):
+    monkeypatch.setattr(zoo_e2e, "save_checkpoint", lambda family, path, layout, mtp_layers=0: path)
+    monkeypatch.setattr(zoo_e2e, "save_eagle3_drafter", lambda target, path: path)
+    methods = {
+        family_id(f): [m for m, *_ in zoo_e2e.drafters(f, next(iter(f.heads)), tmp_path)]
+        for f in FAMILIES
+        if f.expect == "bundled"
+    }
+    assert methods["DeepSeek-V3"] == ["deepseek_mtp", "eagle3"] and methods["Kimi-K2"] == ["eagle3"]
+    assert methods["GLM-4.7-Flash"] == ["glm4_moe_lite_mtp"] and methods["Moonlight"] == []

@@ -25,6 +25,7 @@ def reference_runs(
     repeats: int = 1,
     spec_method: str = "ngram",
     isolated: bool = False,
+    draft_model: str | None = None,
 ) -> dict[str, dict]:
     """vLLM's own backends (the references and the calibration peers) for both KV dtypes, keyed by
     backend name + KV dtype; the references ``repeats`` times (``key#2`` ...). Speculative
@@ -32,7 +33,9 @@ def reference_runs(
     refs = {}
     for kv in REFERENCES.keys() & kvs:
         for name in sorted(set(REFERENCES[kv]) | set(PEERS[kv])):
-            spec = EngineSpec(name, kv, 64, True, spec_tokens=spec_tokens, spec_method=spec_method)
+            spec = EngineSpec(
+                name, kv, 64, True, spec_tokens=spec_tokens, spec_method=spec_method, draft_model=draft_model
+            )
             runs = repeats if name in REFERENCES[kv] else 1
             for run in range(runs):
                 key = name + kv + (f"#{run + 1}" if run else "")

@@ -15,6 +15,7 @@ class EngineSpec:
     # ngram (vLLM's GPU n-gram proposer), mtp (DeepSeek-V3's: the checkpoint's MTP layer) or a family's
     # own MTP method as vLLM names it (glm4_moe_lite_mtp, ...; models/families.py's drafter)
     spec_method: str = "ngram"
+    draft_model: str | None = None  # the drafter's checkpoint, for spec_method eagle3
     mla_backend: dict = field(default_factory=dict)  # additional_config["mla_backend"]
     max_num_seqs: int = 16
     tp: int = 1  # tensor parallel size (heads split over GPUs)
@@ -64,7 +65,15 @@ def engine_kwargs(spec: EngineSpec, model: str, max_model_len: int, memory_fract
         kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     if spec.spec_tokens:
         kwargs["disable_log_stats"] = False  # keeps the speculative-decoding counters
-    if spec.spec_tokens and spec.is_mtp:
+    if spec.spec_tokens and spec.spec_method == "eagle3":
+        # A drafter of its own (models/eagle3_drafter.py): its MLA draft layer is ours too.
+        assert spec.draft_model, "an Eagle3 run names its drafter's checkpoint"
+        kwargs["speculative_config"] = {
+            "method": "eagle3",
+            "model": spec.draft_model,
+            "num_speculative_tokens": spec.spec_tokens,
+        }
+    elif spec.spec_tokens and spec.is_mtp:
         # The model's own drafter: the checkpoint's MTP layer, run k times; its attention is ours too.
         method = "deepseek_mtp" if spec.spec_method == "mtp" else spec.spec_method
         kwargs["speculative_config"] = {"method": method, "num_speculative_tokens": spec.spec_tokens}

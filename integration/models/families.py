@@ -69,6 +69,8 @@ class Family:
     heads: dict[str, int]  # layout -> query heads one GPU decodes
     expect: Expect
     drafter: str | None = None  # vLLM's speculative method for the family's drafter
+    # Eagle3 drafters with an MLA draft layer (vLLM's deepseek_eagle3) are run with this family
+    eagle3_mla: bool = False
     fills: dict = field(default_factory=dict)  # published values the copies read lack (with why)
     extra: dict = field(default_factory=dict)  # config keys this architecture's loader needs
     why: str = ""  # for fallback / refused / own: the reason users read
@@ -110,6 +112,7 @@ FAMILIES: tuple[Family, ...] = (
         heads={"TP8": 16, "TP1 or DP attention": 128},
         expect="bundled",
         drafter="deepseek_mtp",
+        eagle3_mla=True,
     ),
     Family(
         "DeepSeek-V2-Lite",
@@ -136,6 +139,7 @@ FAMILIES: tuple[Family, ...] = (
         "kimi_k2",
         heads={"TP8": 8, "TP1": 64},
         expect="bundled",
+        eagle3_mla=True,
     ),
     Family(
         "GLM-4.7-Flash",
