@@ -47,6 +47,9 @@ def server_args(page_size=64, **changes):
         speculative_algorithm=None,
         speculative_num_draft_tokens=None,
         speculative_eagle_topk=None,
+        speculative_num_steps=None,
+        speculative_draft_attention_backend=None,
+        speculative_attention_mode="prefill",
     )
     values.update(changes)
     args = SimpleNamespace(**values)
@@ -329,6 +332,16 @@ def test_the_fallback_joins_the_absorbed_query_and_key():
             {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 4},
             "not trees",
         ),
+        (
+            {"MLA_BACKEND_DEVICE_CAPABILITY": "9.0"},
+            {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 1, "speculative_num_steps": 3},
+            "add --speculative-draft-attention-backend triton",
+        ),
+        (
+            {"MLA_BACKEND_DEVICE_CAPABILITY": "9.0"},
+            {"speculative_algorithm": "EAGLE", "speculative_num_steps": 1, "speculative_attention_mode": "decode"},
+            "add --speculative-draft-attention-backend triton",
+        ),
     ],
 )
 def test_bad_settings_stop_start_up_with_our_message(monkeypatch, env, args, message):
@@ -338,6 +351,29 @@ def test_bad_settings_stop_start_up_with_our_message(monkeypatch, env, args, mes
     with pytest.raises(Exception, match=message.replace("(", r"\(")) as info:
         backend.create_backend(runner)
     assert "mla_backend" in str(info.value) or "backend='xqa'" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 1, "speculative_num_steps": 1},
+        {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_draft_attention_backend": "triton"},
+    ],
+    ids=["one draft step", "drafter on triton"],
+)
+def test_speculative_settings_whose_drafter_sglang_can_build_start(monkeypatch, args):
+    monkeypatch.setenv("MLA_BACKEND_DEVICE_CAPABILITY", "9.0")
+    assert isinstance(backend.create_backend(make_runner(torch.bfloat16, **args)), backend.MLADecodeBackend)
+
+
+def test_the_speculative_settings_read_are_sglang_s():
+    import dataclasses
+
+    from sglang.srt.server_args import ServerArgs
+
+    fields = {f.name for f in dataclasses.fields(ServerArgs)}
+    read = {"speculative_num_steps", "speculative_draft_attention_backend", "speculative_attention_mode"}
+    assert read <= fields and read <= set(vars(server_args()))
 
 
 @pytest.mark.parametrize("capability", ["9.0", "8.0"])  # our kernels, and SGLang's triton where they do not run

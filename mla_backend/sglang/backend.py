@@ -78,6 +78,17 @@ def check_server_args(server_args) -> None:
         )
     if server_args.speculative_algorithm is not None and (server_args.speculative_eagle_topk or 1) > 1:
         raise ValueError("mla_backend verifies draft chains (speculative_eagle_topk 1), not trees")
+    if server_args.speculative_algorithm is not None and not getattr(
+        server_args, "speculative_draft_attention_backend", None
+    ):
+        # SGLang builds the drafter's multi-step decode (and, in decode mode, its draft extend) only from
+        # its own backends; without a drafter backend named it stops later, naming ours.
+        multi_step = (getattr(server_args, "speculative_num_steps", None) or 1) > 1
+        if multi_step or getattr(server_args, "speculative_attention_mode", "prefill") == "decode":
+            raise ValueError(
+                "mla_backend verifies the drafts; SGLang runs the drafter's own attention only on its built-in "
+                "backends: add --speculative-draft-attention-backend triton (or flashmla)"
+            )
 
 
 def check_model(model_config) -> None:
