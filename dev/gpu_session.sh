@@ -9,7 +9,7 @@
 #   sglang (integration/sglang_e2e.py, alone in its call: carry .gpu-sglang, the SGLang bundle of
 #     ../shared/gpu/README.md, and .gpu/dist instead of the vLLM bundle; SGL_KV, SGL_PARTS; SGL_FAMILIES
 #     of the zoo, SGL_LAYOUTS first|all, SGL_REFUSALS=1 for the families SGLang must refuse, SGL_DP=2 for
-#     data-parallel attention on two GPUs)
+#     data-parallel attention on two GPUs, SGL_SPEC=k to draft k tokens with the tiny model's MTP layer)
 #   | sglang_faults (integration/sglang_fault_check.py, carried as sglang is, with the bundle's server
 #     part from dev/sglang_server_extras.sh: SGL_KV one of fp8_e4m3 and auto, FAULT_PARTS of
 #     preemption,aborts,radix, SELFTEST=1)
@@ -102,7 +102,7 @@ for part in ${PART//,/ }; do
       models=(--heads "$HEADS")
       [ -n "${SGL_FAMILIES:-}" ] && models=(--families "$SGL_FAMILIES" --layouts "${SGL_LAYOUTS:-first}")
       run python3 integration/sglang_e2e.py "${models[@]}" ${SGL_REFUSALS:+--refusals} --kv "${SGL_KV:-fp8_e4m3,auto}" \
-        --dp-attention "${SGL_DP:-1}" \
+        --dp-attention "${SGL_DP:-1}" --spec-tokens "${SGL_SPEC:-0}" \
         --references "${SGL_REFS:-triton}" --parts "${SGL_PARTS:-tokens,check,selftest}" --out "$OUT/sglang" ;;
     sglang_faults) run python3 integration/sglang_fault_check.py --heads "$HEADS" --kv "${SGL_KV:-fp8_e4m3}" \
       --parts "${FAULT_PARTS:-preemption,aborts,radix}" ${SELFTEST:+--selftest} --out "$OUT/sglang_faults" ;;

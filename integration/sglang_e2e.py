@@ -16,6 +16,9 @@ runs on our kernels), in each family's first layout or (--layouts all) every one
   real paged cache (integration/engines/sglang_decode_check.py); the worst row must be within the
   kernel's tolerance.
 - selftest: the same with our outputs scaled by 1.05; the check must fail.
+With --spec-tokens K (the tiny DeepSeek-V3 only) the checkpoint holds an MTP layer and every engine
+drafts with it (SGLang's NEXTN: K draft steps, chains, the drafter's attention on triton); ours
+verifies the K drafts plus the bonus token per step, and the check must have seen such calls.
 With --dp-attention N every engine, ours and the references, runs SGLang's data-parallel attention on
 N GPUs (``tp_size`` = ``dp_size`` = N, ``enable_dp_attention``): each rank decodes all heads of its own
 requests, ranks without requests run idle steps, and the check must have run on every rank.
@@ -68,10 +71,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--references", default=f"{REFERENCE},{SECOND_REFERENCE}")
     parser.add_argument("--parts", default="tokens,check,selftest")
     parser.add_argument("--dp-attention", type=int, default=1, help="GPUs of data-parallel attention (1: none)")
+    parser.add_argument("--spec-tokens", type=int, default=0, help="MTP draft tokens per step (0: no speculation)")
     parser.add_argument("--out", type=Path, default=Path("results/sglang"))
     args = parser.parse_args(argv)
     if args.dp_attention < 1:
         parser.error("--dp-attention: at least 1")
+    if args.spec_tokens and args.families:
+        parser.error("--spec-tokens drafts with the tiny DeepSeek-V3's MTP layer; leave out --families")
+    if not 0 <= args.spec_tokens <= 7:
+        parser.error("--spec-tokens: 0 to 7 (our kernels take up to 8 query tokens a request)")
     if args.heads is not None and args.families:
         parser.error("--heads picks the tiny DeepSeek-V3; with --families name a layout as Name@heads")
     return args
@@ -91,23 +99,28 @@ def add_row(rows: list, model: str, kv: str, part: str, status: str, note: str, 
 
 
 def run_checked(
-    model: str, prompts: list, kv: str, corruption: float, work: Path, log: Path, parallel: dict | None = None
+    model: str, prompts: list, kv: str, corruption: float, work: Path, log: Path, layout_args: dict | None = None
 ) -> tuple[bool | None, str]:
     """Ours in eager mode with every decode call checked in the scheduler process: (within
     tolerance, note), or (None, why) where no call could be checked."""
     summary = work / f"check_{kv}_x{corruption}.json"
     clear_summary(summary)
     env = plugin_env(work / "check_plugin", corruption, summary)
-    run = run_isolated(model, prompts, "mla_backend", kv, False, log, greedy_only=True, env=env, engine_args=parallel)
+    checked_run = partial(run_isolated, greedy_only=True, env=env, engine_args=layout_args)
+    run = checked_run(model, prompts, "mla_backend", kv, False, log)
     if "error" in run:
         return None, run["error"]
     checked = read_summary(summary)
     if checked is None:
         return None, "no decode call was checked"
     ok, note = judge_sglang_check(checked, fp8=kv.startswith("fp8"))
-    if parallel:  # every data-parallel attention rank decodes, so each must have checked calls
-        ok = ok and checked["processes"] == parallel["dp_size"]
-        note += f"; {checked['processes']} of {parallel['dp_size']} ranks checked"
+    if layout_args and "dp_size" in layout_args:  # every data-parallel attention rank decodes: each must check
+        ok = ok and checked["processes"] == layout_args["dp_size"]
+        note += f"; {checked['processes']} of {layout_args['dp_size']} ranks checked"
+    if layout_args and "speculative_num_draft_tokens" in layout_args:  # verification reached our kernel
+        verified = checked["q_lens"].get(str(layout_args["speculative_num_draft_tokens"]), 0)
+        ok = ok and verified > 0
+        note += f"; {verified} calls verifying {layout_args['speculative_num_draft_tokens']} tokens a request"
     return ok, note
 
 
@@ -118,16 +131,43 @@ def parallel_args(dp_attention: int) -> dict | None:
     return {"tp_size": dp_attention, "dp_size": dp_attention, "enable_dp_attention": True}
 
 
+def speculative_args(spec_tokens: int) -> dict | None:
+    """sglang.Engine arguments of drafting ``spec_tokens`` tokens a step with the checkpoint's MTP layer
+    (None: no speculation). Our backend verifies; SGLang builds the drafter's attention itself."""
+    if spec_tokens == 0:
+        return None
+    return {
+        "speculative_algorithm": "NEXTN",
+        "speculative_num_steps": spec_tokens,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": spec_tokens + 1,
+        "speculative_draft_attention_backend": "triton",
+    }
+
+
+def engine_layout(args: argparse.Namespace) -> dict | None:
+    """The further sglang.Engine arguments every engine of the run takes (None: none)."""
+    layout = {**(parallel_args(args.dp_attention) or {}), **(speculative_args(args.spec_tokens) or {})}
+    return layout or None
+
+
 def describe(run: dict) -> str:
     return run.get("error") or f"{run['tokens_per_s']:.0f} decode tok/s"
 
 
 def tokens(
-    model: str, prompts: list, kv: str, references: list[str], work: Path, log: Path, row, parallel: dict | None = None
+    model: str,
+    prompts: list,
+    kv: str,
+    references: list[str],
+    work: Path,
+    log: Path,
+    row,
+    layout_args: dict | None = None,
 ) -> None:
     """Ours with CUDA graphs and without against the references, under the tie rule (FP8: calibrated);
-    every engine in the layout of ``parallel``."""
-    run = partial(run_isolated, engine_args=parallel)
+    every engine with the further arguments ``layout_args``."""
+    run = partial(run_isolated, engine_args=layout_args)
     ours = {graphs: run(model, prompts, "mla_backend", kv, graphs, log) for graphs in (True, False)}
     refs = {name: run(model, prompts, name, kv, True, log) for name in references}
     base_name = REFERENCE
@@ -162,21 +202,23 @@ def tokens(
 def run_model(model: str, label: str, args: argparse.Namespace, work: Path, log: Path, rows: list) -> None:
     """The parts on one model, each KV dtype; a row per part into ``rows``."""
     prompts, parts = make_prompts(), set(args.parts.split(","))
-    parallel = parallel_args(args.dp_attention)
-    if parallel:
+    layout_args = engine_layout(args)
+    if args.spec_tokens:
+        label += f", MTP k={args.spec_tokens}"
+    if args.dp_attention > 1:
         label += f", DP attention {args.dp_attention}"
     work.mkdir(parents=True, exist_ok=True)
     for kv in args.kv.split(","):
         row = partial(add_row, rows, label, kv)
         if "check" in parts:
-            within, note = run_checked(model, prompts, kv, 1.0, work, log, parallel)
+            within, note = run_checked(model, prompts, kv, 1.0, work, log, layout_args)
             row("check", "PASS" if within is True else "FAIL", note)
         if "selftest" in parts:  # passes where the check ran and failed
-            within, note = run_checked(model, prompts, kv, SELFTEST_CORRUPTION, work, log, parallel)
+            within, note = run_checked(model, prompts, kv, SELFTEST_CORRUPTION, work, log, layout_args)
             outcome = "check failed, as it must" if within is False else "check did not fail"
             row(f"selftest x{SELFTEST_CORRUPTION}", "PASS" if within is False else "FAIL", f"{outcome}: {note}")
         if "tokens" in parts:
-            tokens(model, prompts, kv, args.references.split(","), work, log, row, parallel)
+            tokens(model, prompts, kv, args.references.split(","), work, log, row, layout_args)
 
 
 def main() -> int:
@@ -193,7 +235,9 @@ def main() -> int:
         add_row(rows, f"{family.name} {layout} ({family.heads[layout]} heads)", "auto", "refused", status, note)
     if not args.families:
         heads = args.heads or 16
-        model = save_tiny_deepseek_v3(args.out / f"tiny_h{heads}", heads=heads, **DEEPSEEK_LAYERS)
+        mtp = 1 if args.spec_tokens else 0
+        name = f"tiny_h{heads}" + ("_mtp" if mtp else "")
+        model = save_tiny_deepseek_v3(args.out / name, heads=heads, mtp_layers=mtp, **DEEPSEEK_LAYERS)
         run_model(str(model), f"tiny DeepSeek-V3 ({heads} heads)", args, args.out, log, rows)
     for family, layout in families:
         name = f"{family.published}_h{family.heads[layout]}"

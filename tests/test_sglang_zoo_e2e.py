@@ -73,10 +73,11 @@ def test_unknown_families_and_ones_sglang_does_not_run_stop_the_run(monkeypatch)
         planned("--families", "Other-MLA")
 
 
-def fake_engines(monkeypatch, tmp_path, check_error=1e-3, checked_ranks=None):
+def fake_engines(monkeypatch, tmp_path, check_error=1e-3, checked_ranks=None, verified=True):
     """The runner's engines and checkpoints stood in: every engine returns the same greedy tokens, the
     float64 check its summary (``check_error``, x the corruption) from each of ``checked_ranks``
-    scheduler processes (default: one per data-parallel rank), a refused engine stops as SGLang does."""
+    scheduler processes (default: one per data-parallel rank), with verification calls where the
+    engine drafts and ``verified``; a refused engine stops as SGLang does."""
     from integration.engines import sglang_decode_check
 
     def run_isolated(model, prompts, decode, kv, graphs, log, greedy_only=False, env=None, engine_args=None):
@@ -84,9 +85,11 @@ def fake_engines(monkeypatch, tmp_path, check_error=1e-3, checked_ranks=None):
             settings = json.loads(env[sglang_decode_check.ENV])
             error = check_error * (1 if settings["corruption"] == 1.0 else 50)
             ranks = checked_ranks or (engine_args or {}).get("dp_size", 1)
+            drafts = (engine_args or {}).get("speculative_num_draft_tokens") if verified else None
+            q_lens = {"1": 2, **({str(drafts): 6} if drafts else {})}
             for pid in range(4000, 4000 + ranks):
                 summary = sglang_decode_check.process_summary(Path(settings["summary"]), pid)
-                summary.write_text(json.dumps({"calls": 8, "rows": 640, "max_rel_err": error}))
+                summary.write_text(json.dumps({"calls": 8, "rows": 640, "max_rel_err": error, "q_lens": q_lens}))
         runs.append((model, decode, kv, graphs, engine_args))
         return {"tokens": [[7, 8, 9]] * len(prompts), "gaps": [[1.0] * 3] * len(prompts), "tokens_per_s": 1e3}
 
@@ -152,29 +155,78 @@ def test_dp_attention_fails_where_one_rank_checked_nothing(monkeypatch, tmp_path
     assert row["status"] == "FAIL" and "1 of 2 ranks checked" in row["note"]
 
 
+def test_mtp_drafting_runs_every_engine_with_the_drafter_and_needs_verification_checked(monkeypatch, tmp_path):
+    runs = fake_engines(monkeypatch, tmp_path)
+    saved: list = []
+    monkeypatch.setattr(sglang_e2e, "save_tiny_deepseek_v3", lambda path, **kw: saved.append(kw) or path)
+    argv = ["--heads", "16", "--kv", "fp8_e4m3", "--spec-tokens", "3", "--references", "triton"]
+    assert run_main(monkeypatch, *argv, "--out", str(tmp_path)) == 0
+    assert saved[-1]["mtp_layers"] == 1  # the checkpoint holds the MTP layer
+    drafting = sglang_e2e.speculative_args(3)
+    assert drafting["speculative_num_draft_tokens"] == 4 and drafting["speculative_eagle_topk"] == 1
+    assert all(engine_args == drafting for *_, engine_args in runs)
+    rows = {r["part"]: r for r in json.loads((tmp_path / "sglang_h16.json").read_text()) if r["status"] != "ref"}
+    assert all(r["status"] == "PASS" and r["model"].endswith("MTP k=3") for r in rows.values())
+    assert "6 calls verifying 4 tokens a request" in rows["check"]["note"]
+
+
+def test_mtp_drafting_fails_where_no_verification_reached_our_kernel(monkeypatch, tmp_path):
+    fake_engines(monkeypatch, tmp_path, verified=False)
+    argv = ["--heads", "16", "--kv", "auto", "--spec-tokens", "1", "--parts", "check", "--out", str(tmp_path)]
+    assert run_main(monkeypatch, *argv) == 1
+    (row,) = json.loads((tmp_path / "sglang_h16.json").read_text())
+    assert row["status"] == "FAIL" and "0 calls verifying 2 tokens" in row["note"]
+
+
+def test_drafting_is_the_tiny_model_s_and_fits_the_kernels_query_tokens(monkeypatch):
+    for bad in (["--spec-tokens", "2", "--families", "GLM-4.7-Flash"], ["--spec-tokens", "8"]):
+        with pytest.raises(SystemExit):
+            sglang_e2e.parse(bad)
+    assert sglang_e2e.speculative_args(0) is None
+
+
 def test_the_check_s_summaries_add_up_over_the_scheduler_processes(tmp_path):
     from integration.engines import sglang_decode_check as check
 
     summary = tmp_path / "check_fp8_x1.0.json"
     assert check.read_summary(summary) is None
     for pid, (calls, error) in {11: (3, 1e-3), 12: (5, 4e-3)}.items():
-        check.process_summary(summary, pid).write_text(
-            json.dumps({"calls": calls, "rows": 10 * calls, "max_rel_err": error})
-        )
+        written = {"calls": calls, "rows": 10 * calls, "max_rel_err": error, "q_lens": {"1": calls - 1, "4": 1}}
+        check.process_summary(summary, pid).write_text(json.dumps(written))
     (tmp_path / "check_fp8_x1.05.11.json").write_text("{}")  # another run's: not read
-    assert check.read_summary(summary) == {"calls": 8, "rows": 80, "max_rel_err": 4e-3, "processes": 2}
+    assert check.read_summary(summary) == {
+        "calls": 8,
+        "rows": 80,
+        "max_rel_err": 4e-3,
+        "q_lens": {"1": 6, "4": 2},
+        "processes": 2,
+    }
     check.clear_summary(summary)
     assert check.read_summary(summary) is None and (tmp_path / "check_fp8_x1.05.11.json").exists()
 
 
 @pytest.mark.sglang
-def test_dp_attention_settings_are_sglang_engine_arguments():
+def test_dp_attention_and_drafting_settings_are_sglang_engine_arguments():
     import dataclasses
 
     from sglang.srt.server_args import ServerArgs
 
     fields = {f.name for f in dataclasses.fields(ServerArgs)}
     assert set(sglang_e2e.parallel_args(2)) <= fields and sglang_e2e.parallel_args(1) is None
+    assert set(sglang_e2e.speculative_args(3)) <= fields
+
+
+@pytest.mark.sglang
+def test_our_backend_starts_with_the_drafting_settings(monkeypatch):
+    """The settings the run drafts with pass the adapter's start-up checks (a chain; the drafter's
+    multi-step attention on one of SGLang's own backends)."""
+    from types import SimpleNamespace
+
+    from mla_backend.sglang import backend
+
+    args = SimpleNamespace(page_size=64, speculative_attention_mode="prefill", **sglang_e2e.speculative_args(3))
+    args.get_attention_backends = lambda: ("triton", "mla_backend")
+    backend.check_server_args(args)  # raises on a setting it refuses
 
 
 SCHEDULER_TRACEBACK = """[2026-11-25 10:00:00] Scheduler hit an exception: Traceback (most recent call last):

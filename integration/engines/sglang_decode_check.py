@@ -50,14 +50,20 @@ def clear_summary(summary: Path) -> None:
 
 def read_summary(summary: Path) -> dict | None:
     """The summaries every scheduler process wrote, added up (None where none was written): calls and
-    rows summed, the worst error over all, and how many processes checked calls."""
+    rows summed, the worst error over all, the calls per query length, and how many processes checked
+    calls."""
     parts = [json.loads(p.read_text()) for p in sorted(summary.parent.glob(f"{summary.stem}.*{summary.suffix}"))]
     if not parts:
         return None
+    q_lens: dict[str, int] = {}
+    for part in parts:
+        for q_len, calls in part.get("q_lens", {}).items():
+            q_lens[q_len] = q_lens.get(q_len, 0) + calls
     return {
         "calls": sum(p["calls"] for p in parts),
         "rows": sum(p["rows"] for p in parts),
         "max_rel_err": max(p["max_rel_err"] for p in parts),
+        "q_lens": q_lens,
         "processes": len(parts),
     }
 
@@ -72,7 +78,7 @@ def install() -> None:
 
     settings = json.loads(settings)
     corruption, sink = settings["corruption"], process_summary(Path(settings["summary"]), os.getpid())
-    summary = {"calls": 0, "rows": 0, "max_rel_err": 0.0}
+    summary = {"calls": 0, "rows": 0, "max_rel_err": 0.0, "q_lens": {}}
     original = MLADecodeBackend._attend
 
     def attend(self, q, q_rope, layer, forward_batch):
@@ -98,6 +104,7 @@ def install() -> None:
             )
         )
         summary["calls"] += 1
+        summary["q_lens"][str(meta.q_len)] = summary["q_lens"].get(str(meta.q_len), 0) + 1  # drafts: 1 + k
         summary["rows"] += result.rows
         summary["max_rel_err"] = max(summary["max_rel_err"], result.out_error)
         sink.write_text(json.dumps(summary))
