@@ -51,6 +51,12 @@ OURS = {"backend": "xqa"}
 MTP_DRAFTERS = ("deepseek_mtp", "glm4_moe_lite_mtp")  # drafters that are a layer of the family's checkpoint
 
 
+def add_engine_row(rows: list, label: str, spec: EngineSpec, ok: bool, notes: list[str]) -> None:
+    """One engine's verdict into the table, printed as it comes."""
+    rows.append((f"{label}: {spec.name}", "PASS" if ok else "FAIL", "; ".join(notes)))
+    print(f"[zoo] {label} {spec.name}: {'PASS' if ok else 'FAIL'} {'; '.join(notes)}", flush=True)
+
+
 def run_family(
     family: Family, layout: str, kvs: set[str], model_dir: Path, selftest_too: bool, isolated: bool, rows: list
 ) -> bool:
@@ -73,8 +79,7 @@ def run_family(
         except Exception as err:  # one family's failure must not hide the others'
             ok, notes = False, [repr(err)[:300]]
         ok_all &= ok
-        rows.append((f"{label}: {spec.name}", "PASS" if ok else "FAIL", "; ".join(notes)))
-        print(f"[zoo] {label} {spec.name}: {'PASS' if ok else 'FAIL'} {'; '.join(notes)}", flush=True)
+        add_engine_row(rows, label, spec, ok, notes)
     if selftest_too:  # the forward_mqa check on corrupted outputs must fail
         spec = EngineSpec("CUSTOM", sorted(kvs)[-1], 64, True, mla_backend=OURS)
         run = run_engine_isolated if isolated else run_engine
@@ -146,8 +151,7 @@ def run_drafter(
             except Exception as err:
                 ok, notes = False, [repr(err)[:300]]
             ok_all &= ok
-            rows.append((f"{label}: {spec.name}", "PASS" if ok else "FAIL", "; ".join(notes)))
-            print(f"[zoo] {label} {spec.name}: {'PASS' if ok else 'FAIL'} {'; '.join(notes)}", flush=True)
+            add_engine_row(rows, label, spec, ok, notes)
     return ok_all
 
 

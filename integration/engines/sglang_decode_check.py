@@ -42,9 +42,14 @@ def process_summary(summary: Path, pid: int) -> Path:
     return summary.with_name(f"{summary.stem}.{pid}{summary.suffix}")
 
 
+def written_summaries(summary: Path) -> list[Path]:
+    """The files the scheduler processes wrote for ``summary`` (process_summary's names)."""
+    return sorted(summary.parent.glob(f"{summary.stem}.*{summary.suffix}"))
+
+
 def clear_summary(summary: Path) -> None:
     """Removes what an earlier run of the same settings wrote."""
-    for written in summary.parent.glob(f"{summary.stem}.*{summary.suffix}"):
+    for written in written_summaries(summary):
         written.unlink()
 
 
@@ -52,7 +57,7 @@ def read_summary(summary: Path) -> dict | None:
     """The summaries every scheduler process wrote, added up (None where none was written): calls and
     rows summed, the worst error over all, the calls per query length, and how many processes checked
     calls."""
-    parts = [json.loads(p.read_text()) for p in sorted(summary.parent.glob(f"{summary.stem}.*{summary.suffix}"))]
+    parts = [json.loads(p.read_text()) for p in written_summaries(summary)]
     if not parts:
         return None
     q_lens: dict[str, int] = {}

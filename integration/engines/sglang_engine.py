@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -72,9 +71,9 @@ def run_engine(
 
 
 def decode_throughput(engine, prompts: list[list[int]], new_tokens: int, repeats: int = 3) -> float:
-    """Decode tokens/s as mla_backend.tools.demo measures it under vLLM: time(prompt + new_tokens) -
-    time(prompt + 1), so the prefill (the radix cache is off: recomputed each time) cancels out;
-    the median over ``repeats`` pairs after one warm-up pair."""
+    """Decode tokens/s of an ``sglang.Engine``, measured as under vLLM (mla_backend.tools.demo's
+    paired_decode_rate; the radix cache is off, so each run recomputes the prefill that cancels out)."""
+    from mla_backend.tools.demo import paired_decode_rate
 
     def seconds(n: int) -> float:
         params = {"temperature": 0.0, "max_new_tokens": n, "ignore_eos": True}
@@ -82,12 +81,7 @@ def decode_throughput(engine, prompts: list[list[int]], new_tokens: int, repeats
         engine.generate(input_ids=prompts, sampling_params=params)
         return time.perf_counter() - begun
 
-    seconds(1), seconds(new_tokens)  # warm-up
-    rates = []
-    for _ in range(repeats):
-        short = seconds(1)
-        rates.append(len(prompts) * (new_tokens - 1) / (seconds(new_tokens) - short))
-    return statistics.median(rates)
+    return paired_decode_rate(seconds, len(prompts), new_tokens, repeats)
 
 
 NO_FLASHINFER = Path(__file__).with_name("no_flashinfer")

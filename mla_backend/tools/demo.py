@@ -11,6 +11,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -18,9 +19,20 @@ import torch
 from .doctor import importable
 
 
+def paired_decode_rate(seconds: Callable[[int], float], requests: int, new_tokens: int, repeats: int = 3) -> float:
+    """Decode tokens/s of any engine from ``seconds(n)``, the time to generate n new tokens for each
+    of ``requests`` prompts: time(new_tokens) - time(1), so the prefill cancels out, after one warm-up
+    pair; the median over ``repeats`` pairs (a single pair varies by tens of percent on a small model)."""
+    seconds(1), seconds(new_tokens)  # warm-up
+    rates = []
+    for _ in range(repeats):
+        short = seconds(1)
+        rates.append(requests * (new_tokens - 1) / (seconds(new_tokens) - short))
+    return statistics.median(rates)
+
+
 def decode_throughput(llm, prompts, new_tokens: int, repeats: int = 3) -> float:
-    """Decode tokens/s: time(prompt + new_tokens) - time(prompt + 1), after one warm-up pair; the
-    median over ``repeats`` pairs (a single pair varies by tens of percent on a small model)."""
+    """Decode tokens/s of a vLLM ``LLM`` (paired_decode_rate)."""
     from vllm import SamplingParams
 
     def seconds(n: int) -> float:
@@ -31,12 +43,7 @@ def decode_throughput(llm, prompts, new_tokens: int, repeats: int = 3) -> float:
         torch.cuda.synchronize()
         return time.perf_counter() - begun
 
-    seconds(1), seconds(new_tokens)  # warm-up
-    rates = []
-    for _ in range(repeats):
-        short = seconds(1)
-        rates.append(len(prompts) * (new_tokens - 1) / (seconds(new_tokens) - short))
-    return statistics.median(rates)
+    return paired_decode_rate(seconds, len(prompts), new_tokens, repeats)
 
 
 def random_prompts(batch: int, length: int, vocab: int, seed: int = 1):
