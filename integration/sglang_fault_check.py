@@ -94,13 +94,14 @@ START_TIMEOUT_S = 300
 IDLE_TIMEOUT_S = 40  # past SGLang's 30-s refresh of an idle server's gauges, should one be missed
 PROBE, PROBE_TOKENS = list(range(1, 9)), 2  # one decode step: the scheduler then publishes its idle state
 
-# preemption: 16 prompts of 192-256 tokens, 192 new tokens each, in a pool of 4096 tokens (64 pages).
-# SGLang admits a request while its prompt and its new tokens times the new-token ratio fit beside the
-# running ones' (the ratio, scaled by conservativeness 0.3, has decayed to about 0.17 after the alone
-# phase): a dozen run at once, each wanting 6-7 pages at its end. The prefill chunk holds every prompt
-# of the burst, so admission is bounded by that reservation alone; with a 2048-token chunk SGLang took
-# 8 (2048 tokens), and 8 finish inside the pool.
-PREEMPT_REQUESTS, PREEMPT_PROMPT, PREEMPT_TOKENS = 16, (192, 256), 192
+# preemption: 16 prompts of 192-256 tokens in a pool of 4096 tokens (64 pages); every third asks for 32
+# new tokens, the others for 384. SGLang (0.5.17's PrefillAdder) admits a new request only while its
+# prompt and *all* its new tokens fit beside the running ones' remaining tokens times the new-token
+# ratio (0.21 with conservativeness 0.3, decaying), and admits no more until a running request ends.
+# With equal budgets the first 8 fill the pool, finish together, and nothing is retracted. Short ones
+# ending early reopen admission while the long ones are counted at the ratio only: the requests then
+# admitted outgrow the pool and SGLang retracts (3 a run in a model of that rule, for prompt seeds 0-5).
+PREEMPT_REQUESTS, PREEMPT_PROMPT, PREEMPT_SHORT, PREEMPT_LONG = 16, (192, 256), 32, 384
 PREEMPT_POOL, PREEMPT_CHUNK, PREEMPT_CONSERVATIVENESS = 4096, 4096, 0.3
 # aborts: 3 x 12 prompts of 1-1000 tokens; 40% of the clients leave after 0-48 of 64 chunks.
 ABORT_SEEDS, ABORT_TOKENS, ABORT_SHARE, ABORT_LAST_CHUNK = (0, 1, 2), 64, 0.4, 48
@@ -240,13 +241,18 @@ def preemption_flags() -> dict:
     )
 
 
+def preemption_budgets() -> list[int]:
+    """New tokens per burst request: short ones every third, so that admission reopens mid-burst."""
+    return [PREEMPT_SHORT if i % 3 == 0 else PREEMPT_LONG for i in range(PREEMPT_REQUESTS)]
+
+
 def preemption_prompts(seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [random_prompt(rng, rng.randint(*PREEMPT_PROMPT)) for _ in range(PREEMPT_REQUESTS)]
 
 
 def part_preemption(ctx: Context) -> None:
-    prompts = preemption_prompts(ctx.seed)
+    prompts, wanted = preemption_prompts(ctx.seed), preemption_budgets()
     model = ctx.model()
     flags = preemption_flags()
 
@@ -254,10 +260,10 @@ def part_preemption(ctx: Context) -> None:
         # One at a time first, on an empty radix cache, then emptied again: the burst computes its
         # own prefills, and retracted requests their recomputation, as the alone run did.
         before = await idle_metrics(server)
-        alone = await client.one_at_a_time(server.port, prompts, PREEMPT_TOKENS)
+        alone = await client.one_at_a_time(server.port, prompts, wanted)
         between = await idle_metrics(server)
         flushed = await asyncio.to_thread(flush_cache, server.port)
-        burst = await client.together(server.port, prompts, PREEMPT_TOKENS)
+        burst = await client.together(server.port, prompts, wanted)
         after = await idle_metrics(server)
         return {"alone": alone, "burst": burst, "flushed": flushed, "metrics": [before, between, after]}
 
@@ -273,7 +279,7 @@ def part_preemption(ctx: Context) -> None:
     ok, note = sglang_faults.judge_retraction(between, after)
     ctx.row("retracted under the burst", (ok, f"{note}; {sum(1 for n in retracted if n)} requests retracted"))
     counts = [len(t) for t in tokens_of(ours["alone"] + ours["burst"])]
-    ctx.row("every request complete", faults.judge_completions(counts, PREEMPT_TOKENS))
+    ctx.row("every request complete", faults.judge_completions(counts, wanted + wanted))
     ctx.row("idle after the burst: no token held", sglang_faults.judge_idle(after))
     alone, gaps, burst = tokens_of(ours["alone"]), gaps_of_runs(ours["alone"]), tokens_of(ours["burst"])
     ctx.details["tokens"] = {"alone": alone, "alone_gaps": gaps, "burst": burst}
@@ -286,7 +292,7 @@ def part_preemption(ctx: Context) -> None:
     judge_server(ctx, ours)
     if ctx.selftest:
         cut = faults.drop_token(burst)
-        ctx.selftest_row("a request cut short", faults.judge_completions([len(t) for t in cut], PREEMPT_TOKENS))
+        ctx.selftest_row("a request cut short", faults.judge_completions([len(t) for t in cut], wanted))
         poisoned = faults.poison(burst, gaps, VOCAB)
         ctx.selftest_row("a poisoned token", faults.judge_tokens(poisoned, alone, gaps) if poisoned else None)
         ctx.selftest_row("no retraction (the alone phase)", sglang_faults.judge_retraction(before, between))

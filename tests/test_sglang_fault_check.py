@@ -216,11 +216,23 @@ def test_the_parts_sizes_make_sglang_retract_and_fit_where_they_must():
     from mla_backend.tools.tiny_model import TINY_DEFAULTS
 
     pages = -(-check.PREEMPT_POOL // 64)
+    wanted = check.preemption_budgets()
+    assert len(wanted) == check.PREEMPT_REQUESTS
     # Each burst request fits alone (SGLang clips max_new_tokens to pool - paged prompt - page - 1)...
-    assert -(-check.PREEMPT_PROMPT[1] // 64) * 64 + check.PREEMPT_TOKENS + 64 + 1 < check.PREEMPT_POOL
+    assert -(-check.PREEMPT_PROMPT[1] // 64) * 64 + max(wanted) + 64 + 1 < check.PREEMPT_POOL
     # ...and the burst does not: its requests need more pages at their end than the pool holds.
-    assert check.PREEMPT_REQUESTS * -(-(check.PREEMPT_PROMPT[0] + check.PREEMPT_TOKENS) // 64) > pages
+    assert sum(-(-(check.PREEMPT_PROMPT[0] + n) // 64) for n in wanted) > pages
     assert 0 < check.PREEMPT_CONSERVATIVENESS < 1  # below SGLang's default: running requests reserve less
+    # Short requests among the first admitted (those whose full budgets fit the pool) end early and
+    # reopen admission while long ones still run.
+    admitted, room = [], check.PREEMPT_POOL
+    for n in wanted:
+        need = -(-check.PREEMPT_PROMPT[1] // 64) * 64 + n + 64
+        if need >= room:
+            break
+        admitted.append(n)
+        room -= need
+    assert min(admitted) < max(admitted) and len(admitted) < len(wanted)
     # ...and one prefill chunk takes every prompt of the burst, so the chunk does not cap admission
     assert check.PREEMPT_REQUESTS * -(-check.PREEMPT_PROMPT[1] // 64) * 64 <= check.PREEMPT_CHUNK
     prompts, leave = check.abort_plan(34)

@@ -104,14 +104,24 @@ async def stream(client, port: int, prompt: list[int], max_new_tokens: int, leav
     return result
 
 
-async def together(port: int, prompts: list[list[int]], max_new_tokens: int) -> list[dict]:
-    async with session() as client:
-        return list(await asyncio.gather(*(generate(client, port, p, max_new_tokens) for p in prompts)))
+def budgets(prompts: list[list[int]], max_new_tokens: int | list[int]) -> list[int]:
+    """New tokens per prompt: one number for all, or one each."""
+    wanted = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(wanted) != len(prompts):
+        raise ValueError(f"{len(wanted)} token budgets for {len(prompts)} prompts")
+    return wanted
 
 
-async def one_at_a_time(port: int, prompts: list[list[int]], max_new_tokens: int) -> list[dict]:
+async def together(port: int, prompts: list[list[int]], max_new_tokens: int | list[int]) -> list[dict]:
+    wanted = budgets(prompts, max_new_tokens)
     async with session() as client:
-        return [await generate(client, port, p, max_new_tokens) for p in prompts]
+        return list(await asyncio.gather(*(generate(client, port, p, n) for p, n in zip(prompts, wanted))))
+
+
+async def one_at_a_time(port: int, prompts: list[list[int]], max_new_tokens: int | list[int]) -> list[dict]:
+    wanted = budgets(prompts, max_new_tokens)
+    async with session() as client:
+        return [await generate(client, port, p, n) for p, n in zip(prompts, wanted)]
 
 
 async def streams(
