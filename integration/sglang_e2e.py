@@ -48,14 +48,13 @@ from integration.judges.tokens import agreement, calibrated_agreement  # noqa: E
 from integration.models.families import FAMILIES, Family  # noqa: E402
 from integration.models.prompts import make_prompts  # noqa: E402
 from integration.models.sglang_checkpoint import (  # noqa: E402
-    DEEPSEEK_LAYERS,
     pick_served,
     refusal,
     save_sglang_checkpoint,
     save_sglang_config,
+    save_sglang_tiny_deepseek,
 )
 from integration.settings import SELFTEST_CORRUPTION  # noqa: E402
-from mla_backend.tools.tiny_model import save_tiny_deepseek_v3  # noqa: E402
 
 REFERENCE, SECOND_REFERENCE = "triton", "flashmla"
 FP8_QUERY_REFERENCE = "triton, fp8 query"  # engines/sglang_quantized_query.py
@@ -237,7 +236,7 @@ def main() -> int:
         heads = args.heads or 16
         mtp = 1 if args.spec_tokens else 0
         name = f"tiny_h{heads}" + ("_mtp" if mtp else "")
-        model = save_tiny_deepseek_v3(args.out / name, heads=heads, mtp_layers=mtp, **DEEPSEEK_LAYERS)
+        model = save_sglang_tiny_deepseek(args.out / name, heads, mtp)
         run_model(str(model), f"tiny DeepSeek-V3 ({heads} heads)", args, args.out, log, rows)
     for family, layout in families:
         name = f"{family.published}_h{family.heads[layout]}"

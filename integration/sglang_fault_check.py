@@ -83,8 +83,9 @@ from integration.judges import faults, report, sglang_faults  # noqa: E402
 from integration.judges.decode_verdict import judge_sglang_check  # noqa: E402
 from integration.judges.faults import gaps_of_runs, tokens_of  # noqa: E402
 from integration.models.prompts import make_prompts  # noqa: E402
+from integration.models.sglang_checkpoint import save_sglang_tiny_deepseek  # noqa: E402
 from integration.settings import SELFTEST_CORRUPTION  # noqa: E402
-from mla_backend.tools.tiny_model import TINY_DEFAULTS, save_tiny_deepseek_v3  # noqa: E402
+from mla_backend.tools.tiny_model import TINY_DEFAULTS  # noqa: E402
 
 PARTS = ("preemption", "aborts", "radix")
 OURS, PEER = "mla_backend", "triton"
@@ -128,7 +129,7 @@ class Context(report.PartRows):
     def model(self) -> str:
         # SGLang's DeepSeek model reads moe_layer_freq, which transformers' config does not write.
         path = self.model_dir / f"dsv3_h{self.heads}_sglang"
-        return str(save_tiny_deepseek_v3(path, heads=self.heads, moe_layer_freq=1))
+        return str(save_sglang_tiny_deepseek(path, self.heads))
 
 
 # --- one server -----------------------------------------------------------------------------------

@@ -100,7 +100,7 @@ def fake_engines(monkeypatch, tmp_path, check_error=1e-3, checked_ranks=None, ve
     runs: list = []
     monkeypatch.setattr(sglang_e2e, "run_isolated", run_isolated)
     monkeypatch.setattr(sglang_e2e, "start_refused", start_refused)
-    monkeypatch.setattr(sglang_e2e, "save_tiny_deepseek_v3", lambda path, **kw: path)
+    monkeypatch.setattr(sglang_e2e, "save_sglang_tiny_deepseek", lambda path, heads, mtp_layers=0: path)
     monkeypatch.setattr(sglang_e2e, "save_sglang_checkpoint", lambda family, path, layout: path)
     monkeypatch.setattr(sglang_e2e, "save_sglang_config", lambda family, path, layout: path)
     monkeypatch.setattr(sglang_e2e, "refusal", lambda family: SPARSE)
@@ -158,10 +158,10 @@ def test_dp_attention_fails_where_one_rank_checked_nothing(monkeypatch, tmp_path
 def test_mtp_drafting_runs_every_engine_with_the_drafter_and_needs_verification_checked(monkeypatch, tmp_path):
     runs = fake_engines(monkeypatch, tmp_path)
     saved: list = []
-    monkeypatch.setattr(sglang_e2e, "save_tiny_deepseek_v3", lambda path, **kw: saved.append(kw) or path)
+    monkeypatch.setattr(sglang_e2e, "save_sglang_tiny_deepseek", lambda path, heads, mtp=0: saved.append(mtp) or path)
     argv = ["--heads", "16", "--kv", "fp8_e4m3", "--spec-tokens", "3", "--references", "triton"]
     assert run_main(monkeypatch, *argv, "--out", str(tmp_path)) == 0
-    assert saved[-1]["mtp_layers"] == 1  # the checkpoint holds the MTP layer
+    assert saved[-1] == 1  # the checkpoint holds the MTP layer
     drafting = sglang_e2e.speculative_args(3)
     assert drafting["speculative_num_draft_tokens"] == 4 and drafting["speculative_eagle_topk"] == 1
     assert all(engine_args == drafting for *_, engine_args in runs)
@@ -340,7 +340,7 @@ def test_each_checkpoint_the_run_writes_is_the_family_s_mla_model_to_sglang(fami
 # be built without a GPU, none of them in the weights' path: the CUDA path's RoPE class (not the CPU
 # engine's) built on CPU, without the custom rotary kernel it would import where there is no CUDA, and
 # LongCat's side stream.
-BUILD = """
+PRELUDE = """
 import json, sys, torch
 from pathlib import Path
 from safetensors.torch import load_file
@@ -362,6 +362,19 @@ init_distributed_environment(backend="gloo", world_size=1, rank=0, local_rank=0,
                              distributed_init_method="tcp://127.0.0.1:" + sys.argv[2])
 initialize_model_parallel(1)
 torch.set_default_dtype(torch.bfloat16)
+
+
+# The parameters left unloaded (NaN) after loading the checkpoint into the class built from config.
+def loaded(model_class, config, path):
+    model = model_class(config, None)
+    for parameter in model.parameters():
+        parameter.data.fill_(float("nan"))
+    model.load_weights(iter(load_file(next(path.glob("*.safetensors"))).items()))
+    return [n for n, p in model.named_parameters() if p.float().isnan().any()]
+"""
+BUILD = (
+    PRELUDE
+    + """
 result = {}
 for name in json.loads(sys.argv[3]):
     family = next(f for f in FAMILIES if f.name == name)
@@ -372,30 +385,56 @@ for name in json.loads(sys.argv[3]):
     config = ModelConfig.from_server_args(args)
     initialize_dp_attention(server_args=args, model_config=config)
     try:
-        model = get_model_architecture(config)[0](config.hf_config, None)
-        for parameter in model.parameters():
-            parameter.data.fill_(float("nan"))
-        model.load_weights(iter(load_file(next(path.glob("*.safetensors"))).items()))
-        result[name] = [n for n, p in model.named_parameters() if p.float().isnan().any()]
+        result[name] = loaded(get_model_architecture(config)[0], config.hf_config, path)
     except Exception as err:
         result[name] = repr(err)[:500]
 print("RESULT " + json.dumps(result))
 """
+)
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
+# The tiny DeepSeek-V3 with its MTP layer, as sglang_e2e.py --spec-tokens writes it: the target, and the
+# drafter SGLang's NEXTN speculation builds from the same checkpoint (ModelConfig's is_draft_model).
+DRAFTER = (
+    PRELUDE
+    + """
+from integration.models.sglang_checkpoint import save_sglang_tiny_deepseek
+path = save_sglang_tiny_deepseek(Path(sys.argv[1]) / "tiny_mtp", heads=16, mtp_layers=1)
+args = ServerArgs(model_path=str(path), device="cpu", page_size=64, prefill_attention_backend="triton",
+                  decode_attention_backend="triton", skip_tokenizer_init=True, disable_radix_cache=True)
+set_global_server_args_for_scheduler(args)
+result = {}
+for role, draft in (("target", False), ("drafter", True)):
+    config = ModelConfig.from_server_args(args, is_draft_model=draft)
+    initialize_dp_attention(server_args=args, model_config=config)
+    model_class = get_model_architecture(config)[0]
+    try:
+        result[role] = [model_class.__name__, loaded(model_class, config.hf_config, path)]
+    except Exception as err:
+        result[role] = [model_class.__name__, repr(err)[:500]]
+print("RESULT " + json.dumps(result))
+"""
+)
+
+
+def run_built(script: str, folder: Path, *more: str) -> dict:
+    """Runs one of the scripts above in a process of its own; its RESULT line."""
     import socket
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    args = [str(tmp_path_factory.mktemp("built")), str(port), json.dumps(BUNDLED)]
-    done = subprocess.run([sys.executable, "-c", BUILD, *args], capture_output=True, text=True, env=env, timeout=1200)
+    args = [str(folder), str(port), *more]
+    done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, timeout=1200)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, done.stderr[-3000:]
     return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return run_built(BUILD, tmp_path_factory.mktemp("built"), json.dumps(BUNDLED))
 
 
 @pytest.mark.sglang
@@ -406,6 +445,19 @@ def test_sglang_builds_each_family_s_model_from_its_checkpoint_and_loads_every_w
     checkpoint lacks (moe_layer_freq, LongCat's rope, Kimi-Linear's linear_attn_config), or a weight under
     a name its loader does not map (a parameter left unloaded)."""
     assert built[name] == [], built[name]
+
+
+@pytest.mark.sglang
+@needs_sglang
+def test_sglang_builds_the_tiny_model_s_nextn_drafter_and_loads_its_mtp_layer(tmp_path):
+    """What --spec-tokens found at start-up on the GPU: SGLang's NextN layer routes over experts and
+    reads router keys transformers does not write. Every weight of target and drafter loads, but the
+    drafter's embedding and head: SGLang's EAGLE worker hands it the target's (set_embed_and_head)."""
+    result = run_built(DRAFTER, tmp_path)
+    assert result["target"] == ["DeepseekV3ForCausalLM", []], result
+    name, left = result["drafter"]
+    assert name == "DeepseekV3ForCausalLMNextN", name
+    assert sorted(left) == ["lm_head.weight", "model.embed_tokens.weight"], left
 
 
 @pytest.mark.sglang

@@ -33,6 +33,11 @@ SGLANG_MODULES = {
 # each one, so past the last dense layer too; transformers' DeepSeek and GLM-5 configs do not write it.
 # (models/glm4_moe_lite.py:534 sets it itself; GLM-5's class is DeepSeek's, models/glm4_moe.py:1461.)
 DEEPSEEK_LAYERS = {"moe_layer_freq": 1}
+# SGLang builds DeepSeek's NextN (MTP) layer routed over experts whatever first_k_dense_replace says
+# (models/deepseek_v2.py:2403, `is_nextn or ...`), and its router reads these two keys
+# (models/deepseek_v2.py:474 and :665), which transformers' DeepseekV3Config does not write; the values
+# are DeepSeek-V3's published ones.
+DEEPSEEK_NEXTN = {"mtp_moe": True, "topk_method": "noaux_tc", "scoring_func": "sigmoid"}
 # LongCat-Flash has no dense-only layer: each block routes (models/longcat_flash.py:427), so its experts
 # are shrunk, keeping the identity ("zero") experts the published config has (512 + 256, top 12). Where
 # transformers (which writes the weights) and SGLang read different keys, both get the same value.
@@ -152,3 +157,12 @@ def add_kda_layers(path: Path, config: dict, seed: int) -> None:
         kda["o_norm.weight"] = torch.ones(head_dim, dtype=torch.bfloat16)
         tensors.update({prefix + k: v.contiguous() for k, v in kda.items()})
     save_file(tensors, weights_file, metadata={"format": "pt"})
+
+
+def save_sglang_tiny_deepseek(path: Path, heads: int, mtp_layers: int = 0) -> Path:
+    """The seeded tiny DeepSeek-V3 (mla_backend.tools.tiny_model) as SGLang serves it, with its MTP
+    layer as SGLang's NextN drafter builds it where ``mtp_layers``."""
+    from mla_backend.tools.tiny_model import save_tiny_deepseek_v3
+
+    nextn = DEEPSEEK_NEXTN if mtp_layers else {}
+    return save_tiny_deepseek_v3(path, heads=heads, mtp_layers=mtp_layers, **DEEPSEEK_LAYERS, **nextn)

@@ -14,6 +14,7 @@ released checkpoints do: ``model.layers.{N}`` (N = num_hidden_layers) is a full 
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import torch
@@ -39,14 +40,18 @@ TINY_DEFAULTS = dict(
 )
 
 
-def save_tiny_deepseek_v3(path: str | Path, heads: int = 16, seed: int = 0, mtp_layers: int = 0, **overrides) -> Path:
-    """Write a bf16 DeepSeek-V3 checkpoint with ``heads`` attention heads to ``path`` (reused if present)."""
+def save_tiny_deepseek_v3(
+    path: str | Path, heads: int = 16, seed: int = 0, mtp_layers: int = 0, mtp_moe: bool = False, **overrides
+) -> Path:
+    """Write a bf16 DeepSeek-V3 checkpoint with ``heads`` attention heads to ``path`` (reused if present).
+    ``mtp_moe``: the MTP layers route over experts, as the released ones do (SGLang builds its NextN
+    layer as one whatever the config says); else they are dense like the decoder layers."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     path = Path(path)
     settings = {**TINY_DEFAULTS, "num_attention_heads": heads, "num_key_value_heads": heads, **overrides}
-    # Dense everywhere, the MTP layers (indexed after the decoder layers) included.
-    settings["first_k_dense_replace"] = settings["num_hidden_layers"] + mtp_layers
+    # Dense decoder layers; the MTP layers (indexed after them) dense too unless mtp_moe.
+    settings["first_k_dense_replace"] = settings["num_hidden_layers"] + (0 if mtp_moe else mtp_layers)
     settings["num_nextn_predict_layers"] = mtp_layers  # transformers' default (1) would claim an MTP layer
     stamp = {"seed": seed, **settings}
     if (path / "mla_backend_stamp.json").exists() and json.loads(
@@ -78,8 +83,11 @@ def add_mtp_layers(path: Path, settings: dict, count: int, seed: int, deeper_mod
 
     layers = settings["num_hidden_layers"]
     torch.manual_seed(seed + 1)
-    deeper = deeper_model({**settings, "num_hidden_layers": layers + count})
-    deeper_state = deeper.to(torch.bfloat16).state_dict()
+    deeper = deeper_model({**settings, "num_hidden_layers": layers + count}).to(torch.bfloat16)
+    # Saved and read back: the checkpoint's names (transformers fuses experts in memory, not on disk).
+    with tempfile.TemporaryDirectory() as scratch:
+        deeper.save_pretrained(scratch)
+        deeper_state = {k: v for f in sorted(Path(scratch).glob("*.safetensors")) for k, v in load_file(f).items()}
     (weights_file,) = path.glob("*.safetensors")  # one shard at these sizes
     tensors = load_file(weights_file)
     hidden, std = settings["hidden_size"], settings["initializer_range"]
