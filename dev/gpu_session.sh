@@ -23,6 +23,8 @@
 #   | profile (Nsight Compute on ours and FlashMLA at SHAPE="heads batch seq", FP8; reports in $OUT)
 #   | ab (our times, dev/time_ours.py, alternating the wheel in .gpu/ab/ (base) and .gpu/dist/, 3 rounds)
 #   | script (runs python3 $SCRIPT: a one-off probe on the installed wheel)
+#   | dp (integration/dp_e2e.py on two GPUs: vllm serve --data-parallel-size 2 --enable-expert-parallel,
+#     HEADS, KV one or both of fp8,auto, SELFTEST=1; needs vLLM's MoE kernels, stashed as below)
 # (several, comma-separated, run in turn; routes writes the SM90 route table into the installed
 # wheel, so a later enginebest part in the same call runs on it).
 # Logs go to $OUT (the lent machine's result folder) or results/.
@@ -34,6 +36,13 @@
 # its limit returns nothing.
 #   DETACH=1 WAIT_S=540 LIMIT=1000 PART=faults FAULT_PARTS=soak SOAK_S=600 bash dev/gpu_session.sh
 #   PART=collect WAIT_S=300 bash dev/gpu_session.sh
+#
+# vLLM's MoE kernels (`_moe_C`, left out of the bundle) do not fit beside it in one transfer: build
+# them once here (bash dev/make_moe_part.sh -> .gpu-moe/, ~19 MiB), then two calls in a row, the
+# second within the machine's 30 s of idle. PART=stash (carry .gpu-moe only) keeps the part in
+# /tmp/moe_stash; every later call (carry .gpu) unpacks it into /tmp/site/vllm once the bundle is there.
+#   PART=stash bash dev/gpu_session.sh                               (carry: .gpu-moe)
+#   PART=dp HEADS=128 KV=fp8 SELFTEST=1 bash dev/gpu_session.sh       (carry: .gpu; nvidia-h100-x2)
 set -uo pipefail
 DETACHED=/tmp/gpu_session_detached
 if [ "${DETACH:-}" = 1 ]; then
@@ -52,6 +61,22 @@ if [ "$PART" = collect ]; then
   if [ -f "$DETACHED/DONE" ]; then echo "detached job done"; else echo "detached job still running"; fi
   exit 0
 fi
+MOE_STASH=${MOE_STASH:-/tmp/moe_stash}
+MOE_PART=vllm026_moe_C_sm90only.tar.xz
+if [ "$PART" = stash ]; then  # alone in its call: no bundle needed, none installed
+  [ -f ".gpu-moe/$MOE_PART" ] || { echo "carry .gpu-moe (bash dev/make_moe_part.sh)" >&2; exit 1; }
+  (cd .gpu-moe && sha256sum -c SHA256SUMS) || exit 1
+  rm -rf "$MOE_STASH" && mkdir -p "$MOE_STASH" && cp ".gpu-moe/$MOE_PART" .gpu-moe/SHA256SUMS "$MOE_STASH/"
+  echo "stashed $(du -h "$MOE_STASH/$MOE_PART" | cut -f1) in $MOE_STASH: the next call (carrying .gpu) installs it"
+  exit 0
+fi
+# The MoE part into an installed bundle ($1, the site folder): from .gpu-moe where carried, else the stash.
+install_moe() {
+  local from=.gpu-moe
+  [ -f "$from/$MOE_PART" ] || from=$MOE_STASH
+  [ -f "$from/$MOE_PART" ] && [ ! -f "$1/vllm/_moe_C_stable_libtorch.abi3.so" ] || return 0
+  xz -dc "$from/$MOE_PART" | tar -x -C "$1" --strip-components=1 --no-same-owner && echo "MoE kernels from $from"
+}
 OUT=$(mkdir -p "${OUT:-results}" && cd "${OUT:-results}" && pwd)
 HEADS=${HEADS:-16}
 KV=${KV:-fp8}
@@ -63,6 +88,7 @@ if [[ "$PART" == sglang* ]]; then  # SGLang cannot share a site with vLLM 0.26: 
   source /tmp/sgl_site/env.sh
 else
   [ -d /tmp/site/vllm ] || bash .gpu/install_on_gpu.sh .gpu /tmp/site >/dev/null || exit 1
+  install_moe /tmp/site || exit 1
   # shellcheck disable=SC1091
   source /tmp/site/env.sh
 fi
@@ -127,6 +153,7 @@ for part in ${PART//,/ }; do
         done
       done ;;
     script) run python3 "$SCRIPT" ;;
+    dp) run python3 integration/dp_e2e.py --heads "$HEADS" --kv "$KV" ${SELFTEST:+--selftest} --out "$OUT/dp" ;;
     gputests)
       PEER_GRID_REPORT=$OUT/grids.jsonl run python3 -m pytest -q -m gpu -p no:cacheprovider \
         ${TEST_FILES:-tests/test_decode_gpu.py tests/test_peer_grids_gpu.py} ${TESTS:+-k "$TESTS"} ;;

@@ -5,10 +5,10 @@
 - ``engines/``: the vLLM and SGLang drivers: engine arguments, engines in this process or one of their
   own, the test-only plugins that carry the float64 decode check into the engines' processes.
 - ``judges/``: the rules that judge results: the tie rule on greedy tokens, the float64 comparison of
-  one decode call, the verdicts on a run (its decode check, speculation, the route, parallel runs).
+  one decode call, the verdicts on a run (its decode check, speculation, the route, parallel and data-parallel runs).
 - ``settings.py``: the few settings more than one room reads (a leaf).
 - the runnable checks at the top (``run_e2e.py``, ``zoo_e2e.py``, ``serve_check.py``,
-  ``fault_check.py``, ``sglang_e2e.py``, ``sglang_fault_check.py``,
+  ``fault_check.py``, ``dp_e2e.py``, ``sglang_e2e.py``, ``sglang_fault_check.py``,
   ``real_dims.py``): each composes models, engines and judges.
 
 Imports go one way: checks -> engines, judges, models, settings; engines -> settings, and

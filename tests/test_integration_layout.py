@@ -20,7 +20,7 @@ ALLOWED = {
     "settings": set(),
 }
 # The runnable checks, run as scripts (dev/gpu_session.sh).
-CHECKS = ["run_e2e", "zoo_e2e", "serve_check", "sglang_e2e", "real_dims", "fault_check", "sglang_fault_check"]
+CHECKS = ["dp_e2e", "run_e2e", "zoo_e2e", "serve_check", "sglang_e2e", "real_dims", "fault_check", "sglang_fault_check"]
 
 
 def module_name(path: Path) -> str:

@@ -1,7 +1,8 @@
 """A small, seeded DeepSeek-V3 checkpoint for the demo and the end-to-end runs (needs transformers).
 
 Real MLA shapes (kv_lora_rank 512, rope 64, nope 128, q_lora) with only dense layers
-(first_k_dense_replace past the last layer), so no MoE kernel is needed. Weights use a wide
+(first_k_dense_replace past the last layer), so no MoE kernel is needed; ``dense_layers`` makes the
+later layers route over experts instead (expert parallelism needs experts to split). Weights use a wide
 normal init: with the usual 0.02, attention is nearly uniform and hides decode errors.
 
 With ``mtp_layers=1`` the checkpoint also holds DeepSeek-V3's multi-token-prediction layer, as the
@@ -41,17 +42,27 @@ TINY_DEFAULTS = dict(
 
 
 def save_tiny_deepseek_v3(
-    path: str | Path, heads: int = 16, seed: int = 0, mtp_layers: int = 0, mtp_moe: bool = False, **overrides
+    path: str | Path,
+    heads: int = 16,
+    seed: int = 0,
+    mtp_layers: int = 0,
+    mtp_moe: bool = False,
+    dense_layers: int | None = None,
+    **overrides,
 ) -> Path:
     """Write a bf16 DeepSeek-V3 checkpoint with ``heads`` attention heads to ``path`` (reused if present).
     ``mtp_moe``: the MTP layers route over experts, as the released ones do (SGLang builds its NextN
-    layer as one whatever the config says); else they are dense like the decoder layers."""
+    layer as one whatever the config says); else they are dense like the decoder layers.
+    ``dense_layers``: only the first this many decoder layers are dense, the later ones (and any MTP
+    layers) route over ``n_routed_experts`` experts, which needs the engine's MoE kernels; None: all dense."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     path = Path(path)
     settings = {**TINY_DEFAULTS, "num_attention_heads": heads, "num_key_value_heads": heads, **overrides}
     # Dense decoder layers; the MTP layers (indexed after them) dense too unless mtp_moe.
     settings["first_k_dense_replace"] = settings["num_hidden_layers"] + (0 if mtp_moe else mtp_layers)
+    if dense_layers is not None:
+        settings["first_k_dense_replace"] = dense_layers
     settings["num_nextn_predict_layers"] = mtp_layers  # transformers' default (1) would claim an MTP layer
     stamp = {"seed": seed, **settings}
     if (path / "mla_backend_stamp.json").exists() and json.loads(
