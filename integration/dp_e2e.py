@@ -33,7 +33,6 @@ import asyncio
 import functools
 import signal
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -50,9 +49,7 @@ from integration.engines.vllm_dp import (  # noqa: E402
 from integration.engines.vllm_server import (  # noqa: E402
     checked_server_env,
     free_port,
-    start_server,
-    stop,
-    wait_until_healthy,
+    running,
 )
 from integration.engines.vllm_spec import EngineSpec  # noqa: E402
 from integration.engines.vllm_worker_check import merged_summary  # noqa: E402
@@ -122,18 +119,9 @@ def serve_and_drive(ctx: Context, engine: EngineSpec, label: str, checked: bool,
         env = checked_server_env(check_dir, engine.kv_cache_dtype, corrupt, CHECK_CALLS)
     command = server_command(engine, model, port, ctx.dp)
     record = ctx.details.setdefault("servers", {}).setdefault(label, {"command": command[3:]})
-    begun = time.monotonic()
-    server = start_server(command, log, env)
-    try:
-        healthy = wait_until_healthy(server, port, START_TIMEOUT_S)
-        record["start_s"] = round(time.monotonic() - begun, 1)
-        if not healthy:
-            tail = " | ".join(log.read_text(errors="replace").splitlines()[-3:])[-400:]
-            raise RuntimeError(f"{label} did not start (exit {server.poll()}; {log.name}): {tail}")
+    with running(command, log, port, record, START_TIMEOUT_S, env):
         wanted = {k: v for k, v in phases().items() if only is None or k in only}
         result: dict = {"phases": asyncio.run(traffic(port, model, wanted))}
-    finally:
-        record.update(stopped=stop(server), exit=server.returncode)
     if check_dir is not None:
         result["ranks"] = rank_summaries(check_dir)
         result["decode_check"] = merged_summary(check_dir)

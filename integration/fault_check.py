@@ -58,17 +58,16 @@ from pathlib import Path
 # Run as a script: the checkout on the path for the integration package, after the installed packages
 # (the mla_backend under test is the installed one).
 sys.path.append(str(Path(__file__).resolve().parents[1]))
+from integration.engines.vllm_client import client_for, complete, stream  # noqa: E402
 from integration.engines.vllm_server import (  # noqa: E402
     checked_server_env,
     free_port,
     gpu_memory_used_mib,
     pool_blocks,
     process_tree_rss_mib,
+    running,
     scrape,
     serve_command,
-    start_server,
-    stop,
-    wait_until_healthy,
     wait_until_idle,
 )
 from integration.engines.vllm_spec import EngineSpec  # noqa: E402
@@ -83,7 +82,6 @@ from mla_backend.tools.tiny_model import TINY_DEFAULTS, save_tiny_deepseek_v3  #
 PARTS = ("preemption", "aborts", "prefix", "long", "soak")
 VOCAB = TINY_DEFAULTS["vocab_size"]
 START_TIMEOUT_S = 300
-REQUEST_TIMEOUT_S = 300
 IDLE_TIMEOUT_S = 30  # for vLLM's gauges to read idle after the last response
 REFERENCE = "FLASHMLA"
 
@@ -107,7 +105,6 @@ LONG_MODEL_LEN, LONG_BATCHED, LONG_TOKENS, LONG_SHORT_PROMPTS = 32768, 8192, 48,
 SOAK_RATE, SOAK_TOKENS, SOAK_PROMPT, SOAK_SHARED, SOAK_ABORTS = 12.0, (16, 64), (8, 2000), 0.3, 0.05
 SOAK_REFERENCE_S, SOAK_SAMPLE_S, SOAK_MODEL_LEN, SOAK_BATCHED = 60.0, 2.0, 4096, 2048
 SOAK_WARMUP_S, SOAK_WARMUP_SHARE = 10.0, 0.2  # memory is judged after the longer of the two
-EXTRA_BODY = {"return_token_ids": True, "ignore_eos": True, "return_tokens_as_token_ids": True}
 
 
 @dataclass
@@ -169,19 +166,9 @@ def served(
             stale.unlink()
     env = checked_server_env(check_dir, ctx.kv, corrupt, check_calls) if check_dir is not None else None
     command = serve_command(spec, model, port, host="127.0.0.1", **flags)
-    begun = time.monotonic()
-    server = start_server(command, log, env)
     record = ctx.details.setdefault("servers", {}).setdefault(name, {"command": command[3:]})
-    try:
-        healthy = wait_until_healthy(server, port, START_TIMEOUT_S)
-        record["start_s"] = round(time.monotonic() - begun, 1)
-        if not healthy:
-            tail = " | ".join(log.read_text(errors="replace").splitlines()[-3:])[-400:]
-            raise RuntimeError(f"{name} did not start (exit {server.poll()}; {log.name}): {tail}")
+    with running(command, log, port, record, START_TIMEOUT_S, env) as server:
         yield Served(name, model, port, server, log, check_dir)
-    finally:
-        stopped = stop(server)
-        record.update(stopped=stopped, exit=server.returncode)
 
 
 def on_server(ctx: Context, backend: str, label: str, model: str, traffic, **kwargs) -> dict:
@@ -198,89 +185,20 @@ def on_server(ctx: Context, backend: str, label: str, model: str, traffic, **kwa
 # --- the client -----------------------------------------------------------------------------------
 
 
-def client_for(server: Served):
-    from openai import AsyncOpenAI
-
-    # No retries: a request sent twice would hide a failed one and double the load.
-    return AsyncOpenAI(
-        base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused", timeout=REQUEST_TIMEOUT_S, max_retries=0
-    )
-
-
-def gaps_of(top_logprobs) -> list[float]:
-    """Top-2 logprob gap per step from the completions API's ``top_logprobs`` (one dict per token)."""
-    gaps = []
-    for step in top_logprobs or []:
-        values = sorted((step or {}).values(), reverse=True)
-        gaps.append(values[0] - values[1] if len(values) > 1 else float("inf"))
-    return gaps
-
-
-async def complete(client, model: str, prompt: list[int], max_tokens: int) -> dict:
-    """One greedy completion: its tokens, top-2 gaps and finish reason."""
-    response = await client.completions.create(
-        model=model, prompt=prompt, max_tokens=max_tokens, temperature=0.0, logprobs=2, extra_body=EXTRA_BODY
-    )
-    choice = response.choices[0]
-    tokens = list(choice.model_extra.get("token_ids") or [])
-    return {
-        "tokens": tokens,
-        "gaps": gaps_of(choice.logprobs and choice.logprobs.top_logprobs),
-        "finish": choice.finish_reason,
-    }
-
-
-async def stream(client, model: str, prompt: list[int], max_tokens: int, leave_after: int | None = None) -> dict:
-    """One greedy streamed completion: tokens, gaps, (arrival time, tokens) per chunk. With
-    ``leave_after`` the client disconnects after that many chunks (0: as soon as the server
-    answers), as a user closing the page does."""
-    begun = time.monotonic()
-    response = await client.completions.create(
-        model=model,
-        prompt=prompt,
-        max_tokens=max_tokens,
-        temperature=0.0,
-        logprobs=2,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_body=EXTRA_BODY,
-    )
-    tokens, gaps, chunks, finish, left = [], [], [], None, False
-    try:
-        if leave_after == 0:
-            left = True
-        else:
-            async for chunk in response:
-                if not chunk.choices:
-                    continue  # the usage chunk
-                choice = chunk.choices[0]
-                ids = list((choice.model_extra or {}).get("token_ids") or [])
-                tokens += ids
-                gaps += gaps_of(choice.logprobs and choice.logprobs.top_logprobs)
-                chunks.append((time.monotonic(), len(ids)))
-                finish = choice.finish_reason or finish
-                if leave_after is not None and len(chunks) >= leave_after and finish is None:
-                    left = True
-                    break
-    finally:
-        await response.close()
-    return {"tokens": tokens, "gaps": gaps, "chunks": chunks, "finish": finish, "left": left, "begun": begun}
-
-
 async def together(server: Served, prompts: list[list[int]], max_tokens: int | list[int]) -> list[dict]:
     counts = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else max_tokens
-    async with client_for(server) as client:
+    async with client_for(server.port) as client:
         return list(await asyncio.gather(*(complete(client, server.model, p, n) for p, n in zip(prompts, counts))))
 
 
 async def one_at_a_time(server: Served, prompts: list[list[int]], max_tokens: int) -> list[dict]:
-    async with client_for(server) as client:
+    async with client_for(server.port) as client:
         return [await complete(client, server.model, p, max_tokens) for p in prompts]
 
 
 async def streams(server: Served, prompts: list[list[int]], max_tokens: int, leave=None) -> list[dict]:
     leave = leave or [None] * len(prompts)
-    async with client_for(server) as client:
+    async with client_for(server.port) as client:
         return list(
             await asyncio.gather(*(stream(client, server.model, p, max_tokens, k) for p, k in zip(prompts, leave)))
         )
@@ -614,7 +532,7 @@ async def soak(server: Served, schedule: list[Arrival]) -> dict:
     done = asyncio.Event()
     # The client first: making it can import the HTTP stack, which holds the loop for seconds on a
     # busy machine and would delay the first arrivals and samples against the clock.
-    async with client_for(server) as client:
+    async with client_for(server.port) as client:
         begun = time.monotonic()
 
         async def sample():

@@ -10,6 +10,7 @@ import asyncio
 import json
 from pathlib import Path
 
+from integration.engines.vllm_client import client_for, complete
 from integration.engines.vllm_server import serve_command
 from integration.engines.vllm_spec import EngineSpec
 
@@ -20,7 +21,6 @@ from integration.engines.vllm_spec import EngineSpec
 # (fused_moe/fused_moe.py _prepare_expert_assignment: always where an expert map exists, as under EP)
 # and moe_sum (fused_moe/experts/triton_moe.py TritonExperts.moe_sum). The rest is Triton and _C.
 MOE_OPS = ("grouped_topk", "moe_align_block_size", "moe_sum")
-REQUEST_TIMEOUT_S = 300
 
 
 def dp_serve_command(spec: EngineSpec, model: str, port: int, dp: int, **kwargs) -> list[str]:
@@ -47,49 +47,18 @@ def rank_summaries(directory: Path) -> dict[int, dict]:
     }
 
 
-def top2_gaps(top_logprobs) -> list[float]:
-    """Per generated token, the gap between the two largest of the completions API's top logprobs."""
-    gaps = []
-    for step in top_logprobs or []:
-        best = sorted((step or {}).values(), reverse=True)
-        gaps.append(best[0] - best[1] if len(best) > 1 else float("inf"))
-    return gaps
-
-
-async def greedy(client, model: str, prompt: list[int], max_tokens: int, delay_s: float = 0.0) -> dict:
-    """One greedy completion after ``delay_s``: token ids in, token ids and top-2 gaps out."""
-    await asyncio.sleep(delay_s)
-    response = await client.completions.create(
-        model=model,
-        prompt=prompt,
-        max_tokens=max_tokens,
-        temperature=0.0,
-        logprobs=2,
-        extra_body={"return_token_ids": True, "ignore_eos": True, "return_tokens_as_token_ids": True},
-    )
-    choice = response.choices[0]
-    return {
-        "tokens": list(choice.model_extra.get("token_ids") or []),
-        "gaps": top2_gaps(choice.logprobs and choice.logprobs.top_logprobs),
-    }
-
-
 async def traffic(port: int, model: str, phases: dict[str, dict]) -> dict[str, list[dict]]:
     """Each phase in turn: ``{"prompts", "max_tokens", "mode"}``, mode ``together`` (all at once),
     ``alone`` (one after another: one request for two or more ranks) or ``staggered`` (arrivals
     ``gap_s`` apart, so that the requests in flight ramp up from one)."""
-    from openai import AsyncOpenAI
-
     results = {}
-    async with AsyncOpenAI(
-        base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=REQUEST_TIMEOUT_S, max_retries=0
-    ) as client:
+    async with client_for(port) as client:
         for name, phase in phases.items():
             prompts, n = phase["prompts"], phase["max_tokens"]
             if phase["mode"] == "alone":
-                results[name] = [await greedy(client, model, p, n) for p in prompts]
+                results[name] = [await complete(client, model, p, n) for p in prompts]
             else:
                 gap = phase.get("gap_s", 0.0) if phase["mode"] == "staggered" else 0.0
-                jobs = (greedy(client, model, p, n, i * gap) for i, p in enumerate(prompts))
+                jobs = (complete(client, model, p, n, i * gap) for i, p in enumerate(prompts))
                 results[name] = list(await asyncio.gather(*jobs))
     return results

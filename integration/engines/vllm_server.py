@@ -7,6 +7,7 @@ memory it holds, and a stop by SIGINT as Ctrl-C sends it. It passes no verdict: 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -186,3 +187,21 @@ def stop(server: subprocess.Popen, timeout_s: float = 60) -> bool:
         server.kill()
         server.wait()
         return False
+
+
+@contextlib.contextmanager
+def running(command: list[str], log: Path, port: int, record: dict, start_timeout_s: float, env=None):
+    """The server of ``command`` (started by start_server) for the time of the block, once healthy:
+    a server that does not start raises with the tail of its log. Its start time, stop and exit go
+    into ``record``."""
+    begun = time.monotonic()
+    server = start_server(command, log, env)
+    try:
+        healthy = wait_until_healthy(server, port, start_timeout_s)
+        record["start_s"] = round(time.monotonic() - begun, 1)
+        if not healthy:
+            tail = " | ".join(log.read_text(errors="replace").splitlines()[-3:])[-400:]
+            raise RuntimeError(f"{log.stem} did not start (exit {server.poll()}; {log.name}): {tail}")
+        yield server
+    finally:
+        record.update(stopped=stop(server), exit=server.returncode)
