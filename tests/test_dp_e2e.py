@@ -72,8 +72,13 @@ def test_the_checkpoint_routes_its_later_layers_over_experts_that_split_over_the
         device_config=DeviceConfig(device="cuda"),
         parallel_config=ParallelConfig(data_parallel_size=dp_e2e.DP, enable_expert_parallel=True),
     )
-    # The worker check wraps the V1 model runner: vLLM 0.26 runs models with experts there.
-    assert not config.use_v2_model_runner and config.needs_dp_coordinator
+    assert config.needs_dp_coordinator  # the ranks step together (dummy batches on an idle rank)
+    # The worker check wraps the V1 model runner: vLLM 0.26, the engine the check runs on the GPU
+    # image, keeps models with experts there (later vLLMs move them to Model Runner V2).
+    import vllm
+
+    if vllm.__version__.startswith("0.26."):
+        assert not config.use_v2_model_runner
 
 
 def test_every_expert_of_every_routed_layer_is_saved_under_the_names_vllm_loads(moe_model):
