@@ -58,6 +58,7 @@ from pathlib import Path
 # Run as a script: the checkout on the path for the integration package, after the installed packages
 # (the mla_backend under test is the installed one).
 sys.path.append(str(Path(__file__).resolve().parents[1]))
+from integration.engines.budgets import budgets  # noqa: E402
 from integration.engines.vllm_client import client_for, complete, stream  # noqa: E402
 from integration.engines.vllm_server import (  # noqa: E402
     checked_server_env,
@@ -186,9 +187,9 @@ def on_server(ctx: Context, backend: str, label: str, model: str, traffic, **kwa
 
 
 async def together(server: Served, prompts: list[list[int]], max_tokens: int | list[int]) -> list[dict]:
-    counts = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else max_tokens
+    wanted = budgets(prompts, max_tokens)
     async with client_for(server.port) as client:
-        return list(await asyncio.gather(*(complete(client, server.model, p, n) for p, n in zip(prompts, counts))))
+        return list(await asyncio.gather(*(complete(client, server.model, p, n) for p, n in zip(prompts, wanted))))
 
 
 async def one_at_a_time(server: Served, prompts: list[list[int]], max_tokens: int) -> list[dict]:

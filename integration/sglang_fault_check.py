@@ -57,7 +57,6 @@ import contextlib
 import random
 import signal
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -78,7 +77,7 @@ from integration.engines.sglang_server import (  # noqa: E402
     stop,
     wait_until_idle,
 )
-from integration.engines.vllm_server import free_port, wait_until_healthy  # noqa: E402
+from integration.engines.vllm_server import free_port, running  # noqa: E402
 from integration.judges import faults, report, sglang_faults  # noqa: E402
 from integration.judges.decode_verdict import judge_sglang_check  # noqa: E402
 from integration.judges.faults import gaps_of_runs, tokens_of  # noqa: E402
@@ -173,20 +172,15 @@ def served(
         extra = fp8_query_env(ctx.out / "fp8_query_plugin")
     port = free_port()
     command = launch_command(model, port, decode, ctx.kv, graphs=graphs, **flags)
-    begun = time.monotonic()
-    server = start(command, log, server_env(extra))
     record = ctx.details.setdefault("servers", {}).setdefault(name, {"command": command[3:]})
-    try:
-        healthy = wait_until_healthy(server, port, START_TIMEOUT_S)
-        record["start_s"] = round(time.monotonic() - begun, 1)
-        if not healthy:
-            tail = " | ".join(log.read_text(errors="replace").splitlines()[-3:])[-400:]
-            raise RuntimeError(f"{name} did not start (exit {server.poll()}; {log.name}): {tail}")
-        yield Served(name, port, server, log, summary)
-    finally:  # the log judged here too, for a server that died mid-part: its note says why
+
+    def judge_log() -> None:  # also for a server that died mid-part: its note says why
         record["log"] = sglang_faults.judge_log(log.read_text(errors="replace"))[1]
-        record["stopped"] = stop(server)
-        record["exit"] = server.returncode
+
+    with running(
+        command, log, port, record, START_TIMEOUT_S, server_env(extra), start=start, stop=stop, before_stop=judge_log
+    ) as server:
+        yield Served(name, port, server, log, summary)
 
 
 def on_server(ctx: Context, decode: str, label: str, model: str, traffic, **kwargs) -> dict:

@@ -16,6 +16,8 @@ import asyncio
 import json
 import time
 
+from integration.engines.budgets import budgets
+
 REQUEST_TIMEOUT_S = 300
 READ_BUFFER = 1 << 24  # a streamed line holds the output so far with its logprobs: can pass aiohttp's 64 KiB
 
@@ -102,14 +104,6 @@ async def stream(client, port: int, prompt: list[int], max_new_tokens: int, leav
         if result["left"]:
             response.close()  # drops the connection: SGLang aborts the request
     return result
-
-
-def budgets(prompts: list[list[int]], max_new_tokens: int | list[int]) -> list[int]:
-    """New tokens per prompt: one number for all, or one each."""
-    wanted = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
-    if len(wanted) != len(prompts):
-        raise ValueError(f"{len(wanted)} token budgets for {len(prompts)} prompts")
-    return wanted
 
 
 async def together(port: int, prompts: list[list[int]], max_new_tokens: int | list[int]) -> list[dict]:

@@ -190,12 +190,23 @@ def stop(server: subprocess.Popen, timeout_s: float = 60) -> bool:
 
 
 @contextlib.contextmanager
-def running(command: list[str], log: Path, port: int, record: dict, start_timeout_s: float, env=None):
-    """The server of ``command`` (started by start_server) for the time of the block, once healthy:
-    a server that does not start raises with the tail of its log. Its start time, stop and exit go
-    into ``record``."""
+def running(
+    command: list[str],
+    log: Path,
+    port: int,
+    record: dict,
+    start_timeout_s: float,
+    env=None,
+    start=start_server,
+    stop=stop,
+    before_stop=None,
+):
+    """The server of ``command`` for the time of the block, once /health answers: a server that does
+    not start raises with the tail of its log. Its start time, stop and exit go into ``record``.
+    ``start`` and ``stop``: the engine's own (SGLang's stop its process group); ``before_stop``: called
+    first on the way out (a log read before SIGINT makes it noisy)."""
     begun = time.monotonic()
-    server = start_server(command, log, env)
+    server = start(command, log, env)
     try:
         healthy = wait_until_healthy(server, port, start_timeout_s)
         record["start_s"] = round(time.monotonic() - begun, 1)
@@ -204,4 +215,6 @@ def running(command: list[str], log: Path, port: int, record: dict, start_timeou
             raise RuntimeError(f"{log.stem} did not start (exit {server.poll()}; {log.name}): {tail}")
         yield server
     finally:
+        if before_stop is not None:
+            before_stop()
         record.update(stopped=stop(server), exit=server.returncode)

@@ -59,10 +59,10 @@ def save_tiny_deepseek_v3(
 
     path = Path(path)
     settings = {**TINY_DEFAULTS, "num_attention_heads": heads, "num_key_value_heads": heads, **overrides}
-    # Dense decoder layers; the MTP layers (indexed after them) dense too unless mtp_moe.
-    settings["first_k_dense_replace"] = settings["num_hidden_layers"] + (0 if mtp_moe else mtp_layers)
-    if dense_layers is not None:
-        settings["first_k_dense_replace"] = dense_layers
+    # Layers before first_k_dense_replace are dense: every decoder layer unless dense_layers, and the
+    # MTP layers (indexed after them) too unless mtp_moe.
+    all_dense = settings["num_hidden_layers"] + (0 if mtp_moe else mtp_layers)
+    settings["first_k_dense_replace"] = all_dense if dense_layers is None else dense_layers
     settings["num_nextn_predict_layers"] = mtp_layers  # transformers' default (1) would claim an MTP layer
     stamp = {"seed": seed, **settings}
     if (path / "mla_backend_stamp.json").exists() and json.loads(
