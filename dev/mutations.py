@@ -510,9 +510,9 @@ MUTATIONS = [
     ),
     M(
         "integration/engines/sglang_engine.py",
-        "    return {**env, **flashinfer_env(env)}",
-        "    return {**flashinfer_env(env), **env}",
-        "a checked SGLang engine loses the FlashInfer stand-in",
+        "    return {**env, **stand_in_env(env)}",
+        "    return {**stand_in_env(env), **env}",
+        "a checked SGLang engine loses the FlashInfer and DeepGEMM stand-ins",
     ),
     M(
         "integration/judges/faults.py",

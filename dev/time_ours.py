@@ -1,10 +1,11 @@
 """Our decode time at a few FP8 shapes, one line each: one side of an A/B between two builds.
 
     python dev/time_ours.py            # the default shapes
-    python dev/time_ours.py 16,128,16384 128,1,32768
+    python dev/time_ours.py 16,128,16384 128,1,32768 16,64,8192,4   # heads,batch,seq[,q_len]
 
 The benchmark's measurement of ours alone (bench.bench_shape: CUDA-graph replay, median, page 64,
-q_len 1, KV rotated past L2). gpu_session.sh's ab part alternates two builds with it.
+KV rotated past L2); q_len 1 unless given (the MTP shapes: 16 heads x 4, GLM's 20 heads x 2).
+gpu_session.sh's ab part alternates two builds with it.
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ from mla_backend.tools.bench import bench_shape
 
 SHAPES = [(16, 128, 16384), (16, 64, 16384), (16, 128, 4096), (16, 32, 16384), (16, 8, 16384), (128, 8, 16384)]
 SHAPES += [(128, 1, 32768), (16, 1, 32768)]
+SHAPES += [(16, 64, 8192, 4), (20, 64, 8192, 2), (8, 64, 8192, 4)]
 
 
 def main(args: list[str]) -> int:
     shapes = [tuple(int(x) for x in a.split(",")) for a in args] or SHAPES
     workspace = torch.zeros(512 << 20, dtype=torch.uint8, device="cuda")
-    for heads, batch, seq in shapes:
-        (row,) = bench_shape(torch.float8_e4m3fn, heads, batch, seq, 1, workspace, peers=())
+    for heads, batch, seq, *q_len in shapes:
+        q = q_len[0] if q_len else 1
+        (row,) = bench_shape(torch.float8_e4m3fn, heads, batch, seq, q, workspace, peers=())
         timed = f"{row.us:.1f}" if row.us is not None else f"failed: {row.note}"
-        print(f"H{heads} B{batch} {seq // 1024}k {timed}", flush=True)
+        print(f"H{heads} B{batch} {seq // 1024}k q{q} {timed}", flush=True)
     return 0
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the integration package, from the checkout
+from absent_packages import absent_packages  # noqa: E402
 from oracle import naive_decode_problem  # noqa: E402
 
 from integration.judges.decode_check import MIN_VISIBLE_KEYS, DecodeCall, check_call  # noqa: E402
@@ -473,52 +474,54 @@ def test_sglang_decode_throughput_leaves_the_prefill_out():
     assert 0.75 * 4000 < rate < 1.25 * 4000
 
 
-def test_sglang_engines_get_the_flashinfer_stand_in_only_where_flashinfer_is_absent(monkeypatch):
-    """integration/sglang_e2e.py on the lent GPU's image (no FlashInfer): each engine process gets the
-    stand-in package, whose names import and raise if called; where FlashInfer is installed, nothing changes."""
-    import importlib.util
+def test_sglang_engines_get_the_stand_ins_only_where_their_packages_are_absent(monkeypatch):
+    """integration/sglang_e2e.py on the lent GPU's image (no FlashInfer, no DeepGEMM): each engine process
+    gets the stand-in packages, whose names import and raise or are missing if used; where a package is
+    installed, its stand-in stays off the path."""
     import subprocess
 
     from integration.engines import sglang_engine
 
-    real_find_spec = importlib.util.find_spec
-    if real_find_spec("flashinfer") is not None:  # installed (CI's venv): engines get nothing
-        assert sglang_engine.flashinfer_env({"PYTHONPATH": "/elsewhere"}) == {}
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "flashinfer" else real_find_spec(name, *a)
-    )
-    env = sglang_engine.flashinfer_env({"PYTHONPATH": "/elsewhere"})
+    stand_in = sglang_engine.STAND_INS
+    absent_packages(monkeypatch, absent=(), present=("flashinfer", "deep_gemm"))
+    assert sglang_engine.stand_in_env({"PYTHONPATH": "/elsewhere"}) == {}
+    absent_packages(monkeypatch, absent=("deep_gemm",), present=("flashinfer",))
+    assert sglang_engine.stand_in_env({"PYTHONPATH": "/elsewhere"}) == {
+        "PYTHONPATH": os.pathsep.join([str(stand_in / "deep_gemm"), "/elsewhere"])
+    }
+    absent_packages(monkeypatch)
+    env = sglang_engine.stand_in_env({"PYTHONPATH": "/elsewhere"})
     assert env["SGLANG_IS_FLASHINFER_AVAILABLE"] == "false"
-    assert env["PYTHONPATH"].split(os.pathsep) == [str(sglang_engine.NO_FLASHINFER), "/elsewhere"]
+    stand_ins = [str(stand_in / "flashinfer"), str(stand_in / "deep_gemm")]
+    assert env["PYTHONPATH"].split(os.pathsep) == [*stand_ins, "/elsewhere"]
     probe = (
         "from flashinfer import bmm_fp8\n"
         "from flashinfer.sampling import min_p_sampling_from_probs, top_k_top_p_sampling_from_probs\n"
         "for f in (bmm_fp8, min_p_sampling_from_probs, top_k_top_p_sampling_from_probs):\n"
         "    try:\n        f()\n    except RuntimeError as e:\n        assert 'not installed' in str(e)\n"
         "    else:\n        raise SystemExit('called')\n"
-        "import flashinfer; print(flashinfer.__file__)\n"
+        "import deep_gemm\n"
+        "assert not hasattr(deep_gemm, 'get_num_sms')\n"
+        "import flashinfer; print(flashinfer.__file__); print(deep_gemm.__file__)\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **env}, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().startswith(str(sglang_engine.NO_FLASHINFER))
+    printed = done.stdout.split()
+    assert printed[0].startswith(str(stand_in / "flashinfer")) and printed[1].startswith(str(stand_in / "deep_gemm"))
 
 
-def test_a_checked_sglang_engine_keeps_both_its_plugin_and_the_flashinfer_stand_in(monkeypatch, tmp_path):
-    """The checked engine's PYTHONPATH (its test-only entry point) and the stand-in's must both reach the
+def test_a_checked_sglang_engine_keeps_both_its_plugin_and_the_stand_ins(monkeypatch, tmp_path):
+    """The checked engine's PYTHONPATH (its test-only entry point) and the stand-ins' must all reach the
     process: on the lent GPU a merge that kept one of them stopped every checked engine at import."""
-    import importlib.util
-
     from integration.engines import sglang_decode_check, sglang_engine
 
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "flashinfer" else real_find_spec(name, *a)
-    )
+    absent_packages(monkeypatch)
     monkeypatch.setenv("PYTHONPATH", "/installed")
     extra = sglang_decode_check.plugin_env(tmp_path / "plugin", 1.0, tmp_path / "summary.json")
     env = sglang_engine.engine_env(extra)
     assert env["PYTHONPATH"].split(os.pathsep) == [
-        str(sglang_engine.NO_FLASHINFER),
+        str(sglang_engine.STAND_INS / "flashinfer"),
+        str(sglang_engine.STAND_INS / "deep_gemm"),
         str(tmp_path / "plugin"),
         "/installed",
     ]

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the integration package, from the checkout
+from absent_packages import absent_packages  # noqa: E402
 from http_stand_in import QuietHandler  # noqa: E402
 
 from integration.engines import sglang_client, sglang_server  # noqa: E402
@@ -248,29 +249,18 @@ def test_the_parts_sizes_make_sglang_retract_and_fit_where_they_must():
 
 
 def test_the_server_environment_is_the_engines_with_the_strict_idle_check(monkeypatch, tmp_path):
-    """As integration/sglang_e2e.py's engines: the FlashInfer stand-in where FlashInfer is absent (the
-    lent GPU's image), a checked server's plugin beside it; and SGLang's idle check strict."""
-    import importlib.util
-
+    """As integration/sglang_e2e.py's engines: the FlashInfer and DeepGEMM stand-ins where those are
+    absent (the lent GPU's image), a checked server's plugin beside them; and SGLang's idle check strict."""
     from integration.engines import sglang_decode_check, sglang_engine
 
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "flashinfer" else real_find_spec(name, *a)
-    )
+    absent_packages(monkeypatch)
     monkeypatch.setenv("PYTHONPATH", "/installed")
     env = sglang_server.server_env(sglang_decode_check.plugin_env(tmp_path / "plugin", 1.0, tmp_path / "s.json"))
     assert env["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] == "1" and env["SGLANG_IS_FLASHINFER_AVAILABLE"] == "false"
-    assert env["PYTHONPATH"].split(os.pathsep) == [
-        str(sglang_engine.NO_FLASHINFER),
-        str(tmp_path / "plugin"),
-        "/installed",
-    ]
+    stand_ins = [str(sglang_engine.STAND_INS / name) for name in ("flashinfer", "deep_gemm")]
+    assert env["PYTHONPATH"].split(os.pathsep) == [*stand_ins, str(tmp_path / "plugin"), "/installed"]
     assert sglang_decode_check.ENV in env and env["HOME"] == os.environ["HOME"]
-    assert sglang_server.server_env()["PYTHONPATH"].split(os.pathsep) == [
-        str(sglang_engine.NO_FLASHINFER),
-        "/installed",
-    ]
+    assert sglang_server.server_env()["PYTHONPATH"].split(os.pathsep) == [*stand_ins, "/installed"]
 
 
 def test_a_checked_server_runs_in_its_log_folder_finds_the_check_and_stops_on_sigint(tmp_path):

@@ -376,6 +376,35 @@ def test_the_speculative_settings_read_are_sglang_s():
     assert read <= fields and read <= set(vars(server_args()))
 
 
+def test_a_multi_step_drafter_s_step_backends_carry_the_drafter_s_name(monkeypatch):
+    """DeepSeek's layers take the forward path of the backend name stamped on the backend they run under,
+    ours where none is: each per-step backend of a three-step drafter on triton must name triton, and
+    SGLang's own factory (unwrapped) leaves them unstamped, which is what sent triton our q_rope keyword."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+    from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+    class Step(AttentionBackend):  # the per-step backend's name fields, as SGLang's backends inherit them
+        pass
+
+    Step.__abstractmethods__ = frozenset()
+    steps = SimpleNamespace(attn_backends=[Step() for _ in range(3)])
+    monkeypatch.setattr(DraftBackendFactory, "_create_backend", lambda self, *args, **kwargs: steps)
+    factory = DraftBackendFactory.__new__(DraftBackendFactory)
+    runner = SimpleNamespace(model_config=SimpleNamespace(hf_config=object()))
+    vars(factory).update(draft_attn_backend="triton", speculative_num_steps=3, topk=1, qsa_profile=None)
+    factory.draft_model_runner = runner
+    register()
+    assert DraftBackendFactory.create_decode_backend.__wrapped__(factory) is steps
+    assert [s.decode_attention_backend_str for s in steps.attn_backends] == [None] * 3
+    assert factory.create_decode_backend() is steps
+    for step in steps.attn_backends:
+        assert (step.prefill_attention_backend_str, step.decode_attention_backend_str) == ("triton", "triton")
+    register()  # again: wrapped once
+    assert not hasattr(DraftBackendFactory.create_decode_backend.__wrapped__, "__wrapped__")
+
+
 @pytest.mark.parametrize("capability", ["9.0", "8.0"])  # our kernels, and SGLang's triton where they do not run
 def test_sparse_models_are_refused_whatever_kernel_would_decode(monkeypatch, capability):
     """DeepSeek-V3.2 / GLM-5: an indexer picks the top-k tokens; a dense decode would ignore them."""
@@ -464,7 +493,7 @@ def test_the_flashinfer_stand_in_defines_what_sglang_imports_unguarded():
 
     import sglang
 
-    from integration.engines.sglang_engine import NO_FLASHINFER
+    from integration.engines.sglang_engine import STAND_INS
 
     def unguarded(statements, guarded=False):
         for statement in statements:
@@ -483,7 +512,8 @@ def test_the_flashinfer_stand_in_defines_what_sglang_imports_unguarded():
     assert ("flashinfer.sampling", "min_p_sampling_from_probs") in wanted and ("flashinfer", "bmm_fp8") in wanted
     assert ("flashinfer.prefill", "cudnn_batch_prefill_with_kv_cache") in wanted
     probe = f"import importlib\nfor m, n in {sorted(wanted)!r}:\n    getattr(importlib.import_module(m), n)\n"
-    done = subprocess.run([sys.executable, "-c", probe], env={"PYTHONPATH": str(NO_FLASHINFER)}, capture_output=True)
+    stand_in = {"PYTHONPATH": str(STAND_INS / "flashinfer")}
+    done = subprocess.run([sys.executable, "-c", probe], env=stand_in, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
 
 

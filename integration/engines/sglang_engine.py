@@ -1,7 +1,7 @@
 """One SGLang engine for the end-to-end check (integration/sglang_e2e.py): greedy tokens with top-2
 logprobs, then decode tokens/s; each engine in a process of its own (run_isolated runs this file,
-which reads its settings as JSON on stdin and prints its result as one JSON line). Where FlashInfer is
-not installed, the process gets the stand-in package of no_flashinfer/ (flashinfer_env). start_refused
+which reads its settings as JSON on stdin and prints its result as one JSON line). Where FlashInfer or
+DeepGEMM is not installed, the process gets its stand-in package from stand_ins/ (stand_in_env). start_refused
 starts one that our backend must stop at start-up, and reports how it ended.
 """
 
@@ -84,26 +84,34 @@ def decode_throughput(engine, prompts: list[list[int]], new_tokens: int, repeats
     return paired_decode_rate(seconds, len(prompts), new_tokens, repeats)
 
 
-NO_FLASHINFER = Path(__file__).with_name("no_flashinfer")
+STAND_INS = Path(__file__).with_name("stand_ins")  # stand_ins/<package>/<package>/
+STAND_IN_PACKAGES = ("flashinfer", "deep_gemm")
 
 
-def flashinfer_env(environ: dict[str, str]) -> dict[str, str]:
-    """Variables an engine process needs where FlashInfer is not installed (the lent GPU's image): the
-    stand-in package on its path and SGLang told FlashInfer is unavailable; none where it is installed."""
+def stand_in_env(environ: dict[str, str]) -> dict[str, str]:
+    """Variables an engine process needs where FlashInfer or DeepGEMM is not installed (the lent GPU's
+    image): each absent package's stand-in on its path, and SGLang told FlashInfer is unavailable; none
+    where both are installed."""
     import importlib.util
 
     from integration.engines.entry_point_dir import path_with  # here: this file also runs as a script
 
-    if importlib.util.find_spec("flashinfer") is not None:
+    absent = [name for name in STAND_IN_PACKAGES if importlib.util.find_spec(name) is None]
+    if not absent:
         return {}
-    return {"PYTHONPATH": path_with(NO_FLASHINFER, environ), "SGLANG_IS_FLASHINFER_AVAILABLE": "false"}
+    env = {"PYTHONPATH": environ.get("PYTHONPATH", "")}
+    for name in reversed(absent):
+        env["PYTHONPATH"] = path_with(STAND_INS / name, env)
+    if "flashinfer" in absent:
+        env["SGLANG_IS_FLASHINFER_AVAILABLE"] = "false"
+    return env
 
 
 def engine_env(extra: dict[str, str]) -> dict[str, str]:
     """An engine process's environment: ours with ``extra`` (whose PYTHONPATH, where given, already
-    holds ours), then the FlashInfer stand-in ahead of that path where FlashInfer is absent."""
+    holds ours), then the stand-ins ahead of that path where FlashInfer or DeepGEMM is absent."""
     env = {**os.environ, **extra}
-    return {**env, **flashinfer_env(env)}
+    return {**env, **stand_in_env(env)}
 
 
 def run_isolated(

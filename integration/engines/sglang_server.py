@@ -86,8 +86,8 @@ def launch_command(
 
 
 def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: sglang_engine.engine_env's (the FlashInfer stand-in where FlashInfer
-    is absent) with SGLang's strict idle check and ``extra`` (a test-only plugin's settings and path)."""
+    """The server's environment: sglang_engine.engine_env's (the FlashInfer and DeepGEMM stand-ins where
+    they are absent) with SGLang's strict idle check and ``extra`` (a test-only plugin's settings and path)."""
     return engine_env({**STRICT_IDLE_CHECK, **(extra or {})})
 
 

@@ -4,7 +4,7 @@ sgl_kernel take their own kernels everywhere, so none is called (integration/eng
 
 
 def _absent(*args, **kwargs):
-    raise RuntimeError("flashinfer is not installed: this is integration/engines/no_flashinfer's stand-in")
+    raise RuntimeError("flashinfer is not installed: this is integration/engines/stand_ins' stand-in")
 
 
 bmm_fp8 = _absent
