@@ -487,11 +487,12 @@ def test_sglang_engines_get_the_stand_ins_only_where_their_packages_are_absent(m
     assert sglang_engine.stand_in_env({"PYTHONPATH": "/elsewhere"}) == {}
     absent_packages(monkeypatch, absent=("deep_gemm",), present=("flashinfer",))
     assert sglang_engine.stand_in_env({"PYTHONPATH": "/elsewhere"}) == {
-        "PYTHONPATH": os.pathsep.join([str(stand_in / "deep_gemm"), "/elsewhere"])
+        "PYTHONPATH": os.pathsep.join([str(stand_in / "deep_gemm"), "/elsewhere"]),
+        "SGLANG_ENABLE_JIT_DEEPGEMM": "false",
     }
     absent_packages(monkeypatch)
     env = sglang_engine.stand_in_env({"PYTHONPATH": "/elsewhere"})
-    assert env["SGLANG_IS_FLASHINFER_AVAILABLE"] == "false"
+    assert env["SGLANG_IS_FLASHINFER_AVAILABLE"] == env["SGLANG_ENABLE_JIT_DEEPGEMM"] == "false"
     stand_ins = [str(stand_in / "flashinfer"), str(stand_in / "deep_gemm")]
     assert env["PYTHONPATH"].split(os.pathsep) == [*stand_ins, "/elsewhere"]
     probe = (

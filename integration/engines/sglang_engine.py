@@ -90,8 +90,8 @@ STAND_IN_PACKAGES = ("flashinfer", "deep_gemm")
 
 def stand_in_env(environ: dict[str, str]) -> dict[str, str]:
     """Variables an engine process needs where FlashInfer or DeepGEMM is not installed (the lent GPU's
-    image): each absent package's stand-in on its path, and SGLang told FlashInfer is unavailable; none
-    where both are installed."""
+    image): each absent package's stand-in on its path, and SGLang told not to use it (its JIT DeepGEMM
+    imports deep_gemm's submodules wherever deep_gemm imports); none where both are installed."""
     import importlib.util
 
     from integration.engines.entry_point_dir import path_with  # here: this file also runs as a script
@@ -104,6 +104,8 @@ def stand_in_env(environ: dict[str, str]) -> dict[str, str]:
         env["PYTHONPATH"] = path_with(STAND_INS / name, env)
     if "flashinfer" in absent:
         env["SGLANG_IS_FLASHINFER_AVAILABLE"] = "false"
+    if "deep_gemm" in absent:
+        env["SGLANG_ENABLE_JIT_DEEPGEMM"] = "false"
     return env
 
 
