@@ -132,11 +132,13 @@ def parallel_args(dp_attention: int) -> dict | None:
 
 def speculative_args(spec_tokens: int) -> dict | None:
     """sglang.Engine arguments of drafting ``spec_tokens`` tokens a step with the checkpoint's MTP layer
-    (None: no speculation). Our backend verifies; SGLang builds the drafter's attention itself."""
+    (None: no speculation). Our backend verifies (SGLang verifies on the prefill backend unless the
+    attention mode is decode); SGLang builds the drafter's attention itself."""
     if spec_tokens == 0:
         return None
     return {
         "speculative_algorithm": "NEXTN",
+        "speculative_attention_mode": "decode",
         "speculative_num_steps": spec_tokens,
         "speculative_eagle_topk": 1,
         "speculative_num_draft_tokens": spec_tokens + 1,

@@ -366,6 +366,17 @@ def test_speculative_settings_whose_drafter_sglang_can_build_start(monkeypatch, 
     assert isinstance(backend.create_backend(make_runner(torch.bfloat16, **args)), backend.MLADecodeBackend)
 
 
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_speculation_verifying_on_the_prefill_backend_says_ours_decodes_nothing(monkeypatch, caplog, mode):
+    monkeypatch.setenv("MLA_BACKEND_DEVICE_CAPABILITY", "9.0")
+    args = dict(speculative_algorithm="NEXTN", speculative_num_steps=3, speculative_draft_attention_backend="triton")
+    with caplog.at_level(logging.WARNING, logger="mla_backend"):
+        backend.create_backend(make_runner(torch.bfloat16, speculative_attention_mode=mode, **args))
+    warned = [r.getMessage() for r in caplog.records if "verifies drafts on the prefill backend" in r.getMessage()]
+    assert len(warned) == (mode == "prefill")
+    assert all("--speculative-attention-mode decode" in w for w in warned)
+
+
 def test_the_speculative_settings_read_are_sglang_s():
     import dataclasses
 
@@ -376,33 +387,38 @@ def test_the_speculative_settings_read_are_sglang_s():
     assert read <= fields and read <= set(vars(server_args()))
 
 
-def test_a_multi_step_drafter_s_step_backends_carry_the_drafter_s_name(monkeypatch):
+def test_the_drafter_s_backends_carry_the_drafter_s_name(monkeypatch):
     """DeepSeek's layers take the forward path of the backend name stamped on the backend they run under,
-    ours where none is: each per-step backend of a three-step drafter on triton must name triton, and
-    SGLang's own factory (unwrapped) leaves them unstamped, which is what sent triton our q_rope keyword."""
+    ours where none is: each per-step backend of a three-step drafter on triton, and its draft-extend
+    backend (verification in decode mode), must name triton. SGLang's own factory (unwrapped) leaves them
+    unstamped, which sent triton our q_rope keyword on the GPU."""
     from types import SimpleNamespace
 
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+    from sglang.srt.speculative import draft_utils
     from sglang.srt.speculative.draft_utils import DraftBackendFactory
 
-    class Step(AttentionBackend):  # the per-step backend's name fields, as SGLang's backends inherit them
+    class Drafting(AttentionBackend):  # the name fields, as SGLang's backends inherit them
         pass
 
-    Step.__abstractmethods__ = frozenset()
-    steps = SimpleNamespace(attn_backends=[Step() for _ in range(3)])
-    monkeypatch.setattr(DraftBackendFactory, "_create_backend", lambda self, *args, **kwargs: steps)
+    Drafting.__abstractmethods__ = frozenset()
+    steps, extend = SimpleNamespace(attn_backends=[Drafting() for _ in range(3)]), Drafting()
+    built = {"decode_attention_backend": steps, "prefill_attention_backend": extend}
+    monkeypatch.setattr(DraftBackendFactory, "_create_backend", lambda self, name, *args, **kwargs: built[name])
+    monkeypatch.setattr(draft_utils, "get_spec", lambda: SimpleNamespace(speculative_attention_mode="prefill"))
     factory = DraftBackendFactory.__new__(DraftBackendFactory)
-    runner = SimpleNamespace(model_config=SimpleNamespace(hf_config=object()))
     vars(factory).update(draft_attn_backend="triton", speculative_num_steps=3, topk=1, qsa_profile=None)
-    factory.draft_model_runner = runner
+    factory.draft_model_runner = SimpleNamespace(model_config=SimpleNamespace(hf_config=object()))
     register()
     assert DraftBackendFactory.create_decode_backend.__wrapped__(factory) is steps
-    assert [s.decode_attention_backend_str for s in steps.attn_backends] == [None] * 3
-    assert factory.create_decode_backend() is steps
-    for step in steps.attn_backends:
-        assert (step.prefill_attention_backend_str, step.decode_attention_backend_str) == ("triton", "triton")
+    assert DraftBackendFactory.create_draft_extend_backend.__wrapped__(factory) is extend
+    assert {b.decode_attention_backend_str for b in [*steps.attn_backends, extend]} == {None}
+    assert factory.create_decode_backend() is steps and factory.create_draft_extend_backend() is extend
+    for drafting in [*steps.attn_backends, extend]:
+        assert (drafting.prefill_attention_backend_str, drafting.decode_attention_backend_str) == ("triton", "triton")
     register()  # again: wrapped once
-    assert not hasattr(DraftBackendFactory.create_decode_backend.__wrapped__, "__wrapped__")
+    for create in (DraftBackendFactory.create_decode_backend, DraftBackendFactory.create_draft_extend_backend):
+        assert not hasattr(create.__wrapped__, "__wrapped__")
 
 
 @pytest.mark.parametrize("capability", ["9.0", "8.0"])  # our kernels, and SGLang's triton where they do not run

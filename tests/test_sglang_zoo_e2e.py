@@ -217,16 +217,21 @@ def test_dp_attention_and_drafting_settings_are_sglang_engine_arguments():
 
 
 @pytest.mark.sglang
-def test_our_backend_starts_with_the_drafting_settings(monkeypatch):
+def test_our_backend_starts_with_the_drafting_settings_and_verifies(monkeypatch, caplog):
     """The settings the run drafts with pass the adapter's start-up checks (a chain; the drafter's
-    multi-step attention on one of SGLang's own backends)."""
+    multi-step attention on one of SGLang's own backends) and put verification on our backend (decode
+    attention mode: in prefill mode SGLang verified on triton and ours decoded nothing, which the GPU
+    run's check caught as no call checked)."""
+    import logging
     from types import SimpleNamespace
 
     from mla_backend.sglang import backend
 
-    args = SimpleNamespace(page_size=64, speculative_attention_mode="prefill", **sglang_e2e.speculative_args(3))
+    args = SimpleNamespace(page_size=64, **sglang_e2e.speculative_args(3))
     args.get_attention_backends = lambda: ("triton", "mla_backend")
-    backend.check_server_args(args)  # raises on a setting it refuses
+    with caplog.at_level(logging.WARNING, logger="mla_backend"):
+        backend.check_server_args(args)  # raises on a setting it refuses
+    assert args.speculative_attention_mode == "decode" and not caplog.records
 
 
 SCHEDULER_TRACEBACK = """[2026-11-25 10:00:00] Scheduler hit an exception: Traceback (most recent call last):

@@ -4,8 +4,8 @@ SGLang (0.5.12 and newer) runs the entry points of the group ``sglang.srt.plugin
 (CLI, engine, schedulers, workers); ``register`` then makes the name known where SGLang looks it up:
 
 - the backend registry (``attention_registry.ATTENTION_BACKENDS``), through its decorator;
-- the drafter's per-step backends, stamped with their own name (draft_steps.py), so a multi-step
-  drafter's layers do not take our backend's forward path;
+- the drafter's backends, stamped with their own name (draft_backends.py), so the drafter's
+  layers do not take our backend's forward path;
 - the CLI's choices (``server_args.ATTENTION_BACKEND_CHOICES``);
 - DeepSeek's routing: the per-backend forward-method handler (decode runs absorbed MLA) and the list
   of backends that take the absorbed query as its two parts (q_nope [T, H, 512], q_pe [T, H, 64]),
@@ -28,7 +28,7 @@ def register() -> None:
     from sglang.srt.models.deepseek_common import attention_backend_handler, utils
 
     from .backend import create_backend
-    from .draft_steps import stamp_draft_step_backends
+    from .draft_backends import stamp_draft_backends
 
     if NAME not in ATTENTION_BACKENDS:
         register_attention_backend(NAME)(create_backend)
@@ -38,4 +38,4 @@ def register() -> None:
     attention_backend_handler.AttentionBackendRegistry.register(NAME, attention_backend_handler.handle_attention_triton)
     if NAME not in utils.FORWARD_ABSORB_CORE_ATTENTION_BACKENDS:
         utils.FORWARD_ABSORB_CORE_ATTENTION_BACKENDS.append(NAME)
-    stamp_draft_step_backends()
+    stamp_draft_backends()

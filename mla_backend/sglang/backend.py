@@ -89,6 +89,13 @@ def check_server_args(server_args) -> None:
                 "mla_backend verifies the drafts; SGLang runs the drafter's own attention only on its built-in "
                 "backends: add --speculative-draft-attention-backend triton (or flashmla)"
             )
+    if server_args.speculative_algorithm is not None and server_args.speculative_attention_mode != "decode":
+        # With speculation every decode step is a verification, which SGLang runs on the prefill backend.
+        logger.warning(
+            "mla_backend: SGLang verifies drafts on the prefill backend (%s), so mla_backend decodes nothing "
+            "while speculation is on: add --speculative-attention-mode decode for mla_backend to verify them",
+            prefill,
+        )
 
 
 def check_model(model_config) -> None:
