@@ -27,6 +27,14 @@ using torch::stable::Tensor;
     STD_TORCH_CHECK(mla_status == cudaSuccess, "mla_backend: ", #call, " failed: ", cudaGetErrorString(mla_status)); \
   } while (0)
 
+// Dev builds only (NVCC_APPEND_FLAGS=-DMLA_SMEM_FLOOR_BYTES=N): each CTA asks for at least N bytes of
+// shared memory, so that an SM90 holds as few CTAs as an SM120 does (one of ours in its 100 KB) and the
+// lent H100 measures kernels at SM120's occupancy. Unset, a CTA asks for what its tile uses.
+#ifndef MLA_SMEM_FLOOR_BYTES
+#define MLA_SMEM_FLOOR_BYTES 0
+#endif
+constexpr int smem_request(int tile_bytes) { return std::max(tile_bytes, MLA_SMEM_FLOOR_BYTES); }
+
 template <class Kernel>
 void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t stream, bool pdl,
             const DecodeParams& params) {
@@ -51,7 +59,7 @@ template <bool FP8, int ROW_GROUPS, int RF>
 void launch_decode(const DecodeParams& params, cudaStream_t stream, bool pdl) {
   using C = TileConfig<FP8, ROW_GROUPS, RF>;
   const dim3 grid((params.rows + C::kTileRows - 1) / C::kTileRows, params.num_splits, params.batch);
-  launch(mla_decode_kernel<FP8, ROW_GROUPS, RF>, grid, C::kThreads, C::kSmemBytes, stream, pdl, params);
+  launch(mla_decode_kernel<FP8, ROW_GROUPS, RF>, grid, C::kThreads, smem_request(C::kSmemBytes), stream, pdl, params);
 }
 
 // The tile shapes built into the library (constants.h's MLA_TILE_SHAPES): calls
@@ -72,9 +80,10 @@ struct ResidentCtas {
   int64_t operator()() const {
     using C = TileConfig<FP8, ROW_GROUPS, RF>;
     auto kernel = mla_decode_kernel<FP8, ROW_GROUPS, RF>;
-    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+    const int smem_bytes = smem_request(C::kSmemBytes);
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
     int blocks = 0;
-    MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, C::kThreads, C::kSmemBytes));
+    MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, C::kThreads, smem_bytes));
     return blocks;
   }
 };
