@@ -34,7 +34,12 @@ def layouts():
 
 
 def engine_config(family: Family, layout: str, tmp_path: Path, mla_backend: dict | None = None) -> VllmConfig:
-    (tmp_path / "config.json").write_text(json.dumps(family.config(layout)))
+    return config_of(family.config(layout), tmp_path, mla_backend)
+
+
+def config_of(hf_config: dict, tmp_path: Path, mla_backend: dict | None = None) -> VllmConfig:
+    """The engine's config for a checkpoint directory holding ``hf_config``, with the flag set."""
+    (tmp_path / "config.json").write_text(json.dumps(hf_config))
     model = ModelConfig(model=str(tmp_path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16")
     return VllmConfig(
         model_config=model,
@@ -108,7 +113,7 @@ def test_every_published_family_of_the_zoo_is_classified():
     not_in_zoo = {
         "DeepSeek-R1": "DeepSeek-V3's attention fields (its row covers R1)",
         "DeepSeek-V3.1": "no config found; DeepSeek-V3's architecture",
-        "Kimi-K2.5": "only the wrapper's fields were found; its text model is Kimi-K2's",
+        "Kimi-K2.5": "only the wrapper's fields were found: its wrapper around Kimi-K2's text model is checked below",
         "Kimi-VL-A3B": "Moonlight's text model; its vision tower does not reach the attention backend",
         "Mistral-Large-3": "no config found",
         "Mistral-Small-4": "kv_lora 256 read only as a class default",
@@ -122,3 +127,23 @@ def test_every_published_family_of_the_zoo_is_classified():
         )["families"]
     )
     assert every == zoo | set(not_in_zoo)
+
+
+@pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"sm{c[0]}{c[1]}")
+@pytest.mark.parametrize("layout", ["TP8", "TP1"])
+def test_kimi_k25_s_multimodal_wrapper_is_served_as_its_text_model(layout, capability, tmp_path):
+    """Kimi-K2.5 / K2.6 as vLLM loads them: KimiK25ForConditionalGeneration (vLLM's own kimi_k25 config
+    class) around a DeepSeek-V3 text model. Only the wrapper's published fields were found; the text
+    model here is Kimi-K2's (integration/models/published_configs.json says why). The MLA layers vLLM
+    builds read the text config: the flag must select our backend at Kimi's heads per GPU."""
+    kimi = next(f for f in FAMILIES if f.published == "Kimi-K2-Instruct")
+    wrapper = published("Kimi-K2.5")
+    text = {**kimi.config(layout), "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}
+    config = config_of(
+        {"architectures": wrapper["architectures"], "model_type": wrapper["model_type"], "text_config": text}, tmp_path
+    )
+    model = config.model_config
+    assert model.architecture == "KimiK25ForConditionalGeneration" and model.use_mla
+    assert model.hf_text_config.num_attention_heads == kimi.heads[layout] and model.get_head_size() == 576
+    assert select(config, capability, "fp8") == plugin.BACKEND_PATH
+    assert backend.engine_route(config, capability).kernel == "bundled"
