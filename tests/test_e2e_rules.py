@@ -187,11 +187,36 @@ def test_eager_runs_need_no_replays_and_vllm_backends_no_lse():
 )
 def test_speculation_needs_real_calls_with_1_plus_k_tokens_and_drafts(q_lens, drafts, ok):
     result = {
-        "spec": {**SPEC, "spec_tokens": 3},
+        "spec": {**SPEC, "spec_tokens": 3, "spec_method": "ngram"},
         "decode_check": summary(q_lens=q_lens),
         "spec_decode": {"num_drafts": drafts, "num_draft_tokens": 3 * drafts, "num_accepted_tokens": drafts},
     }
     assert judge_speculation(result)[0] == ok
+
+
+TARGET = "model.layers.{}.self_attn.attn"
+
+
+@pytest.mark.parametrize(
+    "by_layer, k, ok",
+    [
+        ({TARGET.format(0): 30, TARGET.format(1): 30, TARGET.format(2): 40}, 3, True),  # the MTP layer on ours
+        ({TARGET.format(0): 30, TARGET.format(1): 30}, 3, False),  # vLLM ran the drafter on a backend of its own
+        ({TARGET.format(0): 30, TARGET.format(1): 30}, 1, True),  # k = 1: no draft step is a decode
+    ],
+    ids=["drafter-on-ours", "drafter-elsewhere", "one-draft-token"],
+)
+def test_an_mla_drafter_decodes_its_draft_steps_on_ours(by_layer, k, ok):
+    """A drafter with MLA layers (vLLM numbers them after the target's two here) runs on ours only
+    where the speculative config names our backend: its calls must be seen, or the run fails."""
+    result = {
+        "spec": {**SPEC, "spec_tokens": k, "spec_method": "deepseek_mtp"},
+        "decode_check": summary(q_lens={1: 40, k + 1: 60}, calls_by_layer=by_layer),
+        "spec_decode": {"num_drafts": 12},
+        "target_layers": 2,
+    }
+    verdict, note = judge_speculation(result)
+    assert verdict == ok and "the drafter's own calls" in note
 
 
 def test_fallback_runs_are_judged_against_triton_mla_not_a_peer_of_it():
@@ -333,7 +358,8 @@ def test_every_engine_of_the_matrix_is_valid_engine_arguments_for_vllm():
         kwargs = engine_kwargs(spec, "/nonexistent", 2048, 0.2)
         assert set(kwargs) <= fields, set(kwargs) - fields
     mtp = engine_kwargs(mtp_specs()[0], "/m", 2048, 0.2)["speculative_config"]
-    assert mtp == {"method": "deepseek_mtp", "num_speculative_tokens": 1}
+    # vLLM picks the drafter's backend itself unless it is named: the MTP layer decodes as the target's do
+    assert mtp == {"method": "deepseek_mtp", "num_speculative_tokens": 1, "attention_backend": mtp_specs()[0].backend}
     dcp = engine_kwargs(parallel_specs()[1], "/m", 2048, 0.2)
     assert (dcp["tensor_parallel_size"], dcp["decode_context_parallel_size"]) == (2, 2)
 

@@ -80,6 +80,33 @@ def test_vllm_makes_the_family_s_drafter_from_the_checkpoint(drafted):
     assert speculative.num_speculative_tokens == 3 and drafter.architectures == [expected]
 
 
+def test_start_up_says_how_to_put_the_drafter_s_mla_layers_on_ours(drafted):
+    """vLLM picks a drafter's attention backend itself unless the speculative config names one: with
+    the family's MTP drafter and none named, our start-up says what to add; named, nothing."""
+    from types import SimpleNamespace
+
+    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+
+    from mla_backend.vllm.drafter import drafter_hint
+
+    family, path, _, _ = drafted
+    target = ModelConfig(model=str(path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16")
+
+    def engine(**named):
+        speculative = SpeculativeConfig(
+            method=family.drafter,
+            num_speculative_tokens=3,
+            target_model_config=target,
+            target_parallel_config=ParallelConfig(),
+            **named,
+        )
+        return SimpleNamespace(speculative_config=speculative)
+
+    assert '"attention_backend": "CUSTOM"' in drafter_hint(engine())
+    assert drafter_hint(engine(attention_backend="CUSTOM")) is None
+    assert drafter_hint(SimpleNamespace(speculative_config=None)) is None
+
+
 def test_a_family_s_mtp_method_reaches_vllm_by_its_own_name():
     import dataclasses
 
@@ -87,7 +114,11 @@ def test_a_family_s_mtp_method_reaches_vllm_by_its_own_name():
 
     glm = EngineSpec("CUSTOM", "fp8", 64, True, spec_tokens=1, spec_method="glm4_moe_lite_mtp")
     kwargs = engine_kwargs(glm, "/m", 2048, 0.2)
-    assert kwargs["speculative_config"] == {"method": "glm4_moe_lite_mtp", "num_speculative_tokens": 1}
+    assert kwargs["speculative_config"] == {
+        "method": "glm4_moe_lite_mtp",
+        "num_speculative_tokens": 1,
+        "attention_backend": "CUSTOM",  # the drafter's MLA layer on ours: vLLM would pick its own
+    }
     assert set(kwargs) <= {f.name for f in dataclasses.fields(EngineArgs)}
     assert glm.is_mtp and EngineSpec("CUSTOM", spec_tokens=1, spec_method="mtp").is_mtp
     assert not EngineSpec("CUSTOM", spec_tokens=1).is_mtp  # the n-gram proposer
@@ -172,13 +203,19 @@ def test_vllm_reads_the_eagle3_drafter_as_an_mla_model_beside_its_target(eagle3)
     target_config = ModelConfig(model=str(target), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16")
     spec = EngineSpec("CUSTOM", spec_tokens=2, spec_method="eagle3", draft_model=str(drafter))
     kwargs = engine_kwargs(spec, str(target), 2048, 0.2)["speculative_config"]
-    assert kwargs == {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": 2}
+    assert kwargs == {
+        "method": "eagle3",
+        "model": str(drafter),
+        "num_speculative_tokens": 2,
+        "attention_backend": "CUSTOM",
+    }
     speculative = SpeculativeConfig(
         **kwargs, target_model_config=target_config, target_parallel_config=ParallelConfig()
     )
     draft = speculative.draft_model_config
     assert draft.hf_config.architectures == ["Eagle3DeepseekV2ForCausalLM"]
-    assert draft.use_mla and draft.get_head_size() == 576  # so the flag's backend serves the draft layer
+    assert draft.use_mla and draft.get_head_size() == 576  # so the named backend serves the draft layer
+    assert speculative.attention_backend.name == "CUSTOM"
 
 
 def test_deepseek_and_kimi_run_an_eagle3_drafter_and_glm_its_mtp_layer(tmp_path, monkeypatch):

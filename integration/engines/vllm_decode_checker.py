@@ -46,6 +46,7 @@ class DecodeChecker:
         self.corrupt = corrupt
         self.armed = False
         self.q_lens: Counter = Counter()  # real calls (after arm) by query tokens per request
+        self.calls_by_layer: Counter = Counter()  # real calls by layer (a drafter's layers come after the target's)
         self.graph_calls = 0  # of those, served by graph replays
         self.checks: list[dict] = []
         self.problems: set[str] = set()
@@ -98,6 +99,7 @@ class DecodeChecker:
             return
         if not capturing and len(self._pending) + len(self.checks) >= self.max_calls:
             self.q_lens[tokens // requests] += 1
+            self.calls_by_layer[getattr(layer, "layer_name", "?")] += 1
             return
         query = torch.cat(q, dim=-1) if isinstance(q, tuple) else q.clone()  # a copy either way
         decode = metadata.decode
@@ -125,6 +127,7 @@ class DecodeChecker:
             self._probes.append((call, index))
         else:
             self.q_lens[call.q_len] += 1
+            self.calls_by_layer[call.layer] += 1
             self._pending.append(call)
 
     # --- after each model step ------------------------------------------------------------------
@@ -140,6 +143,7 @@ class DecodeChecker:
         replayed = [call for call, index in self._probes if index in moved]
         for call in replayed:
             self.q_lens[call.q_len] += 1
+            self.calls_by_layer[call.layer] += 1
         self.graph_calls += len(replayed)
         for call in calls + replayed:
             if len(self.checks) >= self.max_calls:
@@ -174,6 +178,7 @@ class DecodeChecker:
         lse_checked = [c for c in self.checks if c["lse_error"] is not None]
         return {
             "q_lens": dict(self.q_lens),
+            "calls_by_layer": dict(sorted(self.calls_by_layer.items())),
             "graph_calls": self.graph_calls,
             "checked_calls": len(self.checks),
             "checked_graph_calls": sum(c["graph"] for c in self.checks),

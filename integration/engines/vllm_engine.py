@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import sys
 import tempfile
@@ -103,6 +104,7 @@ def run_engine(
             result["decode_check"] = merged_summary(worker_check)
             result["routes"] = result["decode_check"].pop("routes")
         result["spec_decode"] = spec_decode_counts(llm_metrics)
+        result["target_layers"] = target_layers(model)
     finally:
         release_engine()
     return result
@@ -118,6 +120,16 @@ def check_in_workers(spec: EngineSpec, corrupt: float | None) -> Path:
     sys.path.insert(0, str(directory / "plugin"))
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"  # fresh workers read PYTHONPATH and load the plugin
     return directory
+
+
+def target_layers(model: str) -> int | None:
+    """The target's decoder layers (its config.json; None where there is none): vLLM numbers a
+    drafter's layers after them."""
+    config = Path(model) / "config.json"
+    if not config.exists():
+        return None
+    fields = json.loads(config.read_text())
+    return fields.get("text_config", fields).get("num_hidden_layers")
 
 
 def spec_decode_counts(metrics) -> dict:

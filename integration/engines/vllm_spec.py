@@ -65,18 +65,25 @@ def engine_kwargs(spec: EngineSpec, model: str, max_model_len: int, memory_fract
         kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     if spec.spec_tokens:
         kwargs["disable_log_stats"] = False  # keeps the speculative-decoding counters
+    # vLLM picks a drafter's attention backend itself unless the speculative config names one: named,
+    # the drafter's MLA layers decode on the engine's backend (ours, or the reference's) as its own do.
     if spec.spec_tokens and spec.spec_method == "eagle3":
-        # A drafter of its own (models/eagle3_drafter.py): its MLA draft layer is ours too.
+        # A drafter of its own (models/eagle3_drafter.py) with an MLA draft layer.
         assert spec.draft_model, "an Eagle3 run names its drafter's checkpoint"
         kwargs["speculative_config"] = {
             "method": "eagle3",
             "model": spec.draft_model,
             "num_speculative_tokens": spec.spec_tokens,
+            "attention_backend": spec.backend,
         }
     elif spec.spec_tokens and spec.is_mtp:
-        # The model's own drafter: the checkpoint's MTP layer, run k times; its attention is ours too.
+        # The model's own drafter: the checkpoint's MTP layer (MLA), run k times.
         method = "deepseek_mtp" if spec.spec_method == "mtp" else spec.spec_method
-        kwargs["speculative_config"] = {"method": method, "num_speculative_tokens": spec.spec_tokens}
+        kwargs["speculative_config"] = {
+            "method": method,
+            "num_speculative_tokens": spec.spec_tokens,
+            "attention_backend": spec.backend,
+        }
     elif spec.spec_tokens:
         # A random model does not copy its prompt: a 1-token lookup still finds drafts in long prompts.
         kwargs["speculative_config"] = {

@@ -114,10 +114,13 @@ def merged_summary(directory: Path) -> dict:
     how many ranks reported (a rank that wrote nothing checked nothing)."""
     parts = [json.loads(p.read_text()) for p in sorted(Path(directory).glob("rank*.json"))]
     q_lens: dict[str, int] = {}
+    by_layer: dict[str, int] = {}
     worst: dict[str, float] = {}
     for part in parts:
         for k, v in part["q_lens"].items():
             q_lens[str(k)] = q_lens.get(str(k), 0) + v
+        for layer, calls in part.get("calls_by_layer", {}).items():
+            by_layer[layer] = by_layer.get(layer, 0) + calls
         for k, v in part["max_rel_error"].items():
             worst[str(k)] = max(worst.get(str(k), 0.0), v)
     lse_errors = [p["max_lse_error"] for p in parts if p["max_lse_error"] is not None]
@@ -125,6 +128,7 @@ def merged_summary(directory: Path) -> dict:
         "ranks": len(parts),
         "routes": sorted({route for p in parts for route in p.get("routes", [])}),
         "q_lens": q_lens,
+        "calls_by_layer": dict(sorted(by_layer.items())),
         "graph_calls": sum(p["graph_calls"] for p in parts),
         "checked_calls": sum(p["checked_calls"] for p in parts),
         "checked_graph_calls": sum(p["checked_graph_calls"] for p in parts),

@@ -38,6 +38,7 @@ from ..checks import query_layout_problem
 from ..config import BackendUnavailableError, MLABackendConfig, Resolution, format_validation_error, resolve_backend
 from ..decode import mla_decode
 from . import compat, engine_best, fallback, flashmla
+from .drafter import drafter_hint
 
 logger = init_logger(__name__)
 
@@ -94,6 +95,12 @@ def announce(route: Resolution) -> None:
         logger.warning("mla_backend: MLA decode runs vLLM's Triton MLA kernel: %s", route.reason)
     else:
         logger.info("mla_backend: MLA decode runs %s: %s", route.kernel, route.reason)
+
+
+@functools.cache
+def announce_drafter(hint: str) -> None:
+    """Once per process: the drafter's MLA layers decode elsewhere, and how to bring them here."""
+    logger.warning(hint)
 
 
 def query_tokens_per_request(vllm_config: VllmConfig) -> int:
@@ -238,6 +245,8 @@ class MLABackendMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         reserve_decode_workspace(vllm_config, self.num_heads, self.mla_dims.kv_lora_rank)
+        if hint := drafter_hint(vllm_config):
+            announce_drafter(hint)
         self.flashmla_scheduler: flashmla.Scheduler | None = None
         shape = engine_shape(vllm_config, kv_cache_spec.block_size, self.num_heads)
         best = choose_engine_best(vllm_config, shape)
