@@ -11,3 +11,6 @@ REFERENCES = {"fp8": ["FLASHMLA"], "auto": ["FLASH_ATTN_MLA", "TRITON_MLA"]}
 PEERS = {"fp8": ("TRITON_MLA", "FLASHMLA"), "auto": ("TRITON_MLA", "FLASH_ATTN_MLA")}
 SPEC_MAX_MODEL_LEN = 4096  # the speculative prompts are the whole 2048-token vocabulary
 SELFTEST_CORRUPTION = 1.05  # outputs x 1.05 and LSE + 0.5: the check must fail
+# Drafters vLLM builds without MLA layers although the target has them: LongCat-Flash's MTP block
+# (longcat_flash_mtp is not among vLLM's MLA model types, 0.26 to 0.33), so its attention is not ours.
+NON_MLA_DRAFTERS = ("longcat_flash_mtp",)

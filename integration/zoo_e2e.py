@@ -12,11 +12,13 @@ Per family and layout (the heads one GPU decodes; ``--layouts all`` for every la
   decode call recomputed in float64, the route;
 - selftest (``--selftest``): ours with outputs x1.05; the float64 check must fail;
 - drafts (``--parts drafts``): the family's drafters at k = ``--draft-tokens``: its own MTP layer
-  (GLM-4.7-Flash's ``glm4_moe_lite_mtp``, DeepSeek-V3's ``deepseek_mtp``; the checkpoint with one MTP
-  layer) and, for the families users run with one, an Eagle3 drafter with an MLA draft layer
-  (``eagle3``, models/eagle3_drafter.py); ours against vLLM's backends run with the same drafter and k,
-  judged as the speculative runs of run_e2e.py are (decode calls with 1 + k query tokens must reach
-  our kernel), and reported against the same target decoded without speculation.
+  (GLM-4.7-Flash's ``glm4_moe_lite_mtp``, DeepSeek-V3's ``deepseek_mtp``, LongCat-Flash's
+  ``longcat_flash_mtp``; the checkpoint with one MTP layer) and, for the families users run with one,
+  an Eagle3 drafter with an MLA draft layer (``eagle3``, models/eagle3_drafter.py); ours against
+  vLLM's backends run with the same drafter and k, the drafter's MLA layers on the engine's backend,
+  judged as the speculative runs of run_e2e.py are (decode calls with 1 + k query tokens, and the
+  drafter's own calls, must reach our kernel), and reported against the same target decoded without
+  speculation. LongCat's MTP block is standard attention in vLLM: only its verification is ours.
 Families whose attention the zoo expects refused (models/families.py) start an engine with the flag
 (``--refusals``) and must stop with the zoo's reason. Exit status 1 if anything fails.
 """
@@ -48,7 +50,11 @@ from integration.models.prompts import make_prompts  # noqa: E402
 from integration.settings import SELFTEST_CORRUPTION  # noqa: E402
 
 OURS = {"backend": "xqa"}
-MTP_DRAFTERS = ("deepseek_mtp", "glm4_moe_lite_mtp")  # drafters that are a layer of the family's checkpoint
+MTP_DRAFTERS = (
+    "deepseek_mtp",
+    "glm4_moe_lite_mtp",
+    "longcat_flash_mtp",
+)  # drafters that are a layer of the family's checkpoint
 
 
 def add_engine_row(rows: list, label: str, spec: EngineSpec, ok: bool, notes: list[str]) -> None:

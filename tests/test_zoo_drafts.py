@@ -16,6 +16,7 @@ from integration import zoo_e2e  # noqa: E402
 from integration.engines.vllm_spec import EngineSpec, engine_kwargs  # noqa: E402
 from integration.models.checkpoints import save_checkpoint  # noqa: E402
 from integration.models.families import FAMILIES  # noqa: E402
+from integration.settings import NON_MLA_DRAFTERS  # noqa: E402
 
 MTP_ONLY = {"enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight", "shared_head.head.weight"}
 DRAFTED = [f for f in FAMILIES if f.drafter in zoo_e2e.MTP_DRAFTERS]
@@ -35,30 +36,71 @@ def drafted(request, tmp_path_factory):
     return family, path, config, shapes
 
 
-def test_the_zoo_drafts_glm_and_deepseek_with_their_own_mtp_layer():
-    assert {f.drafter for f in DRAFTED} == {"deepseek_mtp", "glm4_moe_lite_mtp"}
+def test_the_zoo_drafts_glm_deepseek_and_longcat_with_their_own_mtp_layer():
+    assert {f.drafter for f in DRAFTED} == {"deepseek_mtp", "glm4_moe_lite_mtp", "longcat_flash_mtp"}
 
 
-def test_the_mtp_layer_is_a_dense_decoder_layer_plus_the_mtp_projections(drafted):
-    _, _, config, shapes = drafted
-    layers = config["num_hidden_layers"]
+def longcat(family) -> bool:
+    return family.model_type == "longcat_flash"
+
+
+def vllm_longcat_mtp_names() -> set[str]:
+    """The checkpoint names vLLM's LongCatFlashMTP.load_weights renames into its drafter (its
+    ``new_to_old_names_mapping``, read from the source; FP8 scales aside): every other name there
+    misses a parameter."""
+    import ast
+
+    from vllm.model_executor.models import longcat_flash_mtp
+
+    tree = ast.parse(Path(longcat_flash_mtp.__file__).read_text())
+    (mapping,) = [
+        ast.literal_eval(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and any(getattr(t, "id", "") == "new_to_old_names_mapping" for t in node.targets)
+    ]
+    return {name for name in mapping if not name.endswith("_scale_inv")}
+
+
+def test_the_mtp_layer_is_where_the_family_s_drafter_reads_it(drafted):
+    """DeepSeek's layout (GLM's too): a dense decoder layer after the last one, plus the MTP
+    projections. LongCat's: ``model.mtp.*``, exactly the names vLLM's LongCat drafter maps, its MLA
+    block and MLP shaped as the main blocks' first sublayers."""
+    family, _, config, shapes = drafted
+    layers, hidden = config["num_hidden_layers"], config["hidden_size"]
     assert config["num_nextn_predict_layers"] == 1
+    if longcat(family):
+        from integration.models.longcat_mtp import FROM_MAIN
+
+        assert {n for n in shapes if ".mtp." in n} == vllm_longcat_mtp_names()
+        for source, target in FROM_MAIN.items():
+            copied = [n for n in shapes if n.startswith(source)]
+            assert copied and all(shapes[target + n.removeprefix(source)] == shapes[n] for n in copied)
+        assert shapes["model.mtp.layers.0.eh_proj.weight"] == (hidden, 2 * hidden)
+        return
     assert config["first_k_dense_replace"] > layers  # vLLM builds MoE for any layer index past it
     decoder = {n.removeprefix("model.layers.0.") for n in shapes if n.startswith("model.layers.0.")}
     mtp = {n.removeprefix(f"model.layers.{layers}.") for n in shapes if n.startswith(f"model.layers.{layers}.")}
     assert mtp == decoder | MTP_ONLY | {"embed_tokens.weight"}
     for name in decoder:
         assert shapes[f"model.layers.{layers}.{name}"] == shapes[f"model.layers.0.{name}"], name
-    hidden = config["hidden_size"]
     assert shapes[f"model.layers.{layers}.eh_proj.weight"] == (hidden, 2 * hidden)
 
 
 def test_the_main_model_leaves_the_mtp_layer_to_the_drafter(drafted):
     from types import SimpleNamespace
 
+    family, _, config, shapes = drafted
+    if longcat(family):  # LongCat's main model skips ".mtp." names; its drafter takes exactly those
+        from vllm.model_executor.models.longcat_flash_mtp import LongCatFlashMTP
+
+        def spec_layer(name):
+            return LongCatFlashMTP.get_spec_layer_idx_from_weight_name(None, SimpleNamespace(**config), name)
+
+        assert {n for n in shapes if spec_layer(n) is not None} == {n for n in shapes if ".mtp." in n}
+        return
     from vllm.model_executor.models.utils import get_spec_layer_idx_from_weight_name
 
-    _, _, config, shapes = drafted
     layers = config["num_hidden_layers"]
     spec = {n for n in shapes if get_spec_layer_idx_from_weight_name(SimpleNamespace(**config), n) is not None}
     assert spec == {n for n in shapes if n.startswith(f"model.layers.{layers}.")}
@@ -76,7 +118,11 @@ def test_vllm_makes_the_family_s_drafter_from_the_checkpoint(drafted):
         method=method, num_speculative_tokens=3, target_model_config=target, target_parallel_config=ParallelConfig()
     )
     drafter = speculative.draft_model_config.hf_config
-    expected = {"deepseek_mtp": "DeepSeekMTPModel", "glm4_moe_lite_mtp": "Glm4MoeLiteMTPModel"}[family.drafter]
+    expected = {
+        "deepseek_mtp": "DeepSeekMTPModel",
+        "glm4_moe_lite_mtp": "Glm4MoeLiteMTPModel",
+        "longcat_flash_mtp": "LongCatFlashMTPModel",
+    }[family.drafter]
     assert speculative.num_speculative_tokens == 3 and drafter.architectures == [expected]
 
 
@@ -102,6 +148,9 @@ def test_start_up_says_how_to_put_the_drafter_s_mla_layers_on_ours(drafted):
         )
         return SimpleNamespace(speculative_config=speculative)
 
+    if family.drafter in NON_MLA_DRAFTERS:  # vLLM builds LongCat's MTP block with standard attention
+        assert not engine().speculative_config.draft_model_config.use_mla and drafter_hint(engine()) is None
+        return
     assert '"attention_backend": "CUSTOM"' in drafter_hint(engine())
     assert drafter_hint(engine(attention_backend="CUSTOM")) is None
     assert drafter_hint(SimpleNamespace(speculative_config=None)) is None
@@ -228,3 +277,4 @@ def test_deepseek_and_kimi_run_an_eagle3_drafter_and_glm_its_mtp_layer(tmp_path,
     }
     assert methods["DeepSeek-V3"] == ["deepseek_mtp", "eagle3"] and methods["Kimi-K2"] == ["eagle3"]
     assert methods["GLM-4.7-Flash"] == ["glm4_moe_lite_mtp"] and methods["Moonlight"] == []
+    assert methods["LongCat-Flash"] == ["longcat_flash_mtp"]

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import re
 
+from integration.settings import NON_MLA_DRAFTERS
+
 LAYER_INDEX = re.compile(r"layers\.(\d+)\.")
 
 
 def has_mla_drafter(spec: dict) -> bool:
     """The drafter has MLA layers: the checkpoint's MTP layer, or an Eagle3 drafter with an MLA layer
-    (models/eagle3_drafter.py); the n-gram proposer has none."""
+    (models/eagle3_drafter.py); the n-gram proposer has none, nor has LongCat-Flash's MTP block in vLLM."""
     method = spec["spec_method"]
-    return method in ("mtp", "eagle3") or method.endswith("_mtp")
+    return (method in ("mtp", "eagle3") or method.endswith("_mtp")) and method not in NON_MLA_DRAFTERS
 
 
 def drafter_calls(result: dict) -> int:

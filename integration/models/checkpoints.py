@@ -54,6 +54,8 @@ def save_checkpoint(
     released checkpoints hold them (mla_backend.tools.tiny_model.add_mtp_layers)."""
     from mla_backend.tools.tiny_model import add_mtp_layers
 
+    from .longcat_mtp import add_longcat_mtp_layer
+
     path = Path(path)
     config = dense_config(family, layout, mtp_layers)
     stamp = {"family": family.name, "seed": seed, **config}
@@ -63,10 +65,13 @@ def save_checkpoint(
     model_type = transformers_type or TRANSFORMERS_TYPE.get(family.model_type, family.model_type)
     torch.manual_seed(seed)
     transformers_model(model_type, config).to(torch.bfloat16).save_pretrained(path)
-    if mtp_layers:
-        add_mtp_layers(path, config, mtp_layers, seed, lambda deeper: transformers_model(model_type, deeper))
     written = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**written, **config}, indent=1))
+    if mtp_layers and family.model_type == "longcat_flash":  # LongCat's own layout (longcat_mtp.py)
+        assert mtp_layers == 1, "LongCat-Flash ships one MTP layer"
+        add_longcat_mtp_layer(path, seed)
+    elif mtp_layers:
+        add_mtp_layers(path, config, mtp_layers, seed, lambda deeper: transformers_model(model_type, deeper))
     stamp_file.write_text(json.dumps(stamp))
     return path
 

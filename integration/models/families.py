@@ -101,6 +101,10 @@ class Family:
 
 
 SPARSE_REFUSAL = "mla_backend decodes dense MLA; this model's attention is sparse"
+# LongCat-Flash routes in every block (no dense-only layer), so its experts are shrunk, keeping the
+# identity ("zero") experts the published config has (512 + 256, top 12); transformers, vLLM and SGLang
+# read these three keys alike.
+LONGCAT_EXPERTS = {"n_routed_experts": 8, "zero_expert_num": 4, "moe_topk": 2}
 DEEPSEEK_V2_V_HEAD = {"v_head_dim": 128}  # the copies read cut off before v_head_dim; DeepSeek-V2's value
 
 FAMILIES: tuple[Family, ...] = (
@@ -157,6 +161,8 @@ FAMILIES: tuple[Family, ...] = (
         "longcat_flash",
         heads={"TP8": 8, "TP1": 64},
         expect="bundled",
+        drafter="longcat_flash_mtp",
+        extra=LONGCAT_EXPERTS,
     ),
     Family(
         "Kimi-Linear",

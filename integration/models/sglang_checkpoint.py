@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from .checkpoints import dense_config, save_checkpoint, save_config
-from .families import FAMILIES, SMALL, Family, pick, published
+from .families import FAMILIES, LONGCAT_EXPERTS, SMALL, Family, pick, published
 
 # The module of sglang/srt/models/ whose EntryClass serves each architecture of the zoo.
 SGLANG_MODULES = {
@@ -39,16 +39,14 @@ DEEPSEEK_LAYERS = {"moe_layer_freq": 1}
 # are DeepSeek-V3's published ones.
 DEEPSEEK_NEXTN = {"mtp_moe": True, "topk_method": "noaux_tc", "scoring_func": "sigmoid"}
 # LongCat-Flash has no dense-only layer: each block routes (models/longcat_flash.py:427), so its experts
-# are shrunk, keeping the identity ("zero") experts the published config has (512 + 256, top 12). Where
-# transformers (which writes the weights) and SGLang read different keys, both get the same value.
+# are shrunk (families.LONGCAT_EXPERTS; SGLang reads them at configs/longcat_flash.py:95, :107, :96).
+# Where transformers (which writes the weights) and SGLang read different keys, both get the same value.
 LONGCAT = {
     # blocks of two MLA layers: transformers counts num_layers, SGLang num_hidden_layers (configs/longcat_flash.py:82)
     "num_layers": SMALL["num_hidden_layers"],
     "ffn_hidden_size": SMALL["intermediate_size"],  # transformers' dense MLPs; SGLang's: intermediate_size (:85)
     "expert_ffn_hidden_size": SMALL["moe_intermediate_size"],  # both (:87 for SGLang)
-    "n_routed_experts": 8,  # :95
-    "zero_expert_num": 4,  # :107
-    "moe_topk": 2,  # :96
+    **LONGCAT_EXPERTS,
     # models/longcat_flash.py:384 asks `"rope_theta" in config.rope_parameters`, which transformers 5.12.1
     # leaves None where config.json has no rope_scaling (as published): a TypeError while the model is
     # built. Plain RoPE spelled as rope_scaling gets past it; SGLang then runs it as DeepSeek's YaRN with
