@@ -526,6 +526,24 @@ MUTATIONS = [
         "    return False",
         "a GPU fault logged as a warning passes",
     ),
+    M(
+        "integration/judges/speculation.py",
+        'ok = ok and (drafted > 0 or spec["spec_tokens"] < 2)',
+        "ok = ok",
+        "an MLA drafter passes while drafting on another backend",
+    ),
+    M(
+        "integration/engines/vllm_spec.py",
+        '            "attention_backend": spec.backend,\n',
+        "",
+        "the Eagle3 drafter left to vLLM's own backend",
+    ),
+    M(
+        "mla_backend/vllm/drafter.py",
+        "if draft is None or not draft.use_mla:",
+        "if True:",
+        "no start-up hint for a drafter left to vLLM",
+    ),
 ]
 
 
