@@ -14,6 +14,7 @@ import sys
 
 import torch
 
+from mla_backend.launcher import TILE_SHAPES
 from mla_backend.tools.bench import bench_shape
 
 SHAPES = [(16, 128, 16384), (16, 64, 16384), (16, 128, 4096), (16, 32, 16384), (16, 8, 16384), (128, 8, 16384)]
@@ -29,6 +30,13 @@ def main(args: list[str]) -> int:
         (row,) = bench_shape(torch.float8_e4m3fn, heads, batch, seq, q, workspace, peers=())
         timed = f"{row.us:.1f}" if row.us is not None else f"failed: {row.note}"
         print(f"H{heads} B{batch} {seq // 1024}k q{q} {timed}", flush=True)
+    # CTAs an SM held per FP8 tile (a build with MLA_SMEM_FLOOR_BYTES shows SM120's one); the runs loaded the library.
+    resident = [
+        f"{16 * t.row_groups * t.fragments} rows {torch.ops.mla_backend.ctas_per_sm(True, t.row_groups, t.fragments)}"
+        for t in TILE_SHAPES
+        if t.fp8
+    ]
+    print("FP8 CTAs per SM:", ", ".join(resident), flush=True)
     return 0
 
 
