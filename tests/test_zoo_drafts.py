@@ -94,8 +94,11 @@ def test_the_main_model_leaves_the_mtp_layer_to_the_drafter(drafted):
     if longcat(family):  # LongCat's main model skips ".mtp." names; its drafter takes exactly those
         from vllm.model_executor.models.longcat_flash_mtp import LongCatFlashMTP
 
+        # vLLM 0.26 reads the index from the config, 0.33 from the drafter's model: give it both
+        drafter = SimpleNamespace(model=SimpleNamespace(mtp_start_layer_idx=2 * config["num_hidden_layers"]))
+
         def spec_layer(name):
-            return LongCatFlashMTP.get_spec_layer_idx_from_weight_name(None, SimpleNamespace(**config), name)
+            return LongCatFlashMTP.get_spec_layer_idx_from_weight_name(drafter, SimpleNamespace(**config), name)
 
         assert {n for n in shapes if spec_layer(n) is not None} == {n for n in shapes if ".mtp." in n}
         return
