@@ -147,3 +147,62 @@ def test_kimi_k25_s_multimodal_wrapper_is_served_as_its_text_model(layout, capab
     assert model.hf_text_config.num_attention_heads == kimi.heads[layout] and model.get_head_size() == 576
     assert select(config, capability, "fp8") == plugin.BACKEND_PATH
     assert backend.engine_route(config, capability).kernel == "bundled"
+
+
+# Every model type vLLM runs as MLA (vLLM 0.26 and 0.33), and what the zoo does with it. A type vLLM
+# adds fails test_every_mla_model_type_vllm_knows_is_classified until it is placed here (and in
+# docs/models.md). Not classified: no published config read; they still get the rules every model
+# gets (a 512 + 64 dense latent is served, an indexer refused, another latent falls back under auto).
+MLA_MODEL_TYPES = {
+    "deepseek_v2": "zoo: DeepSeek-V2-Lite",
+    "deepseek_v3": "zoo: DeepSeek-V3 / R1, Moonlight",
+    "kimi_k2": "zoo: Kimi-K2 (K2.5's text model)",
+    "glm4_moe_lite": "zoo: GLM-4.7-Flash",
+    "longcat_flash": "zoo: LongCat-Flash",
+    "kimi_linear": "zoo: Kimi-Linear",
+    "deepseek_v32": "zoo: DeepSeek-V3.2, refused (sparse)",
+    "glm_moe_dsa": "zoo: GLM-5, refused (sparse)",
+    "deepseek_mtp": "zoo: DeepSeek-V3's MTP drafter",
+    "glm4_moe_lite_mtp": "zoo: GLM-4.7-Flash's MTP drafter",
+    "deepseek_v4": "vLLM wires its own compressed sparse attention; the flag never reaches mla_backend",
+    **dict.fromkeys(
+        (
+            "axk1",
+            "longcat_flash_ngram",
+            "pangu_ultra_moe",
+            "pangu_ultra_moe_mtp",
+            "bailing_hybrid",
+            "bailing_hybrid_mtp",
+            "bailing_hybrid_v3_mtp",
+            "deepseek_v41",
+            "dots3_note",
+            "k3_dspark",
+            "glm5_next",
+            "glm5_next_text",
+            "hy_v4",
+            "hy_v4_mtp",
+        ),
+        "not classified: no published config read",
+    ),
+}
+
+
+def vllm_mla_model_types() -> set[str]:
+    """The model types the installed vLLM runs as MLA: the list in its is_deepseek_mla (read from the
+    source, so a type vLLM adds shows up here)."""
+    import ast
+
+    from vllm.transformers_utils import model_arch_config_convertor
+
+    tree = ast.parse(Path(model_arch_config_convertor.__file__).read_text())
+    (method,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "is_deepseek_mla"]
+    tuples = [n for n in ast.walk(method) if isinstance(n, ast.Tuple) and len(n.elts) > 4]
+    return {element.value for element in tuples[0].elts}
+
+
+def test_every_mla_model_type_vllm_knows_is_classified():
+    known = vllm_mla_model_types()
+    assert {"deepseek_v3", "kimi_k2", "glm4_moe_lite"} <= known
+    assert known <= set(MLA_MODEL_TYPES), sorted(known - set(MLA_MODEL_TYPES))
+    zoo = {f.model_type for f in FAMILIES} | {"deepseek_mtp", "glm4_moe_lite_mtp"}
+    assert {t for t, where in MLA_MODEL_TYPES.items() if where.startswith("zoo")} == zoo - {"minicpm3"}
