@@ -159,6 +159,52 @@ def test_start_up_says_how_to_put_the_drafter_s_mla_layers_on_ours(drafted):
     assert drafter_hint(SimpleNamespace(speculative_config=None)) is None
 
 
+@pytest.mark.parametrize("capability", [(12, 0), (9, 0)], ids=["sm120", "sm90"])
+def test_vllm_selects_ours_for_the_drafter_s_mla_layers_when_named(drafted, capability):
+    """The drafter's engine config as vLLM's proposer makes it (the draft model, the speculative
+    config's attention_backend as its backend): the selection of CUSTOM for the drafter's MLA layers
+    passes our checks; LongCat's MTP block, which vLLM builds with standard attention, is refused with
+    our reason (the runs never name ours for it)."""
+    from test_model_zoo_cpu import select
+    from vllm.config import (
+        AttentionConfig,
+        DeviceConfig,
+        ModelConfig,
+        ParallelConfig,
+        SpeculativeConfig,
+        VllmConfig,
+    )
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    import mla_backend.vllm as plugin
+
+    family, path, _, _ = drafted
+    target = ModelConfig(model=str(path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16")
+    speculative = SpeculativeConfig(
+        method=family.drafter,
+        num_speculative_tokens=3,
+        target_model_config=target,
+        target_parallel_config=ParallelConfig(),
+        attention_backend="CUSTOM",
+    )
+    drafter = VllmConfig(
+        model_config=speculative.draft_model_config,
+        device_config=DeviceConfig(device="cuda"),
+        attention_config=AttentionConfig(backend=speculative.attention_backend),
+        speculative_config=speculative,
+    )
+    AttentionBackendEnum.CUSTOM.clear_override()
+    plugin.register()
+    try:
+        if family.drafter in NON_MLA_DRAFTERS:
+            with pytest.raises(ValueError, match="standard attention"):
+                select(drafter, capability, "fp8")
+        else:
+            assert select(drafter, capability, "fp8") == plugin.BACKEND_PATH
+    finally:
+        AttentionBackendEnum.CUSTOM.clear_override()
+
+
 def test_a_family_s_mtp_method_reaches_vllm_by_its_own_name():
     import dataclasses
 
