@@ -366,6 +366,16 @@ def test_speculative_settings_whose_drafter_sglang_can_build_start(monkeypatch, 
     assert isinstance(backend.create_backend(make_runner(torch.bfloat16, **args)), backend.MLADecodeBackend)
 
 
+def test_registration_survives_an_sglang_without_the_draft_backend_factory(monkeypatch):
+    """The stamping is a fix for one SGLang generation's factory: where SGLang has no such factory (an
+    import that fails), registering still makes the backend known."""
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.draft_utils", None)  # import raises ImportError
+    register()
+    assert NAME in ATTENTION_BACKENDS
+
+
 @pytest.mark.parametrize("mode", ["prefill", "decode"])
 def test_speculation_verifying_on_the_prefill_backend_says_ours_decodes_nothing(monkeypatch, caplog, mode):
     monkeypatch.setenv("MLA_BACKEND_DEVICE_CAPABILITY", "9.0")

@@ -22,9 +22,12 @@ def stamp(backend, name: str) -> None:
 
 
 def stamp_draft_backends() -> None:
-    """Wrap SGLang's draft backend factory so the backends it builds carry the drafter's backend name;
-    idempotent."""
-    from sglang.srt.speculative.draft_utils import DraftBackendFactory
+    """Wrap SGLang's draft backend factory (0.5.12 to 0.5.23 have it) so the backends it builds carry the
+    drafter's backend name; idempotent. An SGLang without that factory is left as it is."""
+    try:
+        from sglang.srt.speculative.draft_utils import DraftBackendFactory
+    except ImportError:
+        return
 
     def stamping(create, backends_of):
         if getattr(create, "stamps_draft_backends", False):
@@ -42,7 +45,11 @@ def stamp_draft_backends() -> None:
         create_and_stamp.stamps_draft_backends = True  # type: ignore[attr-defined]
         return create_and_stamp
 
-    factory = DraftBackendFactory
     # One backend per draft step, in a container; the draft extend's is one backend.
-    factory.create_decode_backend = stamping(factory.create_decode_backend, lambda s: getattr(s, "attn_backends", ()))
-    factory.create_draft_extend_backend = stamping(factory.create_draft_extend_backend, lambda b: (b,))
+    built_by = {
+        "create_decode_backend": lambda s: getattr(s, "attn_backends", ()),
+        "create_draft_extend_backend": lambda b: (b,),
+    }
+    for method, backends_of in built_by.items():
+        if hasattr(DraftBackendFactory, method):
+            setattr(DraftBackendFactory, method, stamping(getattr(DraftBackendFactory, method), backends_of))
