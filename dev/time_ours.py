@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from mla_backend.launcher import TILE_SHAPES
+from mla_backend.kernel_constants import TILE_SHAPES
 from mla_backend.tools.bench import bench_shape
 
 SHAPES = [(16, 128, 16384), (16, 64, 16384), (16, 128, 4096), (16, 32, 16384), (16, 8, 16384), (128, 8, 16384)]

@@ -14,3 +14,10 @@ SELFTEST_CORRUPTION = 1.05  # outputs x 1.05 and LSE + 0.5: the check must fail
 # Drafters vLLM builds without MLA layers although the target has them: LongCat-Flash's MTP block
 # (longcat_flash_mtp is not among vLLM's MLA model types, 0.26 to 0.33), so its attention is not ours.
 NON_MLA_DRAFTERS = ("longcat_flash_mtp",)
+
+
+def drafter_has_mla_layers(method: str) -> bool:
+    """vLLM builds this speculative method's drafter with MLA layers: a checkpoint's MTP layer (``mtp``,
+    ``*_mtp``) but NON_MLA_DRAFTERS, or an Eagle3 drafter with an MLA draft layer (models/eagle3_drafter.py);
+    the n-gram proposer has none."""
+    return (method in ("mtp", "eagle3") or method.endswith("_mtp")) and method not in NON_MLA_DRAFTERS

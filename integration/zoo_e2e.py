@@ -50,11 +50,8 @@ from integration.models.prompts import make_prompts  # noqa: E402
 from integration.settings import SELFTEST_CORRUPTION  # noqa: E402
 
 OURS = {"backend": "xqa"}
-MTP_DRAFTERS = (
-    "deepseek_mtp",
-    "glm4_moe_lite_mtp",
-    "longcat_flash_mtp",
-)  # drafters that are a layer of the family's checkpoint
+# Drafters that are a layer of the family's checkpoint.
+MTP_DRAFTERS = ("deepseek_mtp", "glm4_moe_lite_mtp", "longcat_flash_mtp")
 
 
 def add_engine_row(rows: list, label: str, spec: EngineSpec, ok: bool, notes: list[str]) -> None:

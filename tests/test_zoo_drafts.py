@@ -26,6 +26,15 @@ def family_id(family) -> str:
     return family.name.split(" ")[0]
 
 
+def speculative_config(target: Path, **settings):
+    """vLLM's SpeculativeConfig for the checkpoint at ``target`` as the engine builds it from
+    ``settings`` (the speculative config's keys)."""
+    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+
+    model = ModelConfig(model=str(target), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16")
+    return SpeculativeConfig(**settings, target_model_config=model, target_parallel_config=ParallelConfig())
+
+
 @pytest.fixture(scope="module", params=DRAFTED, ids=family_id)
 def drafted(request, tmp_path_factory):
     family = request.param
@@ -110,16 +119,11 @@ def test_the_main_model_leaves_the_mtp_layer_to_the_drafter(drafted):
 
 
 def test_vllm_makes_the_family_s_drafter_from_the_checkpoint(drafted):
-    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
-
     family, path, _, _ = drafted
-    target = ModelConfig(model=str(path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16")
     method = engine_kwargs(EngineSpec("CUSTOM", spec_tokens=3, spec_method=family.drafter), str(path), 2048, 0.2)[
         "speculative_config"
     ]["method"]
-    speculative = SpeculativeConfig(
-        method=method, num_speculative_tokens=3, target_model_config=target, target_parallel_config=ParallelConfig()
-    )
+    speculative = speculative_config(path, method=method, num_speculative_tokens=3)
     drafter = speculative.draft_model_config.hf_config
     expected = {
         "deepseek_mtp": "DeepSeekMTPModel",
@@ -134,22 +138,14 @@ def test_start_up_says_how_to_put_the_drafter_s_mla_layers_on_ours(drafted):
     the family's MTP drafter and none named, our start-up says what to add; named, nothing."""
     from types import SimpleNamespace
 
-    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
-
     from mla_backend.vllm.drafter import drafter_hint
 
     family, path, _, _ = drafted
-    target = ModelConfig(model=str(path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16")
 
     def engine(**named):
-        speculative = SpeculativeConfig(
-            method=family.drafter,
-            num_speculative_tokens=3,
-            target_model_config=target,
-            target_parallel_config=ParallelConfig(),
-            **named,
+        return SimpleNamespace(
+            speculative_config=speculative_config(path, method=family.drafter, num_speculative_tokens=3, **named)
         )
-        return SimpleNamespace(speculative_config=speculative)
 
     if family.drafter in NON_MLA_DRAFTERS:  # vLLM builds LongCat's MTP block with standard attention
         assert not engine().speculative_config.draft_model_config.use_mla and drafter_hint(engine()) is None
@@ -166,27 +162,13 @@ def test_vllm_selects_ours_for_the_drafter_s_mla_layers_when_named(drafted, capa
     passes our checks; LongCat's MTP block, which vLLM builds with standard attention, is refused with
     our reason (the runs never name ours for it)."""
     from test_model_zoo_cpu import select
-    from vllm.config import (
-        AttentionConfig,
-        DeviceConfig,
-        ModelConfig,
-        ParallelConfig,
-        SpeculativeConfig,
-        VllmConfig,
-    )
+    from vllm.config import AttentionConfig, DeviceConfig, VllmConfig
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     import mla_backend.vllm as plugin
 
     family, path, _, _ = drafted
-    target = ModelConfig(model=str(path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16")
-    speculative = SpeculativeConfig(
-        method=family.drafter,
-        num_speculative_tokens=3,
-        target_model_config=target,
-        target_parallel_config=ParallelConfig(),
-        attention_backend="CUSTOM",
-    )
+    speculative = speculative_config(path, method=family.drafter, num_speculative_tokens=3, attention_backend="CUSTOM")
     drafter = VllmConfig(
         model_config=speculative.draft_model_config,
         device_config=DeviceConfig(device="cuda"),
@@ -295,10 +277,7 @@ def test_aux_layers_are_distinct_layer_inputs_after_the_first(eagle3):
 
 
 def test_vllm_reads_the_eagle3_drafter_as_an_mla_model_beside_its_target(eagle3):
-    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
-
     _, target, drafter = eagle3
-    target_config = ModelConfig(model=str(target), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16")
     spec = EngineSpec("CUSTOM", spec_tokens=2, spec_method="eagle3", draft_model=str(drafter))
     kwargs = engine_kwargs(spec, str(target), 2048, 0.2)["speculative_config"]
     assert kwargs == {
@@ -307,9 +286,7 @@ def test_vllm_reads_the_eagle3_drafter_as_an_mla_model_beside_its_target(eagle3)
         "num_speculative_tokens": 2,
         "attention_backend": "CUSTOM",
     }
-    speculative = SpeculativeConfig(
-        **kwargs, target_model_config=target_config, target_parallel_config=ParallelConfig()
-    )
+    speculative = speculative_config(target, **kwargs)
     draft = speculative.draft_model_config
     assert draft.hf_config.architectures == ["Eagle3DeepseekV2ForCausalLM"]
     assert draft.use_mla and draft.get_head_size() == 576  # so the named backend serves the draft layer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from integration.settings import NON_MLA_DRAFTERS
+from integration.settings import drafter_has_mla_layers
 
 
 @dataclass
@@ -79,10 +79,10 @@ def engine_kwargs(spec: EngineSpec, model: str, max_model_len: int, memory_fract
             "attention_backend": spec.backend,
         }
     elif spec.spec_tokens and spec.is_mtp:
-        # The model's own drafter: the checkpoint's MTP layer, run k times (MLA but for NON_MLA_DRAFTERS).
+        # The model's own drafter: the checkpoint's MTP layer, run k times.
         method = "deepseek_mtp" if spec.spec_method == "mtp" else spec.spec_method
         kwargs["speculative_config"] = {"method": method, "num_speculative_tokens": spec.spec_tokens}
-        if method not in NON_MLA_DRAFTERS:
+        if drafter_has_mla_layers(method):
             kwargs["speculative_config"]["attention_backend"] = spec.backend
     elif spec.spec_tokens:
         # A random model does not copy its prompt: a 1-token lookup still finds drafts in long prompts.

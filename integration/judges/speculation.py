@@ -5,16 +5,9 @@ from __future__ import annotations
 
 import re
 
-from integration.settings import NON_MLA_DRAFTERS
+from integration.settings import drafter_has_mla_layers
 
 LAYER_INDEX = re.compile(r"layers\.(\d+)\.")
-
-
-def has_mla_drafter(spec: dict) -> bool:
-    """The drafter has MLA layers: the checkpoint's MTP layer, or an Eagle3 drafter with an MLA layer
-    (models/eagle3_drafter.py); the n-gram proposer has none, nor has LongCat-Flash's MTP block in vLLM."""
-    method = spec["spec_method"]
-    return (method in ("mtp", "eagle3") or method.endswith("_mtp")) and method not in NON_MLA_DRAFTERS
 
 
 def drafter_calls(result: dict) -> int:
@@ -35,7 +28,7 @@ def judge_speculation(result: dict) -> tuple[bool, str]:
     spec = result["spec"]
     ok = q_lens.get(1 + spec["spec_tokens"], 0) > 0 and counts.get("num_drafts", 0) > 0
     note = f"real decode calls by q_len {dict(sorted(q_lens.items()))}, drafts {counts.get('num_drafts', 0)}"
-    if has_mla_drafter(spec):
+    if drafter_has_mla_layers(spec["spec_method"]):
         drafted = drafter_calls(result)
         ok = ok and (drafted > 0 or spec["spec_tokens"] < 2)
         note += f", the drafter's own calls {drafted}"

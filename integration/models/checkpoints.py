@@ -65,13 +65,13 @@ def save_checkpoint(
     model_type = transformers_type or TRANSFORMERS_TYPE.get(family.model_type, family.model_type)
     torch.manual_seed(seed)
     transformers_model(model_type, config).to(torch.bfloat16).save_pretrained(path)
-    written = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**written, **config}, indent=1))
     if mtp_layers and family.model_type == "longcat_flash":  # LongCat's own layout (longcat_mtp.py)
         assert mtp_layers == 1, "LongCat-Flash ships one MTP layer"
-        add_longcat_mtp_layer(path, seed)
+        add_longcat_mtp_layer(path, config, seed)
     elif mtp_layers:
         add_mtp_layers(path, config, mtp_layers, seed, lambda deeper: transformers_model(model_type, deeper))
+    written = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**written, **config}, indent=1))
     stamp_file.write_text(json.dumps(stamp))
     return path
 

@@ -8,7 +8,6 @@ attention and MLP take the shapes of the main blocks' first sublayers; LongCat's
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -22,14 +21,12 @@ FROM_MAIN = {
 }
 
 
-def add_longcat_mtp_layer(path: Path, seed: int) -> None:
-    """Append the MTP layer to the LongCat checkpoint at ``path`` and say so in its config.json
-    (``num_nextn_predict_layers``, which vLLM reads for the drafter's depth)."""
+def add_longcat_mtp_layer(path: Path, settings: dict, seed: int) -> None:
+    """Append the MTP layer to the LongCat checkpoint at ``path`` written with ``settings`` (whose
+    ``num_nextn_predict_layers``, 1, vLLM reads for the drafter's depth)."""
     from safetensors.torch import load_file, save_file
 
-    config_file = path / "config.json"
-    config = json.loads(config_file.read_text())
-    hidden, std = config["hidden_size"], config["initializer_range"]
+    hidden, std = settings["hidden_size"], settings["initializer_range"]
     generator = torch.Generator().manual_seed(seed + 1)
 
     def normal(*shape: int) -> torch.Tensor:
@@ -51,4 +48,3 @@ def add_longcat_mtp_layer(path: Path, seed: int) -> None:
     tensors[MTP + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
     tensors[MTP + "norm.weight"] = ones(hidden)
     save_file(tensors, weights_file, metadata={"format": "pt"})
-    config_file.write_text(json.dumps({**config, "num_nextn_predict_layers": 1}, indent=1))

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from vllm.config import VllmConfig
 
-CUSTOM = "CUSTOM"
-
 
 def drafter_hint(vllm_config: VllmConfig | None) -> str | None:
     """What to add so that our kernels decode the drafter's MLA layers too, or None where they do or
