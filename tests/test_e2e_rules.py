@@ -14,7 +14,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # the integration pac
 from absent_packages import absent_packages  # noqa: E402
 from oracle import naive_decode_problem  # noqa: E402
 
-from integration.judges.decode_check import MIN_VISIBLE_KEYS, DecodeCall, check_call  # noqa: E402
+from integration.judges.decode_check import MIN_VISIBLE_KEYS, DecodeCall, check_call, own_keys  # noqa: E402
 from integration.judges.decode_verdict import MIN_CHECKED_CALLS, MODEL_LAYERS, judge_decode_check  # noqa: E402
 from integration.judges.parallel import judge_flashmla_parallel, judge_parallel  # noqa: E402
 from integration.judges.speculation import judge_speculation  # noqa: E402
@@ -128,6 +128,38 @@ def test_check_call_catches_a_wrong_output(damage):
 
 def test_check_call_catches_a_wrong_lse():
     assert not check_call(recorded_call([40, 33], damage="lse")).lse_ok
+
+
+def rewrite_own_rows(call: DecodeCall) -> None:
+    """What a drafter's later draft steps do within the engine step: new values in the rows its
+    rejected tokens held (every new token after the first of each request)."""
+    cache, page = call.kv_cache, call.kv_cache.shape[1]
+    generator = torch.Generator(device=cache.device).manual_seed(5)
+    for request, seq_len in enumerate(call.seq_lens[: call.num_decodes].tolist()):
+        for position in range(seq_len - call.q_len + 1, seq_len):
+            page_id = int(call.block_table[request, position // page])
+            fresh = torch.randn(cache.shape[-1], generator=generator, device=cache.device)
+            cache[page_id, position % page] = fresh.to(cache.dtype)
+
+
+def test_a_call_is_judged_on_its_own_rows_as_they_were_when_it_ran():
+    call = recorded_call([40, 33], q_len=4)
+    call.own_keys = own_keys(call.kv_cache, call.block_table, call.seq_lens, call.q_len)
+    rewrite_own_rows(call)
+    assert check_call(call).out_error < 1e-2 and check_call(call).lse_ok
+    call.own_keys = None  # read from the live cache, the rewritten rows make the right result look wrong
+    assert check_call(call).out_error > ROW_ERROR_TOLERANCE[torch.float8_e4m3fn]
+
+
+def test_own_keys_copy_the_new_tokens_rows_and_skip_positions_before_the_start():
+    call = recorded_call([40, 2], q_len=4)
+    keys = own_keys(call.kv_cache, call.block_table, call.seq_lens, call.q_len)
+    page = call.kv_cache.shape[1]
+    block = int(call.block_table[0, 39 // page])
+    assert torch.equal(keys[0, 3], call.kv_cache[block, 39 % page])
+    call.own_keys = keys  # request 1 (2 keys, 4 new tokens) has positions before its start: left alone
+    result = check_call(call)
+    assert result.rows == 4 * 4 and result.out_error < 1e-2
 
 
 def test_rows_with_few_keys_are_not_counted_as_checked():

@@ -5,8 +5,10 @@ Graph mode is where a wrapper around ``forward_mqa`` runs only while the graph i
 on the replays that serve decode. So, during capture, the wrapper also records copies of the call's
 inputs and outputs into buffers it keeps (probes) and bumps a counter: every replay refills them.
 After each model step the checker reads the probes of the graphs that replayed (their counters
-moved) and recomputes those calls in float64 while the cache still holds that step's state. Eager
-calls are copied the same way as they happen. Only calls made after the engine finished starting
+moved) and recomputes those calls in float64 while the cache still holds that step's state, except the
+rows of each call's own new tokens, which a drafter's later draft steps rewrite within the step: those
+are copied with the call (judges/decode_check.py's own_keys). Eager calls are copied the same way as
+they happen. Only calls made after the engine finished starting
 (``arm()``) count: warm-up, profiling and capture runs carry dummy data. Rows that see fewer than
 MIN_VISIBLE_KEYS keys are not counted as checked (judges/decode_check.py says why).
 """
@@ -17,7 +19,7 @@ from collections import Counter
 
 import torch
 
-from integration.judges.decode_check import DecodeCall, check_call
+from integration.judges.decode_check import DecodeCall, check_call, own_keys
 from mla_backend.reference import ROW_ERROR_TOLERANCE
 
 MAX_PROBES = 4096  # graph-captured calls the counters cover (layers x captured batch sizes)
@@ -118,6 +120,7 @@ class DecodeChecker:
             bmm2=k_scale,
             out=out.clone(),
             lse=None if lse is None else lse.clone(),
+            own_keys=own_keys(kv_cache, decode.block_table, decode.seq_lens[:requests], tokens // requests),
         )
         if capturing:  # the clones above are part of the graph: each replay refills them
             index = len(self._probes)
