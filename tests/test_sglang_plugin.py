@@ -552,6 +552,7 @@ def test_the_fp8_query_reference_rounds_only_mla_queries_and_only_where_asked(mo
 
     seen = []
     monkeypatch.setattr(TritonAttnBackend, "forward_decode", lambda self, q, *args, **kwargs: seen.append(q) or q)
+    monkeypatch.setattr(TritonAttnBackend, "forward_extend", TritonAttnBackend.forward_extend)  # restored after
     monkeypatch.delenv(sglang_quantized_query.ENV, raising=False)
     sglang_quantized_query.install()
     assert not getattr(TritonAttnBackend.forward_decode, "_rounds_query_to_fp8", False)
@@ -566,3 +567,34 @@ def test_the_fp8_query_reference_rounds_only_mla_queries_and_only_where_asked(mo
     want = q.float().clamp(-448, 448).to(torch.float8_e4m3fn).to(torch.bfloat16)
     assert torch.equal(rounded, want) and not torch.equal(rounded, q)
     assert untouched is q
+
+
+def test_the_fp8_query_reference_verifies_drafts_on_what_the_fp8_cache_holds(monkeypatch):
+    """With speculation, triton verifies drafts in forward_extend with the verified tokens' own keys taken
+    from the bf16 inputs: the reference rounds the query and those keys and values to FP8 (over the layer's
+    k_scale where it has one), in target-verify batches of MLA layers only."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from integration.engines import sglang_quantized_query
+
+    seen = []
+    monkeypatch.setattr(TritonAttnBackend, "forward_decode", lambda self, q, *args, **kwargs: q)
+    monkeypatch.setattr(TritonAttnBackend, "forward_extend", lambda self, q, k, v, *rest, **kw: seen.append((q, k, v)))
+    monkeypatch.setenv(sglang_quantized_query.ENV, "1")
+    sglang_quantized_query.install()
+    q = torch.randn(4, 2 * 576, dtype=torch.bfloat16) * 300
+    k = torch.randn(4, 1, 576, dtype=torch.bfloat16) * 3
+    verify, prefill = (SimpleNamespace(forward_mode=mode) for mode in (ForwardMode.TARGET_VERIFY, ForwardMode.EXTEND))
+    mla, other = SimpleNamespace(use_mla=True), SimpleNamespace(use_mla=False)
+    TritonAttnBackend.forward_extend(mla, q, k, k[..., :512], SimpleNamespace(k_scale=None), verify)
+    TritonAttnBackend.forward_extend(mla, q, k, k[..., :512], SimpleNamespace(k_scale=0.5), verify)
+    TritonAttnBackend.forward_extend(mla, q, k, k[..., :512], SimpleNamespace(k_scale=None), prefill)
+    TritonAttnBackend.forward_extend(other, q, k, k[..., :512], SimpleNamespace(k_scale=None), verify)
+    (q1, k1, v1), (_, k2, _), untouched_prefill, untouched_other = seen
+    assert torch.equal(q1, q.float().clamp(-448, 448).to(torch.float8_e4m3fn).to(torch.bfloat16))
+    assert torch.equal(k1, k.to(torch.float8_e4m3fn).to(torch.bfloat16)) and not torch.equal(k1, k)
+    assert torch.equal(v1, k1[..., :512])
+    assert torch.equal(k2, (k / 0.5).to(torch.float8_e4m3fn).to(torch.bfloat16) * 0.5)
+    assert all(a is b for a, b in zip(untouched_prefill, (q, k)))
+    assert untouched_other[0] is q and untouched_other[1] is k

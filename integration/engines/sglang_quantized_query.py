@@ -6,6 +6,12 @@ top-2 logprob gaps by up to a few tenths of a nat, more than the tie rule allows
 comparison against plain triton judges the quantisation, not the kernel. This reference runs the
 same triton decode on the query ours sees: the FP8 results are judged on the dequantised FP8 inputs.
 
+With speculative decoding the drafts are verified by triton's extend path (``forward_extend`` in a
+target-verify batch), which reads the verified tokens' own keys from the bf16 inputs rather than the
+FP8 cache. There the query and those keys and values are rounded to FP8 as the cache stores them
+(divided by the layer's k_scale where it has one), so every key the reference reads is the one ours
+reads from the cache.
+
 Installed in SGLang's processes as the decode check is (a test-only entry point, group
 ``sglang.srt.plugins``, ``plugin_env``); it does nothing unless ENV is set.
 """
@@ -35,20 +41,36 @@ def rounded_to_fp8(q: torch.Tensor) -> torch.Tensor:
     return q.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(q.dtype)
 
 
+def stored_in_fp8(x: torch.Tensor | None, scale) -> torch.Tensor | None:
+    """A new key or value as an FP8 cache holds it (x / scale in e4m3), back in x's dtype and scale."""
+    if x is None:
+        return None
+    if scale is None:
+        return x.to(torch.float8_e4m3fn).to(x.dtype)
+    return ((x / scale).to(torch.float8_e4m3fn).to(x.dtype)) * scale
+
+
 def install() -> None:
-    """Entry point: wraps TritonAttnBackend.forward_decode's query for MLA layers where ENV is set."""
+    """Entry point: where ENV is set, wraps TritonAttnBackend's decode (the query) and its verify of
+    drafts (the query and the verified tokens' keys and values) for MLA layers."""
     if not os.environ.get(ENV):
         return
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
-    original = TritonAttnBackend.forward_decode
-    if getattr(original, "_rounds_query_to_fp8", False):  # plugins may load twice in a process
+    decode, extend = TritonAttnBackend.forward_decode, TritonAttnBackend.forward_extend
+    if getattr(decode, "_rounds_query_to_fp8", False):  # plugins may load twice in a process
         return
 
     def forward_decode(self, q, k, v, layer, forward_batch, *args, **kwargs):
         if self.use_mla:
             q = rounded_to_fp8(q)
-        return original(self, q, k, v, layer, forward_batch, *args, **kwargs)
+        return decode(self, q, k, v, layer, forward_batch, *args, **kwargs)
 
-    forward_decode._rounds_query_to_fp8 = True
-    TritonAttnBackend.forward_decode = forward_decode
+    def forward_extend(self, q, k, v, layer, forward_batch, *args, **kwargs):
+        if self.use_mla and forward_batch.forward_mode.is_target_verify():
+            scale = getattr(layer, "k_scale", None)
+            q, k, v = rounded_to_fp8(q), stored_in_fp8(k, scale), stored_in_fp8(v, scale)
+        return extend(self, q, k, v, layer, forward_batch, *args, **kwargs)
+
+    forward_decode._rounds_query_to_fp8 = forward_extend._rounds_query_to_fp8 = True
+    TritonAttnBackend.forward_decode, TritonAttnBackend.forward_extend = forward_decode, forward_extend
