@@ -606,3 +606,9 @@ def test_the_calibrated_rule_applies_the_tie_rule_unless_the_peer_breaks_it():
     assert not longer["rule_holds"] and longer["ok"] and (longer["agreed_steps"], longer["peer_agreed_steps"]) == (5, 4)
     shorter = calibrated_agreement([[0, 0, 0, 0], [5, 6, 7, 0]], ref, gaps, peer)  # 0 + 3 steps
     assert not shorter["rule_holds"] and not shorter["ok"]
+    # Ours keeps the tie rule itself (it leaves the reference only at a tie): that passes, however few
+    # steps it agrees where the peer broke the rule.
+    tie_at_1 = [[1.0, 0.01, 1.0, 1.0], [1.0, 0.01, 1.0, 1.0]]
+    at_tie = calibrated_agreement([[1, 0, 0, 0], [5, 0, 0, 0]], ref, tie_at_1, peer=[[9, 9, 9, 9], [5, 6, 7, 8]])
+    assert not at_tie["rule_holds"] and at_tie["ok"] and not at_tie["failures"]
+    assert (at_tie["agreed_steps"], at_tie["peer_agreed_steps"]) == (2, 4)
