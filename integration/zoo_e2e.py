@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from dataclasses import asdict
 from pathlib import Path
 
@@ -72,6 +73,8 @@ def run_family(
         refs = reference_runs(model, prompts, rows, kvs, isolated=isolated)
     except Exception as err:  # a reference that cannot run this family leaves nothing to judge against
         rows.append((f"{label}: references", "FAIL", repr(err)[:300]))
+        print(f"[zoo] {label} references: FAIL", flush=True)
+        traceback.print_exc()
         return False
     ok_all = True
     for kv in sorted(kvs):

@@ -94,6 +94,19 @@ def test_small_config_keeps_the_published_attention_fields(family, layout):
     assert config["num_attention_heads"] == family.heads[layout]
 
 
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.expect != "refused"], ids=family_id)
+def test_each_served_family_writes_its_seeded_checkpoint(family, tmp_path):
+    """zoo_e2e.py writes each checkpoint with the installed transformers on the GPU machine: a config
+    it cannot build (a token id past the small vocabulary) stops the whole zoo run there."""
+    from integration.models.checkpoints import save_checkpoint
+
+    written = json.loads((save_checkpoint(family, tmp_path) / "config.json").read_text())
+    assert written["num_attention_heads"] == next(iter(family.heads.values()))
+    vocab = written["vocab_size"]
+    assert all(written.get(key) is None or 0 <= written[key] < vocab for key in ("pad_token_id", "bos_token_id"))
+    assert (tmp_path / "model.safetensors").exists()
+
+
 @pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"sm{c[0]}{c[1]}")
 @pytest.mark.parametrize("family, layout", layouts())
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])

@@ -37,6 +37,11 @@ SMALL = dict(
     max_position_embeddings=8192,
     initializer_range=0.1,  # with the usual 0.02, attention is nearly uniform and hides decode errors
     tie_word_embeddings=False,
+    # within the small vocabulary (transformers' Kimi-Linear defaults are the released tokenizer's ids,
+    # past it, and its embedding refuses a padding id outside the table)
+    pad_token_id=None,
+    bos_token_id=0,
+    eos_token_id=1,
 )
 # The published attention fields a small config keeps, when the family's config has them.
 ATTENTION_FIELDS = (
