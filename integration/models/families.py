@@ -56,6 +56,9 @@ ATTENTION_FIELDS = (
     "index_topk",
     "index_head_dim",
     "index_n_heads",
+    "mla_use_nope",  # Kimi-Linear: the rope slice is cached but never rotated (vLLM's layer asserts it)
+    "mla_scale_q_lora",  # LongCat: the latent query and KV rescaled after their norms
+    "mla_scale_kv_lora",
 )
 
 
@@ -109,7 +112,8 @@ SPARSE_REFUSAL = "mla_backend decodes dense MLA; this model's attention is spars
 # LongCat-Flash routes in every block (no dense-only layer), so its experts are shrunk, keeping the
 # identity ("zero") experts the published config has (512 + 256, top 12); transformers, vLLM and SGLang
 # read these three keys alike.
-LONGCAT_EXPERTS = {"n_routed_experts": 8, "zero_expert_num": 4, "moe_topk": 2}
+# zero_expert_type: as published; vLLM's LongCat MoE asserts it is set, and transformers' config has no default.
+LONGCAT_EXPERTS = {"n_routed_experts": 8, "zero_expert_num": 4, "moe_topk": 2, "zero_expert_type": "identity"}
 DEEPSEEK_V2_V_HEAD = {"v_head_dim": 128}  # the copies read cut off before v_head_dim; DeepSeek-V2's value
 
 FAMILIES: tuple[Family, ...] = (
