@@ -219,3 +219,29 @@ def test_every_mla_model_type_vllm_knows_is_classified():
     assert known <= set(MLA_MODEL_TYPES), sorted(known - set(MLA_MODEL_TYPES))
     zoo = {f.model_type for f in FAMILIES} | {"deepseek_mtp", "glm4_moe_lite_mtp"}
     assert {t for t, where in MLA_MODEL_TYPES.items() if where.startswith("zoo")} == zoo - {"minicpm3"}
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+@pytest.mark.parametrize("block_size", [None, 64], ids=["default-block", "block-64"])
+def test_kimi_linear_s_hybrid_pages_reach_our_kernels_at_a_page_size_they_take(kv_cache_dtype, block_size, tmp_path):
+    """vLLM sizes a hybrid model's attention blocks so one holds a KDA layer's state (thousands of tokens,
+    past our kernels' 16..128), then splits them into kernel blocks of a size every backend of the group
+    takes: for Kimi-Linear that must be one of ours, else start-up stops in the model runner."""
+    from vllm.config import CacheConfig
+    from vllm.platforms.interface import Platform
+    from vllm.v1.worker.utils import select_common_block_size
+
+    from mla_backend import shapes
+
+    family = next(f for f in FAMILIES if f.model_type == "kimi_linear")
+    config = engine_config(family, "TP1", tmp_path)
+    config.cache_config = CacheConfig(cache_dtype=kv_cache_dtype, **({"block_size": block_size} if block_size else {}))
+    assert config.model_config.is_hybrid
+    with set_current_vllm_config(config):
+        Platform._align_hybrid_block_size(config, backend.MLABackend)
+    aligned = config.cache_config.block_size
+    assert aligned > max(shapes.PAGE_SIZES)  # a KDA state's worth of tokens
+    kernel_page = select_common_block_size(aligned, [backend.MLABackend])
+    assert kernel_page in shapes.PAGE_SIZES and aligned % kernel_page == 0
+    if block_size:
+        assert kernel_page >= block_size  # the user's page size, or a larger one we take

@@ -16,9 +16,12 @@ from pathlib import Path
 import torch
 
 from .families import Family
+from .kimi_linear import TRANSFORMERS_TYPE as KIMI_LINEAR_WRITER
+from .kimi_linear import add_kda_layers
 
-# transformers' model_type for families whose own is only known to vLLM.
-TRANSFORMERS_TYPE = {"kimi_k2": "deepseek_v3"}
+# transformers' model_type whose classes write a family's weights, where it is not the family's own:
+# Kimi-K2's is only known to vLLM; not every transformers here has Kimi-Linear (kimi_linear.py).
+TRANSFORMERS_TYPE = {"kimi_k2": "deepseek_v3", "kimi_linear": KIMI_LINEAR_WRITER}
 
 
 def dense_config(family: Family, layout: str | None = None, mtp_layers: int = 0) -> dict:
@@ -44,12 +47,10 @@ def save_checkpoint(
     path: str | Path,
     layout: str | None = None,
     seed: int = 0,
-    transformers_type: str | None = None,
     mtp_layers: int = 0,
 ) -> Path:
     """Write a bf16 checkpoint of ``family`` with the heads of ``layout`` to ``path`` (reused if the
-    same family, layout and seed wrote it). ``transformers_type``: the transformers model type whose
-    classes write the weights, where the installed transformers lacks the family's own.
+    same family, layout and seed wrote it), by the transformers classes of TRANSFORMERS_TYPE.
     ``mtp_layers``: the family's multi-token-prediction layers after the decoder layers, as its
     released checkpoints hold them (mla_backend.tools.tiny_model.add_mtp_layers)."""
     from mla_backend.tools.tiny_model import add_mtp_layers
@@ -62,7 +63,8 @@ def save_checkpoint(
     stamp_file = path / "mla_backend_stamp.json"
     if stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
         return path
-    model_type = transformers_type or TRANSFORMERS_TYPE.get(family.model_type, family.model_type)
+    kimi_linear = family.model_type == "kimi_linear"
+    model_type = TRANSFORMERS_TYPE.get(family.model_type, family.model_type)
     torch.manual_seed(seed)
     transformers_model(model_type, config).to(torch.bfloat16).save_pretrained(path)
     if mtp_layers and family.model_type == "longcat_flash":  # LongCat's own layout (longcat_mtp.py)
@@ -71,6 +73,9 @@ def save_checkpoint(
     elif mtp_layers:
         add_mtp_layers(path, config, mtp_layers, seed, lambda deeper: transformers_model(model_type, deeper))
     written = json.loads((path / "config.json").read_text())
+    if kimi_linear:  # the family's config only: none of the keys DeepSeek-V3's classes add
+        written = {"dtype": "bfloat16"}
+        add_kda_layers(path, config, seed)
     (path / "config.json").write_text(json.dumps({**written, **config}, indent=1))
     stamp_file.write_text(json.dumps(stamp))
     return path

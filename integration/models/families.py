@@ -115,6 +115,16 @@ SPARSE_REFUSAL = "mla_backend decodes dense MLA; this model's attention is spars
 # zero_expert_type: as published; vLLM's LongCat MoE asserts it is set, and transformers' config has no default.
 LONGCAT_EXPERTS = {"n_routed_experts": 8, "zero_expert_num": 4, "moe_topk": 2, "zero_expert_type": "identity"}
 DEEPSEEK_V2_V_HEAD = {"v_head_dim": 128}  # the copies read cut off before v_head_dim; DeepSeek-V2's value
+# Kimi-Linear is a hybrid of KDA (linear attention) and MLA layers, and both engines build it as one
+# (vLLM sizes its cache pages from the KDA state): the published linear_attn_config (1-based lists, MLA on
+# 7 of 27 layers, KDA first) cut to one KDA layer and then one MLA layer.
+KIMI_LINEAR_HYBRID = {
+    "linear_attn_config": {
+        **published("Kimi-Linear-48B-A3B")["mla_layer_marker"]["linear_attn_config"],
+        "kda_layers": [1],
+        "full_attn_layers": [2],
+    }
+}
 
 FAMILIES: tuple[Family, ...] = (
     Family(
@@ -181,6 +191,7 @@ FAMILIES: tuple[Family, ...] = (
         heads={"TP1": 32},
         expect="bundled",
         fills=DEEPSEEK_V2_V_HEAD,
+        extra=KIMI_LINEAR_HYBRID,
     ),
     Family(
         "MiniCPM3",

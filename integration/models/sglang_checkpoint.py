@@ -1,7 +1,7 @@
 """The zoo's families (families.py) as SGLang 0.5.17 serves them: the model module SGLang runs each
 architecture with, the config keys its model code reads that the family's small config lacks, and the
-seeded checkpoint written with them (checkpoints.save_checkpoint, plus Kimi-Linear's linear-attention
-layer, which no transformers SGLang 0.5.17 works with can write).
+seeded checkpoint written with them (checkpoints.save_checkpoint; Kimi-Linear's KDA layer as kimi_linear.py
+writes it for both engines).
 
 Every key below cites the line of SGLang 0.5.17 (``sglang/srt/...``) that reads it.
 """
@@ -9,13 +9,9 @@ Every key below cites the line of SGLang 0.5.17 (``sglang/srt/...``) that reads 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 from pathlib import Path
 
-import torch
-
-from .checkpoints import dense_config, save_checkpoint, save_config
+from .checkpoints import save_checkpoint, save_config
 from .families import FAMILIES, LONGCAT_EXPERTS, SMALL, Family, pick, published
 
 # The module of sglang/srt/models/ whose EntryClass serves each architecture of the zoo.
@@ -62,19 +58,9 @@ SGLANG_KEYS: dict[str, dict] = {
 }
 
 
-def kimi_linear_keys(family: Family) -> dict:
-    """Every Kimi-Linear config is served as a hybrid of KDA (linear attention) and MLA layers
-    (configs/hybrid_arch.py:103), whose state shape configs/kimi_linear.py:175-177 reads from
-    ``linear_attn_config``: the published one, with one KDA layer and then one MLA layer (1-based lists,
-    as published: MLA on 7 of 27 layers, KDA first)."""
-    linear = dict(published(family.published)["mla_layer_marker"]["linear_attn_config"])
-    return {"linear_attn_config": {**linear, "kda_layers": [1], "full_attn_layers": [2]}}
-
-
 def for_sglang(family: Family) -> Family:
     """The family with the keys SGLang's model code reads added to its config."""
-    keys = kimi_linear_keys(family) if family.model_type == "kimi_linear" else SGLANG_KEYS.get(family.architecture, {})
-    return dataclasses.replace(family, extra={**family.extra, **keys})
+    return dataclasses.replace(family, extra={**family.extra, **SGLANG_KEYS.get(family.architecture, {})})
 
 
 def served(family: Family) -> bool:
@@ -107,54 +93,7 @@ def save_sglang_config(family: Family, path: str | Path, layout: str | None = No
 
 def save_sglang_checkpoint(family: Family, path: str | Path, layout: str | None = None, seed: int = 0) -> Path:
     """The family's seeded bf16 checkpoint (checkpoints.save_checkpoint) with SGLang's keys."""
-    family = for_sglang(family)
-    if family.model_type != "kimi_linear":
-        return save_checkpoint(family, path, layout, seed)
-    # transformers 5.12.1 has no Kimi-Linear: DeepSeek-V3's classes write its MLA layers and dense MLPs,
-    # under the names models/kimi_linear.py:759 loads (q_proj without q_lora, kv_a_proj_with_mqa, ...).
-    path = save_checkpoint(family, path, layout, seed, transformers_type="deepseek_v3")
-    config = dense_config(family, layout)
-    (path / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}, indent=1))  # no DeepSeek keys
-    add_kda_layers(path, config, seed)
-    return path
-
-
-def add_kda_layers(path: Path, config: dict, seed: int) -> None:
-    """Replace the attention of each KDA layer by seeded KDA weights under the released checkpoints'
-    names (models/kimi_linear.py:759, load_weights, maps them; transformers' conversion_mapping "kimi_linear"
-    names the same), initialised as transformers' KimiLinear initialises them."""
-    from safetensors.torch import load_file, save_file
-
-    (weights_file,) = path.glob("*.safetensors")  # one shard at these sizes
-    tensors = load_file(weights_file)
-    linear = config["linear_attn_config"]
-    heads, head_dim, hidden = linear["num_heads"], linear["head_dim"], config["hidden_size"]
-    width, std = heads * head_dim, config["initializer_range"]
-    gen = torch.Generator().manual_seed(seed + 2)
-
-    def normal(*shape: int) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen) * std).to(torch.bfloat16)
-
-    for layer in (n - 1 for n in linear["kda_layers"]):
-        prefix = f"model.layers.{layer}.self_attn."
-        if prefix + "A_log" in tensors:
-            continue  # written before
-        for name in [n for n in tensors if n.startswith(prefix)]:
-            del tensors[name]
-        kda = {f"{p}_proj.weight": normal(width, hidden) for p in "qkv"}
-        kda |= {"b_proj.weight": normal(heads, hidden), "o_proj.weight": normal(hidden, width)}
-        kda |= {f"{g}_a_proj.weight": normal(head_dim, hidden) for g in "fg"}
-        kda |= {f"{g}_b_proj.weight": normal(width, head_dim) for g in "fg"}
-        bound = linear["short_conv_kernel_size"] ** -0.5  # torch's default init of a depthwise conv
-        conv = [(torch.rand(width, 1, linear["short_conv_kernel_size"], generator=gen) * 2 - 1) * bound for _ in "qkv"]
-        kda |= {f"{p}_conv1d.weight": c.to(torch.bfloat16) for p, c in zip("qkv", conv)}
-        kda["A_log"] = (torch.rand(1, 1, heads, 1, generator=gen) * 15 + 1).log()  # decay rates in [1, 16]
-        low, high = math.log(1e-3), math.log(0.1)
-        dt = torch.exp(torch.rand(width, generator=gen) * (high - low) + low)
-        kda["dt_bias"] = dt + torch.log(-torch.expm1(-dt))  # the inverse softplus of a step in [1e-3, 0.1]
-        kda["o_norm.weight"] = torch.ones(head_dim, dtype=torch.bfloat16)
-        tensors.update({prefix + k: v.contiguous() for k, v in kda.items()})
-    save_file(tensors, weights_file, metadata={"format": "pt"})
+    return save_checkpoint(for_sglang(family), path, layout, seed)
 
 
 def save_sglang_tiny_deepseek(path: Path, heads: int, mtp_layers: int = 0) -> Path:
