@@ -613,3 +613,11 @@ def test_the_calibrated_rule_applies_the_tie_rule_unless_the_peer_breaks_it():
     at_tie = calibrated_agreement([[1, 0, 0, 0], [5, 0, 0, 0]], ref, tie_at_1, peer=[[9, 9, 9, 9], [5, 6, 7, 8]])
     assert not at_tie["rule_holds"] and at_tie["ok"] and not at_tie["failures"]
     assert (at_tie["agreed_steps"], at_tie["peer_agreed_steps"]) == (2, 4)
+    # The reference run again another way (SGLang's FP8 reference without graphs) parts from it at step
+    # 1: a tie there, so ours leaving the reference at step 1 keeps the rule.
+    early_ref, decided = [[1, 2, 3, 4], [5, 6, 7, 8]], [[1.0] * 4, [1.0] * 4]
+    leaves = [[1, 9, 9, 9], [5, 6, 7, 8]]
+    assert not calibrated_agreement(leaves, early_ref, decided, early_ref)["ok"]
+    repeat = [[1, 0, 0, 0], [5, 6, 7, 8]]
+    with_repeat = calibrated_agreement(leaves, early_ref, decided, early_ref, repeat)
+    assert with_repeat["ok"] and with_repeat["rule_holds"] and not with_repeat["failures"]

@@ -64,13 +64,18 @@ def significantly_fewer_steps(ours: list[int], peer: list[int], z: float = 2.0) 
 
 
 def calibrated_agreement(
-    ours: list[list[int]], ref: list[list[int]], ref_gaps: list[list[float]], peer: list[list[int]]
+    ours: list[list[int]],
+    ref: list[list[int]],
+    ref_gaps: list[list[float]],
+    peer: list[list[int]],
+    *repeats: list[list[int]],
 ) -> dict:
-    """The tie rule against ``ref``; where the engine's own second backend (``peer``) breaks it too
+    """The tie rule against ``ref`` (``repeats``: the reference run again another way, whose
+    disagreements with it are ties too); where the engine's own second backend (``peer``) breaks it
     (FP8: one e4m3 rounding of a new cache entry that flips grows into a different token), ours also
     passes by staying with ``ref`` at least as many greedy steps as the peer."""
-    verdict = agreement(ours, ref, ref_gaps)
-    verdict["rule_holds"] = agreement(peer, ref, ref_gaps)["ok"]
+    verdict = agreement(ours, ref, ref_gaps, *repeats)
+    verdict["rule_holds"] = agreement(peer, ref, ref_gaps, *repeats)["ok"]
     verdict["agreed_steps"], verdict["peer_agreed_steps"] = agreed_steps(ours, ref), agreed_steps(peer, ref)
     if not verdict["rule_holds"]:
         verdict["ok"] = verdict["ok"] or verdict["agreed_steps"] >= verdict["peer_agreed_steps"]
