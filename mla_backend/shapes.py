@@ -8,6 +8,7 @@ KV_LORA_RANK = LATENT_DIM
 HEAD_DIM = KV_LORA_RANK + ROPE_DIM  # 576: q/k = concat(nope 512, rope 64); v = k[..., :512]
 QK_NOPE_HEAD_DIMS = (128, 192)  # the model's pre-absorption nope dim; FlashInfer accepts these
 PAGE_SIZES = (16, 32, 64, 128)
+PREFERRED_PAGE_SIZE = 64  # what the kernels are measured at, and the one page FlashMLA reads
 MAX_HEADS = 128
 MAX_Q_LEN = 8
 assert MAX_HEADS * MAX_Q_LEN <= MAX_ROWS, "the kernels' row bound"

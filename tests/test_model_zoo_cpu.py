@@ -221,14 +221,41 @@ def test_every_mla_model_type_vllm_knows_is_classified():
     assert {t for t, where in MLA_MODEL_TYPES.items() if where.startswith("zoo")} == zoo - {"minicpm3"}
 
 
+def size_blocks_as_vllm_does(config: VllmConfig, monkeypatch) -> int:
+    """vLLM's own block sizing for an engine whose attention layers run our backend (Platform.
+    update_block_size_for_backend: the backend's preferred size unless the user named one, then a
+    hybrid's alignment); the lookup of the backend, which needs a GPU platform, stood in."""
+    from vllm.platforms.interface import Platform
+
+    if hasattr(Platform, "_find_non_ssm_backends"):  # vLLM 0.33
+        monkeypatch.setattr(Platform, "_find_non_ssm_backends", classmethod(lambda cls, c: [backend.MLABackend]))
+    else:
+        monkeypatch.setattr(Platform, "_find_non_ssm_backend", classmethod(lambda cls, c: backend.MLABackend))
+    Platform.update_block_size_for_backend(config)
+    return config.cache_config.block_size
+
+
+@pytest.mark.parametrize("block_size", [None, 16, 128], ids=["default", "user-16", "user-128"])
+def test_the_cache_is_paged_at_64_unless_the_user_names_a_size(block_size, tmp_path, monkeypatch):
+    """Started with the flag and no --block-size, vLLM pages the cache as our backend prefers (64: what
+    the kernels are measured at, and the only page FlashMLA reads for `auto` on SM90), not at its
+    default 16; a size the user names stays."""
+    from vllm.config import CacheConfig
+
+    config = engine_config(FAMILIES[0], "TP8", tmp_path)
+    config.cache_config = CacheConfig(cache_dtype="fp8", **({"block_size": block_size} if block_size else {}))
+    assert size_blocks_as_vllm_does(config, monkeypatch) == (block_size or 64)
+
+
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
 @pytest.mark.parametrize("block_size", [None, 64], ids=["default-block", "block-64"])
-def test_kimi_linear_s_hybrid_pages_reach_our_kernels_at_a_page_size_they_take(kv_cache_dtype, block_size, tmp_path):
+def test_kimi_linear_s_hybrid_pages_reach_our_kernels_at_a_page_size_they_take(
+    kv_cache_dtype, block_size, tmp_path, monkeypatch
+):
     """vLLM sizes a hybrid model's attention blocks so one holds a KDA layer's state (thousands of tokens,
     past our kernels' 16..128), then splits them into kernel blocks of a size every backend of the group
     takes: for Kimi-Linear that must be one of ours, else start-up stops in the model runner."""
     from vllm.config import CacheConfig
-    from vllm.platforms.interface import Platform
     from vllm.v1.worker.utils import select_common_block_size
 
     from mla_backend import shapes
@@ -237,11 +264,8 @@ def test_kimi_linear_s_hybrid_pages_reach_our_kernels_at_a_page_size_they_take(k
     config = engine_config(family, "TP1", tmp_path)
     config.cache_config = CacheConfig(cache_dtype=kv_cache_dtype, **({"block_size": block_size} if block_size else {}))
     assert config.model_config.is_hybrid
-    with set_current_vllm_config(config):
-        Platform._align_hybrid_block_size(config, backend.MLABackend)
-    aligned = config.cache_config.block_size
+    aligned = size_blocks_as_vllm_does(config, monkeypatch)
     assert aligned > max(shapes.PAGE_SIZES)  # a KDA state's worth of tokens
     kernel_page = select_common_block_size(aligned, [backend.MLABackend])
     assert kernel_page in shapes.PAGE_SIZES and aligned % kernel_page == 0
-    if block_size:
-        assert kernel_page >= block_size  # the user's page size, or a larger one we take
+    assert kernel_page >= shapes.PREFERRED_PAGE_SIZE  # blocks aligned to the preferred page, or the user's

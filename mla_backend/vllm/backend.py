@@ -167,6 +167,12 @@ class MLABackend(MLACommonBackend):
     def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
         return list(shapes.PAGE_SIZES)
 
+    @classmethod
+    def get_preferred_block_size(cls, default_block_size: int) -> int:
+        # Where the user names no --block-size, vLLM asks the backend; its default (16) is a page our
+        # kernels take but are not measured at, and `auto` on SM90 can hand decode to FlashMLA only at 64.
+        return shapes.PREFERRED_PAGE_SIZE
+
     @staticmethod
     def get_kv_cache_stride_order(include_num_layers_dimension: bool = False) -> tuple[int, ...]:
         return (1, 0, 2, 3) if include_num_layers_dimension else (0, 1, 2)
