@@ -544,6 +544,24 @@ MUTATIONS = [
         "if True:",
         "no start-up hint for a drafter left to vLLM",
     ),
+    M(
+        "mla_backend/vllm/backend.py",
+        "        return shapes.PREFERRED_PAGE_SIZE\n",
+        "        return default_block_size\n",
+        "vLLM's default 16-token pages where --block-size names none",
+    ),
+    M(
+        "integration/judges/decode_check.py",
+        "    private[rows] = call.own_keys[present]\n",
+        "",
+        "a call judged on cache rows a drafter rewrote after it",
+    ),
+    M(
+        "integration/judges/tokens.py",
+        'verdict["ok"] = verdict["ok"] or verdict["agreed_steps"]',
+        'verdict["ok"] = verdict["agreed_steps"]',
+        "the calibrated rule fails ours where it keeps the tie rule",
+    ),
 ]
 
 
