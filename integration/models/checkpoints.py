@@ -67,15 +67,15 @@ def save_checkpoint(
     model_type = TRANSFORMERS_TYPE.get(family.model_type, family.model_type)
     torch.manual_seed(seed)
     transformers_model(model_type, config).to(torch.bfloat16).save_pretrained(path)
+    if kimi_linear:
+        add_kda_layers(path, config, seed)
     if mtp_layers and family.model_type == "longcat_flash":  # LongCat's own layout (longcat_mtp.py)
         assert mtp_layers == 1, "LongCat-Flash ships one MTP layer"
         add_longcat_mtp_layer(path, config, seed)
     elif mtp_layers:
         add_mtp_layers(path, config, mtp_layers, seed, lambda deeper: transformers_model(model_type, deeper))
-    written = json.loads((path / "config.json").read_text())
-    if kimi_linear:  # the family's config only: none of the keys DeepSeek-V3's classes add
-        written = {"dtype": "bfloat16"}
-        add_kda_layers(path, config, seed)
+    # Kimi-Linear: the family's config only, none of the keys DeepSeek-V3's classes add.
+    written = {"dtype": "bfloat16"} if kimi_linear else json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**written, **config}, indent=1))
     stamp_file.write_text(json.dumps(stamp))
     return path

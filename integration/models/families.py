@@ -110,9 +110,9 @@ class Family:
 
 SPARSE_REFUSAL = "mla_backend decodes dense MLA; this model's attention is sparse"
 # LongCat-Flash routes in every block (no dense-only layer), so its experts are shrunk, keeping the
-# identity ("zero") experts the published config has (512 + 256, top 12); transformers, vLLM and SGLang
-# read these three keys alike.
-# zero_expert_type: as published; vLLM's LongCat MoE asserts it is set, and transformers' config has no default.
+# identity ("zero") experts the published config has (512 + 256, top 12; zero_expert_type as published,
+# which vLLM's LongCat MoE asserts and transformers' config leaves unset); transformers, vLLM and SGLang
+# read these keys alike.
 LONGCAT_EXPERTS = {"n_routed_experts": 8, "zero_expert_num": 4, "moe_topk": 2, "zero_expert_type": "identity"}
 DEEPSEEK_V2_V_HEAD = {"v_head_dim": 128}  # the copies read cut off before v_head_dim; DeepSeek-V2's value
 # Kimi-Linear is a hybrid of KDA (linear attention) and MLA layers, and both engines build it as one
