@@ -15,7 +15,7 @@ from absent_packages import absent_packages  # noqa: E402
 from oracle import naive_decode_problem  # noqa: E402
 
 from integration.judges.decode_check import MIN_VISIBLE_KEYS, DecodeCall, check_call, own_keys  # noqa: E402
-from integration.judges.decode_verdict import MIN_CHECKED_CALLS, MODEL_LAYERS, judge_decode_check  # noqa: E402
+from integration.judges.decode_verdict import MIN_CHECKED_CALLS, judge_decode_check  # noqa: E402
 from integration.judges.parallel import judge_flashmla_parallel, judge_parallel  # noqa: E402
 from integration.judges.speculation import judge_speculation  # noqa: E402
 from integration.judges.tokens import TIE_NATS, agreed_steps, agreement, significantly_fewer_steps  # noqa: E402
@@ -82,6 +82,46 @@ def test_calibration_averages_over_the_reference_runs():
     calibration = rule_calibration(refs, "fp8")
     assert calibration["peer_agreed_steps"] == (6 + 8) / 2
     assert calibration["rule_holds"]  # the peer leaves run 1 exactly where run 2 does: undecided
+
+
+FLASH_3 = [[1, 2, 3, 4], [5, 9, 9, 9], [7, 7, 7, 7]]
+TRITON_3 = [[1, 2, 3, 4], [5, 6, 7, 8], [7, 8, 8, 8]]  # with FLASH_3: 4 + 1 + 1 = 6 steps, parting at wide gaps
+
+
+@pytest.mark.parametrize(
+    "ours, ok",
+    [
+        (FLASH_3, True),  # the tie rule holds: one reference exactly, the other up to their parting
+        ([[1, 2, 3, 9], [5, 9, 9, 9], [7, 8, 8, 8]], True),  # rule broken at prompt 0, 8 steps with each
+        ([[1, 9, 9, 9], [5, 6, 9, 9], [7, 9, 9, 9]], False),  # rule broken, 3 and 4 steps: fewer than 6
+    ],
+    ids=["rule", "steps", "neither"],
+)
+def test_with_two_references_that_break_the_rule_between_them_ours_is_held_to_their_steps(ours, ok):
+    """bf16: vLLM's two backends part at wide gaps (a router turning a last-bit difference into another
+    expert), so ours must stay with each as many steps as they stay with each other."""
+    wide = [[1.0] * 4] * 3
+    refs = {
+        "FLASH_ATTN_MLAauto": {"tokens": FLASH_3, "gaps": wide},
+        "TRITON_MLAauto": {"tokens": TRITON_3, "gaps": wide},
+    }
+    assert not rule_calibration(refs, "auto")["rule_holds"]
+    result = {
+        "spec": {**SPEC, "kv_cache_dtype": "auto"},
+        "tokens": ours,
+        "routes": ["bundled"],
+        "decode_check": summary(),
+    }
+    verdict, notes = judge(result, refs, "bundled")
+    assert verdict == ok, notes
+    assert all("steps agreed vs 6 for vLLM's" in note for note in notes[:2])
+
+
+def test_with_two_references_that_keep_the_rule_the_tie_rule_alone_judges():
+    refs = {"FLASH_ATTN_MLAauto": {"tokens": REF, "gaps": WIDE}, "TRITON_MLAauto": {"tokens": REF, "gaps": WIDE}}
+    result = {"spec": {**SPEC, "kv_cache_dtype": "auto"}, "routes": ["bundled"], "decode_check": summary()}
+    assert judge({**result, "tokens": REF}, refs, "bundled")[0]
+    assert not judge({**result, "tokens": [[1, 2, 3, 4], [5, 6, 7, 9]]}, refs, "bundled")[0]
 
 
 # --- the forward_mqa check (integration/judges/decode_check.py) ------------------------------------
@@ -174,7 +214,8 @@ def summary(**changes):
         "graph_calls": 30,
         "checked_calls": 8,
         "checked_graph_calls": 6,
-        "checked_layers": [f"layer{i}" for i in range(MODEL_LAYERS)],
+        "calls_by_layer": {"layer0": 20, "layer1": 20},
+        "checked_layers": ["layer0", "layer1"],
         "checked_rows": 400,
         "max_rel_error": {1: 3e-3},
         "tolerance": 2e-2,
@@ -198,6 +239,7 @@ SPEC = {"backend": "CUSTOM", "graphs": True, "spec_tokens": 0, "kv_cache_dtype":
         {"checked_graph_calls": 0},
         {"checked_calls": MIN_CHECKED_CALLS - 1},
         {"checked_layers": ["layer0"]},
+        {"checked_layers": [], "calls_by_layer": {}},
         {"lse_checked_calls": 0},
         {"check_problems": ["RuntimeError('x')"]},
         {"max_rel_error": {}},

@@ -431,7 +431,6 @@ def stand_in(monkeypatch, tmp_path):
     """fault_check with its servers replaced by the stand-in (one for all of them) and, for checked
     servers, a float64 check summary as the worker check writes it (failing for corrupted outputs)."""
     from integration import fault_check as check
-    from integration.judges.decode_verdict import MODEL_LAYERS
 
     StandIn.reset()
     httpd = Listener(("127.0.0.1", 0), StandIn)
@@ -449,7 +448,8 @@ def stand_in(monkeypatch, tmp_path):
             check_dir.mkdir(exist_ok=True)
             error = 5e-2 if corrupt else 2e-3
             rank = {"q_lens": {"1": 60}, "graph_calls": 40, "checked_calls": 48, "checked_graph_calls": 20,
-                    "checked_layers": [f"layer{i}" for i in range(MODEL_LAYERS)], "checked_rows": 900,
+                    "calls_by_layer": {"layer0": 30, "layer1": 30}, "checked_layers": ["layer0", "layer1"],
+                    "checked_rows": 900,
                     "max_rel_error": {"1": error}, "tolerance": 2e-2, "lse_checked_calls": 48, "lse_ok": not corrupt,
                     "max_lse_error": 0.5 if corrupt else 1e-5, "check_problems": [], "routes": ["bundled"]}  # fmt: skip
             (check_dir / "rank0.json").write_text(json.dumps(rank))

@@ -269,3 +269,27 @@ def test_kimi_linear_s_hybrid_pages_reach_our_kernels_at_a_page_size_they_take(
     kernel_page = select_common_block_size(aligned, [backend.MLABackend])
     assert kernel_page in shapes.PAGE_SIZES and aligned % kernel_page == 0
     assert kernel_page >= shapes.PREFERRED_PAGE_SIZE  # blocks aligned to the preferred page, or the user's
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.expect != "refused"], ids=family_id)
+def test_each_checkpoint_has_the_layers_and_mlp_sizes_vllm_reads_from_its_config(family, tmp_path):
+    """The weights come from transformers' classes, the model from vLLM's reading of config.json: where the
+    two read different keys (transformers 5.17 takes LongCat's blocks and expert size from num_layers and
+    expert_ffn_hidden_size, vLLM from num_hidden_layers and moe_intermediate_size), vLLM's loader stops on
+    the GPU. Blocks, dense MLPs and experts must have the sizes and the expert ids vLLM builds."""
+    from safetensors import safe_open
+
+    from integration.models.checkpoints import save_checkpoint
+
+    path = save_checkpoint(family, tmp_path / "checkpoint")
+    text = ModelConfig(model=str(path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16").hf_text_config
+    with safe_open(next(path.glob("*.safetensors")), "pt") as weights:
+        shapes = {name: weights.get_slice(name).get_shape() for name in weights.keys()}  # noqa: SIM118
+    blocks = {name.split(".")[2] for name in shapes if name.startswith("model.layers.")}
+    assert blocks == {str(i) for i in range(text.num_hidden_layers)}
+    dense = {s[1] for n, s in shapes.items() if n.endswith("down_proj.weight") and ".experts." not in n}
+    experts = {s[1] for n, s in shapes.items() if n.endswith("down_proj.weight") and ".experts." in n}
+    assert dense == {text.intermediate_size}
+    assert experts <= {text.moe_intermediate_size}
+    expert_ids = {int(n.split(".experts.")[1].split(".")[0]) for n in shapes if ".experts." in n}
+    assert expert_ids <= set(range(getattr(text, "n_routed_experts", 0) or 0))  # what vLLM's loader maps

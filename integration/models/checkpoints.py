@@ -39,6 +39,11 @@ def transformers_model(model_type: str, config: dict) -> torch.nn.Module:
 
     fields = {k: v for k, v in config.items() if k != "model_type"}
     fields["mlp_layer_types"] = ["dense"] * fields["num_hidden_layers"]  # deeper models (MTP) too
+    if model_type == "longcat_flash":
+        # transformers counts LongCat's MLA sublayers (two a block) in num_hidden_layers and its blocks
+        # in num_layers; 5.17 derives the first from the second, 5.24 the second from the first, so
+        # both are given as they agree. The engines read the blocks from config.json's num_hidden_layers.
+        fields["num_hidden_layers"] = 2 * fields["num_layers"]
     return AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **fields))
 
 
@@ -69,6 +74,8 @@ def save_checkpoint(
     transformers_model(model_type, config).to(torch.bfloat16).save_pretrained(path)
     if kimi_linear:
         add_kda_layers(path, config, seed)
+    if family.model_type == "longcat_flash":
+        drop_identity_expert_weights(path, config["n_routed_experts"])
     if mtp_layers and family.model_type == "longcat_flash":  # LongCat's own layout (longcat_mtp.py)
         assert mtp_layers == 1, "LongCat-Flash ships one MTP layer"
         add_longcat_mtp_layer(path, config, seed)
@@ -79,6 +86,21 @@ def save_checkpoint(
     (path / "config.json").write_text(json.dumps({**written, **config}, indent=1))
     stamp_file.write_text(json.dumps(stamp))
     return path
+
+
+def drop_identity_expert_weights(path: Path, routed: int) -> None:
+    """transformers writes LongCat's identity ("zero") experts as weights after the routed ones;
+    released checkpoints hold the routed experts only, and vLLM's loader stops on any other index."""
+    from safetensors.torch import load_file, save_file
+
+    (weights_file,) = path.glob("*.safetensors")  # one shard at these sizes
+    tensors = load_file(weights_file)
+    kept = {
+        name: tensor
+        for name, tensor in tensors.items()
+        if ".experts." not in name or int(name.split(".experts.")[1].split(".")[0]) < routed
+    }
+    save_file(kept, weights_file, metadata={"format": "pt"})
 
 
 def save_config(family: Family, path: str | Path, layout: str | None = None) -> Path:

@@ -112,8 +112,18 @@ SPARSE_REFUSAL = "mla_backend decodes dense MLA; this model's attention is spars
 # LongCat-Flash routes in every block (no dense-only layer), so its experts are shrunk, keeping the
 # identity ("zero") experts the published config has (512 + 256, top 12; zero_expert_type as published,
 # which vLLM's LongCat MoE asserts and transformers' config leaves unset); transformers, vLLM and SGLang
-# read these keys alike.
-LONGCAT_EXPERTS = {"n_routed_experts": 8, "zero_expert_num": 4, "moe_topk": 2, "zero_expert_type": "identity"}
+# read these keys alike. Its sizes go under the published names too: transformers 5.17 (the GPU image's)
+# reads only those, and its defaults (28 blocks, experts of 2048) are not what vLLM builds from the
+# generic intermediate_size / moe_intermediate_size.
+LONGCAT_SMALL = {
+    "n_routed_experts": 8,
+    "zero_expert_num": 4,
+    "moe_topk": 2,
+    "zero_expert_type": "identity",
+    "num_layers": SMALL["num_hidden_layers"],  # blocks of two MLA sublayers
+    "ffn_hidden_size": SMALL["intermediate_size"],
+    "expert_ffn_hidden_size": SMALL["moe_intermediate_size"],
+}
 DEEPSEEK_V2_V_HEAD = {"v_head_dim": 128}  # the copies read cut off before v_head_dim; DeepSeek-V2's value
 # Kimi-Linear is a hybrid of KDA (linear attention) and MLA layers, and both engines build it as one
 # (vLLM sizes its cache pages from the KDA state): the published linear_attn_config (1-based lists, MLA on
@@ -181,7 +191,7 @@ FAMILIES: tuple[Family, ...] = (
         heads={"TP8": 8, "TP1": 64},
         expect="bundled",
         drafter="longcat_flash_mtp",
-        extra=LONGCAT_EXPERTS,
+        extra=LONGCAT_SMALL,
     ),
     Family(
         "Kimi-Linear",

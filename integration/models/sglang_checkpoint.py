@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 
 from .checkpoints import save_checkpoint, save_config
-from .families import FAMILIES, LONGCAT_EXPERTS, SMALL, Family, pick, published
+from .families import FAMILIES, Family, pick, published
 
 # The module of sglang/srt/models/ whose EntryClass serves each architecture of the zoo.
 SGLANG_MODULES = {
@@ -35,14 +35,10 @@ DEEPSEEK_LAYERS = {"moe_layer_freq": 1}
 # are DeepSeek-V3's published ones.
 DEEPSEEK_NEXTN = {"mtp_moe": True, "topk_method": "noaux_tc", "scoring_func": "sigmoid"}
 # LongCat-Flash has no dense-only layer: each block routes (models/longcat_flash.py:427), so its experts
-# are shrunk (families.LONGCAT_EXPERTS; SGLang reads them at configs/longcat_flash.py:95, :107, :96).
-# Where transformers (which writes the weights) and SGLang read different keys, both get the same value.
+# are shrunk (families.LONGCAT_SMALL; SGLang reads them at configs/longcat_flash.py:95, :107, :96, its
+# blocks as num_hidden_layers at :82, its dense MLPs as intermediate_size at :85 and its experts as
+# expert_ffn_hidden_size at :87, each the same value as transformers' key).
 LONGCAT = {
-    # blocks of two MLA layers: transformers counts num_layers, SGLang num_hidden_layers (configs/longcat_flash.py:82)
-    "num_layers": SMALL["num_hidden_layers"],
-    "ffn_hidden_size": SMALL["intermediate_size"],  # transformers' dense MLPs; SGLang's: intermediate_size (:85)
-    "expert_ffn_hidden_size": SMALL["moe_intermediate_size"],  # both (:87 for SGLang)
-    **LONGCAT_EXPERTS,
     # models/longcat_flash.py:384 asks `"rope_theta" in config.rope_parameters`, which transformers 5.12.1
     # leaves None where config.json has no rope_scaling (as published): a TypeError while the model is
     # built. Plain RoPE spelled as rope_scaling gets past it; SGLang then runs it as DeepSeek's YaRN with
