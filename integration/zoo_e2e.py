@@ -39,6 +39,7 @@ import torch
 # (the mla_backend under test is the installed one).
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 from integration.engines.glm_dense_only import allow_dense_only_glm  # noqa: E402
+from integration.engines.longcat_mtp_weights import skip_longcat_mtp_weights_in_target  # noqa: E402
 from integration.engines.vllm_engine import SETUP_ENV, release_engine, run_engine, run_engine_isolated  # noqa: E402
 from integration.engines.vllm_references import reference_runs  # noqa: E402
 from integration.engines.vllm_spec import EngineSpec, engine_kwargs  # noqa: E402
@@ -202,8 +203,10 @@ def main() -> int:
     if not parts <= {"plain", "drafts"}:
         parser.error(f"--parts: plain and drafts, not {sorted(parts - {'plain', 'drafts'})}")
     out.mkdir(parents=True, exist_ok=True)
-    allow_dense_only_glm()
-    os.environ[SETUP_ENV] = f"{allow_dense_only_glm.__module__}:{allow_dense_only_glm.__name__}"  # --isolated
+    setups = (allow_dense_only_glm, skip_longcat_mtp_weights_in_target)
+    for setup in setups:
+        setup()
+    os.environ[SETUP_ENV] = ",".join(f"{s.__module__}:{s.__name__}" for s in setups)  # --isolated
     rows: list = []
     ok = True
     if args.refusals:  # quick: each stops at start-up
