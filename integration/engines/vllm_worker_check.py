@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 
 from integration.engines.entry_point_dir import entry_point_dir, path_with
@@ -113,21 +114,17 @@ def merged_summary(directory: Path) -> dict:
     """The ranks' summaries as one: counts added, worst errors kept, problems joined; ``ranks`` says
     how many ranks reported (a rank that wrote nothing checked nothing)."""
     parts = [json.loads(p.read_text()) for p in sorted(Path(directory).glob("rank*.json"))]
-    q_lens: dict[str, int] = {}
-    by_layer: dict[str, int] = {}
+    q_lens = sum((Counter({str(k): v for k, v in p["q_lens"].items()}) for p in parts), Counter())
+    by_layer = sum((Counter(p.get("calls_by_layer", {})) for p in parts), Counter())
     worst: dict[str, float] = {}
     for part in parts:
-        for k, v in part["q_lens"].items():
-            q_lens[str(k)] = q_lens.get(str(k), 0) + v
-        for layer, calls in part.get("calls_by_layer", {}).items():
-            by_layer[layer] = by_layer.get(layer, 0) + calls
         for k, v in part["max_rel_error"].items():
             worst[str(k)] = max(worst.get(str(k), 0.0), v)
     lse_errors = [p["max_lse_error"] for p in parts if p["max_lse_error"] is not None]
     return {
         "ranks": len(parts),
         "routes": sorted({route for p in parts for route in p.get("routes", [])}),
-        "q_lens": q_lens,
+        "q_lens": dict(q_lens),
         "calls_by_layer": dict(sorted(by_layer.items())),
         "graph_calls": sum(p["graph_calls"] for p in parts),
         "checked_calls": sum(p["checked_calls"] for p in parts),
