@@ -106,7 +106,9 @@ rm -rf /tmp/mla_cache && mkdir -p /tmp/mla_cache && { [ -d .gpu/cache ] && cp -r
 export MLA_BACKEND_CACHE_DIR=/tmp/mla_cache
 # NCCL only: no NVLink multicast (the lent multi-GPU machines do not support it).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_ALLREDUCE_USE_SYMM_MEM=0
-echo "wheel built at $(cat .gpu/dist/BUILT_AT 2>/dev/null), checkout $(git rev-parse --short HEAD 2>/dev/null)"
+# The lent machine's copy of .git can lag the working tree it gets: CHECKOUT=$(git rev-parse --short HEAD),
+# set in the command here, names the tree the run used.
+echo "wheel built at $(cat .gpu/dist/BUILT_AT 2>/dev/null), checkout ${CHECKOUT:-$(git rev-parse --short HEAD 2>/dev/null) (from the copied .git)}"
 nvidia-smi --query-gpu=name --format=csv,noheader
 
 run() { timeout "$LIMIT" "$@" 2>&1 | tee -a "$OUT/log.txt"; }
