@@ -20,7 +20,7 @@
 #     one or two parts a call, each part starts two or more servers)
 #   | gputests (TEST_FILES, default the kernel tests and the peers' grids; their per-case errors in $OUT/grids.jsonl)
 #   | bench | routes
-#   | profile (Nsight Compute on ours and FlashMLA at SHAPE="heads batch seq", FP8; reports in $OUT)
+#   | profile (Nsight Compute on ours and FlashMLA at SHAPE="heads batch seq [q_len]", FP8; reports in $OUT)
 #   | ab (our times, dev/time_ours.py, alternating the wheel in .gpu/ab/ (base) and .gpu/dist/, 3 rounds)
 #   | script (runs python3 $SCRIPT: a one-off probe on the installed wheel)
 #   | dp (integration/dp_e2e.py on two GPUs: vllm serve --data-parallel-size 2 --enable-expert-parallel,
