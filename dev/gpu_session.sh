@@ -20,7 +20,8 @@
 #     one or two parts a call, each part starts two or more servers)
 #   | gputests (TEST_FILES, default the kernel tests and the peers' grids; their per-case errors in $OUT/grids.jsonl)
 #   | bench | routes
-#   | profile (Nsight Compute on ours and FlashMLA at SHAPE="heads batch seq [q_len]", FP8; reports in $OUT)
+#   | profile (Nsight Compute on ours and FlashMLA at SHAPE="heads batch seq [q_len]", FP8, and on the
+#     wheel in .gpu/ab/ as ours_base where carried: two builds of ours side by side; reports in $OUT)
 #   | ab (our times, dev/time_ours.py, alternating the wheel in .gpu/ab/ (base) and .gpu/dist/, 3 rounds)
 #   | script (runs python3 $SCRIPT: a one-off probe on the installed wheel)
 #   | dp (integration/dp_e2e.py on two GPUs: vllm serve --data-parallel-size 2 --enable-expert-parallel,
@@ -138,13 +139,19 @@ for part in ${PART//,/ }; do
     variants) run python3 dev/variant_error.py ;;
     inputs) run python3 dev/input_ab.py ;;
     placement) run python3 dev/cache_placement.py ;;
-    profile)
+    profile)  # ours from .gpu/dist, FlashMLA, and ours from .gpu/ab (as ours_base) where carried
       ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-      for kernel in ours flashmla; do
-        run "$ncu" --nvtx --nvtx-include "profile/" --section SpeedOfLight --section MemoryWorkloadAnalysis \
-          --section Occupancy --section WarpStateStats --section LaunchStats --section SchedulerStats \
-          --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-          python3 dev/profile_shape.py "$kernel" ${SHAPE:-16 128 16384} >"$OUT/ncu_$kernel.txt"
+      runs=(ours flashmla)
+      if compgen -G ".gpu/ab/*.whl" >/dev/null; then
+        rm -rf /tmp/mla_base && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mla_base .gpu/ab/*.whl
+        runs+=(ours_base)
+      fi
+      for name in "${runs[@]}"; do
+        lib=/tmp/mla; [ "$name" = ours_base ] && lib=/tmp/mla_base
+        PYTHONPATH=$lib:${PYTHONPATH#/tmp/mla:} run "$ncu" --nvtx --nvtx-include "profile/" --section SpeedOfLight \
+          --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
+          --section SchedulerStats --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+          python3 dev/profile_shape.py "${name%_base}" ${SHAPE:-16 128 16384} >"$OUT/ncu_$name.txt"
       done ;;
     ab)
       rm -rf /tmp/mla_base && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mla_base .gpu/ab/*.whl
