@@ -263,6 +263,16 @@ def test_the_server_environment_is_the_engines_with_the_strict_idle_check(monkey
     assert sglang_server.server_env()["PYTHONPATH"].split(os.pathsep) == [*stand_ins, "/installed"]
 
 
+def first_line(log: Path, timeout_s: float = 120.0) -> str:
+    """The first whole line a started process writes to ``log`` (a slow start on a loaded 2-core CI
+    machine, or a read in the middle of the write, must not be read as an empty or cut line)."""
+    deadline = time.monotonic() + timeout_s
+    while "\n" not in (text := log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, f"nothing written to {log} in {timeout_s:.0f} s"
+        time.sleep(0.1)
+    return text.split("\n", 1)[0]
+
+
 def test_a_checked_server_runs_in_its_log_folder_finds_the_check_and_stops_on_sigint(tmp_path):
     """start runs the command where its log is (``python -m`` puts that folder first on sys.path, not the
     checkout, whose mla_backend would shadow the installed one), with the float64 check's settings and
@@ -279,11 +289,7 @@ def test_a_checked_server_runs_in_its_log_folder_finds_the_check_and_stops_on_si
     extra = sglang_decode_check.plugin_env(tmp_path / "plugin", 1.05, tmp_path / "summary.json")
     log = tmp_path / "logs" / "server.log"
     server = sglang_server.start([sys.executable, "-c", probe], log, sglang_server.server_env(extra))
-    for _ in range(300):
-        if log.read_text().strip():
-            break
-        time.sleep(0.1)
-    seen = json.loads(log.read_text())
+    seen = json.loads(first_line(log))
     assert seen["cwd"] == str(log.parent) and sglang_decode_check.ENTRY_POINT in seen["plugins"]
     assert json.loads(seen["check"]) == {"corruption": 1.05, "summary": str(tmp_path / "summary.json")}
     assert seen["strict"] == "1"
@@ -299,11 +305,7 @@ def test_a_server_that_ignores_sigint_is_killed_with_its_children(tmp_path):
     )
     log = tmp_path / "server.log"
     server = sglang_server.start([sys.executable, "-c", probe], log, dict(os.environ))
-    for _ in range(100):
-        if log.read_text().strip():
-            break
-        time.sleep(0.1)
-    child = int(log.read_text())
+    child = int(first_line(log))
     assert not sglang_server.stop(server, timeout_s=1)
     with pytest.raises(ProcessLookupError):
         os.killpg(server.pid, 0)
