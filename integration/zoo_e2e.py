@@ -56,6 +56,18 @@ OURS = {"backend": "xqa"}
 MTP_DRAFTERS = ("deepseek_mtp", "glm4_moe_lite_mtp", "longcat_flash_mtp")
 
 
+# Each judged engine's greedy tokens with its references' tokens and gaps, by row name: written beside
+# zoo.json so a verdict can be recomputed without the GPU (as run_e2e.py's results are).
+TOKENS: dict[str, dict] = {}
+
+
+def keep_tokens(label: str, spec: EngineSpec, result: dict, refs: dict[str, dict]) -> None:
+    TOKENS[f"{label}: {spec.name}"] = {
+        "ours": result["tokens"],
+        "refs": {key: {"tokens": ref["tokens"], "gaps": ref.get("gaps")} for key, ref in refs.items()},
+    }
+
+
 def add_engine_row(rows: list, label: str, spec: EngineSpec, ok: bool, notes: list[str]) -> None:
     """One engine's verdict into the table, printed as it comes."""
     rows.append((f"{label}: {spec.name}", "PASS" if ok else "FAIL", "; ".join(notes)))
@@ -82,6 +94,7 @@ def run_family(
         spec = EngineSpec("CUSTOM", kv, 64, True, mla_backend=OURS)
         try:
             result = (run_engine_isolated if isolated else run_engine)(spec, model, prompts)
+            keep_tokens(label, spec, result, refs)
             ok, notes = judge(result, refs, "bundled")
         except Exception as err:  # one family's failure must not hide the others'
             ok, notes = False, [repr(err)[:300]]
@@ -153,6 +166,7 @@ def run_drafter(
             spec = EngineSpec("CUSTOM", kv, 64, True, mla_backend=OURS, **drafted)
             try:
                 result = run_engine_isolated(spec, model, prompts)
+                keep_tokens(label, spec, result, refs)
                 ok, notes = judge(result, refs, "bundled")
                 notes.append(non_speculative_note(result, plain, kv))
             except Exception as err:
@@ -219,6 +233,7 @@ def main() -> int:
             draft_tokens = [int(k) for k in args.draft_tokens.split(",")]
             ok &= run_drafts(family, layout, kvs, model_dir, draft_tokens, rows)
     (out / "zoo.json").write_text(json.dumps(rows, indent=1))
+    (out / "zoo_tokens.json").write_text(json.dumps(TOKENS))
     print(f"\n== model zoo ({torch.cuda.get_device_name()}) ==")
     for name, status, notes in rows:
         print(f"{status:10s} {name:60s} {notes}")

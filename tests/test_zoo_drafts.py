@@ -221,21 +221,22 @@ def test_the_drafts_part_runs_each_k_against_references_with_the_same_drafter(mo
 
     def reference_runs(model, prompts, rows, kvs, spec_tokens=0, spec_method="ngram", isolated=False, draft_model=None):
         references.append((spec_tokens, spec_method if spec_tokens else None, Path(model).name))
-        return {"k": spec_tokens}
+        return {"FLASHMLAfp8": {"tokens": [[spec_tokens]], "gaps": [[1.0]]}}
 
     def judge(result, refs, route):
-        assert refs == {"k": result["spec"].spec_tokens} and route == "bundled"
+        assert refs["FLASHMLAfp8"]["tokens"] == [[result["spec"].spec_tokens]] and route == "bundled"
         return result["spec"].spec_tokens != 3, ["judged"]  # k = 3 fails: its row must say so
 
     monkeypatch.setattr(zoo_e2e, "reference_runs", reference_runs)
 
     def run_engine_isolated(spec, model, prompts):
         ours.append(spec)
-        return {"spec": spec}
+        return {"spec": spec, "tokens": [[spec.spec_tokens + 100]]}
 
     monkeypatch.setattr(zoo_e2e, "run_engine_isolated", run_engine_isolated)
     monkeypatch.setattr(zoo_e2e, "judge", judge)
     monkeypatch.setattr(zoo_e2e, "non_speculative_note", lambda result, plain, kv: "vs plain")
+    monkeypatch.setattr(zoo_e2e, "TOKENS", {})
     rows: list = []
     ok = zoo_e2e.run_drafts(glm, "TP1", {"fp8"}, tmp_path, [1, 3], rows)
 
@@ -246,6 +247,8 @@ def test_the_drafts_part_runs_each_k_against_references_with_the_same_drafter(mo
         (3, "glm4_moe_lite_mtp", zoo_e2e.OURS),
     ]
     assert not ok and [status for _, status, _ in rows] == ["PASS", "FAIL"]
+    kept = {name: (run["ours"], run["refs"]["FLASHMLAfp8"]["tokens"]) for name, run in zoo_e2e.TOKENS.items()}
+    assert sorted(kept.values()) == [([[101]], [[1]]), ([[103]], [[3]])]  # each run's tokens beside its references'
     assert json.loads((tmp_path / name / "config.json").read_text())["num_nextn_predict_layers"] == 1
 
 
