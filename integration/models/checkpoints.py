@@ -76,9 +76,9 @@ def save_checkpoint(
         add_kda_layers(path, config, seed)
     if family.model_type == "longcat_flash":
         drop_identity_expert_weights(path, config["n_routed_experts"])
-    if mtp_layers and family.model_type == "longcat_flash":  # LongCat's own layout (longcat_mtp.py)
-        assert mtp_layers == 1, "LongCat-Flash ships one MTP layer"
-        add_longcat_mtp_layer(path, config, seed)
+        if mtp_layers:  # LongCat's own layout (longcat_mtp.py)
+            assert mtp_layers == 1, "LongCat-Flash ships one MTP layer"
+            add_longcat_mtp_layer(path, config, seed)
     elif mtp_layers:
         add_mtp_layers(path, config, mtp_layers, seed, lambda deeper: transformers_model(model_type, deeper))
     # Kimi-Linear: the family's config only, none of the keys DeepSeek-V3's classes add.
@@ -91,16 +91,12 @@ def save_checkpoint(
 def drop_identity_expert_weights(path: Path, routed: int) -> None:
     """transformers writes LongCat's identity ("zero") experts as weights after the routed ones;
     released checkpoints hold the routed experts only, and vLLM's loader stops on any other index."""
-    from safetensors.torch import load_file, save_file
+    from mla_backend.tools.tiny_model import edited_weights
 
-    (weights_file,) = path.glob("*.safetensors")  # one shard at these sizes
-    tensors = load_file(weights_file)
-    kept = {
-        name: tensor
-        for name, tensor in tensors.items()
-        if ".experts." not in name or int(name.split(".experts.")[1].split(".")[0]) < routed
-    }
-    save_file(kept, weights_file, metadata={"format": "pt"})
+    with edited_weights(path) as tensors:
+        for name in [n for n in tensors if ".experts." in n]:
+            if int(name.split(".experts.")[1].split(".")[0]) >= routed:
+                del tensors[name]
 
 
 def save_config(family: Family, path: str | Path, layout: str | None = None) -> Path:

@@ -22,35 +22,39 @@ def add_kda_layers(path: Path, config: dict, seed: int) -> None:
     """Replace the attention of each KDA layer by seeded KDA weights under the released checkpoints'
     names (models/kimi_linear.py:759, load_weights, maps them; transformers' conversion_mapping "kimi_linear"
     names the same), initialised as transformers' KimiLinear initialises them."""
-    from safetensors.torch import load_file, save_file
+    from mla_backend.tools.tiny_model import edited_weights
 
-    (weights_file,) = path.glob("*.safetensors")  # one shard at these sizes
-    tensors = load_file(weights_file)
     linear = config["linear_attn_config"]
-    heads, head_dim, hidden = linear["num_heads"], linear["head_dim"], config["hidden_size"]
-    width, std = heads * head_dim, config["initializer_range"]
     gen = torch.Generator().manual_seed(seed + 2)
+    with edited_weights(path) as tensors:
+        for layer in (n - 1 for n in linear["kda_layers"]):
+            prefix = f"model.layers.{layer}.self_attn."
+            if prefix + "A_log" in tensors:
+                continue  # written before
+            for name in [n for n in tensors if n.startswith(prefix)]:
+                del tensors[name]
+            kda = seeded_kda(linear, config["hidden_size"], config["initializer_range"], gen)
+            tensors.update({prefix + k: v.contiguous() for k, v in kda.items()})
+
+
+def seeded_kda(linear: dict, hidden: int, std: float, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """One KDA layer's attention weights, by their names under ``self_attn.``."""
+    heads, head_dim = linear["num_heads"], linear["head_dim"]
+    width = heads * head_dim
 
     def normal(*shape: int) -> torch.Tensor:
         return (torch.randn(*shape, generator=gen) * std).to(torch.bfloat16)
 
-    for layer in (n - 1 for n in linear["kda_layers"]):
-        prefix = f"model.layers.{layer}.self_attn."
-        if prefix + "A_log" in tensors:
-            continue  # written before
-        for name in [n for n in tensors if n.startswith(prefix)]:
-            del tensors[name]
-        kda = {f"{p}_proj.weight": normal(width, hidden) for p in "qkv"}
-        kda |= {"b_proj.weight": normal(heads, hidden), "o_proj.weight": normal(hidden, width)}
-        kda |= {f"{g}_a_proj.weight": normal(head_dim, hidden) for g in "fg"}
-        kda |= {f"{g}_b_proj.weight": normal(width, head_dim) for g in "fg"}
-        bound = linear["short_conv_kernel_size"] ** -0.5  # torch's default init of a depthwise conv
-        conv = [(torch.rand(width, 1, linear["short_conv_kernel_size"], generator=gen) * 2 - 1) * bound for _ in "qkv"]
-        kda |= {f"{p}_conv1d.weight": c.to(torch.bfloat16) for p, c in zip("qkv", conv)}
-        kda["A_log"] = (torch.rand(1, 1, heads, 1, generator=gen) * 15 + 1).log()  # decay rates in [1, 16]
-        low, high = math.log(1e-3), math.log(0.1)
-        dt = torch.exp(torch.rand(width, generator=gen) * (high - low) + low)
-        kda["dt_bias"] = dt + torch.log(-torch.expm1(-dt))  # the inverse softplus of a step in [1e-3, 0.1]
-        kda["o_norm.weight"] = torch.ones(head_dim, dtype=torch.bfloat16)
-        tensors.update({prefix + k: v.contiguous() for k, v in kda.items()})
-    save_file(tensors, weights_file, metadata={"format": "pt"})
+    kda = {f"{p}_proj.weight": normal(width, hidden) for p in "qkv"}
+    kda |= {"b_proj.weight": normal(heads, hidden), "o_proj.weight": normal(hidden, width)}
+    kda |= {f"{g}_a_proj.weight": normal(head_dim, hidden) for g in "fg"}
+    kda |= {f"{g}_b_proj.weight": normal(width, head_dim) for g in "fg"}
+    bound = linear["short_conv_kernel_size"] ** -0.5  # torch's default init of a depthwise conv
+    conv = [(torch.rand(width, 1, linear["short_conv_kernel_size"], generator=gen) * 2 - 1) * bound for _ in "qkv"]
+    kda |= {f"{p}_conv1d.weight": c.to(torch.bfloat16) for p, c in zip("qkv", conv)}
+    kda["A_log"] = (torch.rand(1, 1, heads, 1, generator=gen) * 15 + 1).log()  # decay rates in [1, 16]
+    low, high = math.log(1e-3), math.log(0.1)
+    dt = torch.exp(torch.rand(width, generator=gen) * (high - low) + low)
+    kda["dt_bias"] = dt + torch.log(-torch.expm1(-dt))  # the inverse softplus of a step in [1e-3, 0.1]
+    kda["o_norm.weight"] = torch.ones(head_dim, dtype=torch.bfloat16)
+    return kda

@@ -24,7 +24,7 @@ FROM_MAIN = {
 def add_longcat_mtp_layer(path: Path, settings: dict, seed: int) -> None:
     """Append the MTP layer to the LongCat checkpoint at ``path`` written with ``settings`` (whose
     ``num_nextn_predict_layers``, 1, vLLM reads for the drafter's depth)."""
-    from safetensors.torch import load_file, save_file
+    from mla_backend.tools.tiny_model import edited_weights
 
     hidden, std = settings["hidden_size"], settings["initializer_range"]
     generator = torch.Generator().manual_seed(seed + 1)
@@ -35,16 +35,14 @@ def add_longcat_mtp_layer(path: Path, settings: dict, seed: int) -> None:
     def ones(size: int) -> torch.Tensor:
         return torch.ones(size, dtype=torch.bfloat16)
 
-    (weights_file,) = path.glob("*.safetensors")  # one shard at these sizes
-    tensors = load_file(weights_file)
-    for name, tensor in sorted(tensors.items()):
-        for source, target in FROM_MAIN.items():
-            if name.startswith(source):
-                suffix = name.removeprefix(source)
-                tensors[target + suffix] = ones(tensor.shape[0]) if "layernorm" in suffix else normal(*tensor.shape)
-    for norm in ("input_layernorm", "post_attention_layernorm", "enorm.m", "hnorm.m"):
-        tensors[f"{LAYER}{norm}.weight"] = ones(hidden)
-    tensors[LAYER + "eh_proj.weight"] = normal(hidden, 2 * hidden)
-    tensors[MTP + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
-    tensors[MTP + "norm.weight"] = ones(hidden)
-    save_file(tensors, weights_file, metadata={"format": "pt"})
+    with edited_weights(path) as tensors:
+        for name, tensor in sorted(tensors.items()):
+            for source, target in FROM_MAIN.items():
+                if name.startswith(source):
+                    suffix = name.removeprefix(source)
+                    tensors[target + suffix] = ones(tensor.shape[0]) if "layernorm" in suffix else normal(*tensor.shape)
+        for norm in ("input_layernorm", "post_attention_layernorm", "enorm.m", "hnorm.m"):
+            tensors[f"{LAYER}{norm}.weight"] = ones(hidden)
+        tensors[LAYER + "eh_proj.weight"] = normal(hidden, 2 * hidden)
+        tensors[MTP + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+        tensors[MTP + "norm.weight"] = ones(hidden)

@@ -14,8 +14,10 @@ released checkpoints do: ``model.layers.{N}`` (N = num_hidden_layers) is a full 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -85,12 +87,24 @@ def deeper_deepseek_v3(settings: dict) -> torch.nn.Module:
     return DeepseekV3ForCausalLM(DeepseekV3Config(**settings))
 
 
+@contextlib.contextmanager
+def edited_weights(path: Path) -> Iterator[dict[str, torch.Tensor]]:
+    """The tensors of the saved checkpoint's one shard (one at these sizes), written back as the block
+    leaves them (not where it raises)."""
+    from safetensors.torch import load_file, save_file
+
+    (weights_file,) = path.glob("*.safetensors")
+    tensors = load_file(weights_file)
+    yield tensors
+    save_file(tensors, weights_file, metadata={"format": "pt"})
+
+
 def add_mtp_layers(path: Path, settings: dict, count: int, seed: int, deeper_model=deeper_deepseek_v3) -> None:
     """Append seeded MTP layers to the saved checkpoint. Their decoder blocks come from a deeper model
     of the same config (``deeper_model(settings)``, the family's transformers class; so they are
     initialised as the decoder layers are); the MTP projections use the same wide normal init, the
     norms start at one as RMSNorm's do. DeepSeek-V3's layout, which GLM-4.7-Flash's checkpoints share."""
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     layers = settings["num_hidden_layers"]
     torch.manual_seed(seed + 1)
@@ -99,16 +113,14 @@ def add_mtp_layers(path: Path, settings: dict, count: int, seed: int, deeper_mod
     with tempfile.TemporaryDirectory() as scratch:
         deeper.save_pretrained(scratch)
         deeper_state = {k: v for f in sorted(Path(scratch).glob("*.safetensors")) for k, v in load_file(f).items()}
-    (weights_file,) = path.glob("*.safetensors")  # one shard at these sizes
-    tensors = load_file(weights_file)
     hidden, std = settings["hidden_size"], settings["initializer_range"]
-    for index in range(layers, layers + count):
-        prefix = f"model.layers.{index}."
-        tensors.update({k: v.contiguous() for k, v in deeper_state.items() if k.startswith(prefix)})
-        tensors[prefix + "enorm.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
-        tensors[prefix + "hnorm.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
-        tensors[prefix + "eh_proj.weight"] = (torch.randn(hidden, 2 * hidden) * std).to(torch.bfloat16)
-        tensors[prefix + "shared_head.norm.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
-        tensors[prefix + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
-        tensors[prefix + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
-    save_file(tensors, weights_file, metadata={"format": "pt"})
+    with edited_weights(path) as tensors:
+        for index in range(layers, layers + count):
+            prefix = f"model.layers.{index}."
+            tensors.update({k: v.contiguous() for k, v in deeper_state.items() if k.startswith(prefix)})
+            tensors[prefix + "enorm.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
+            tensors[prefix + "hnorm.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
+            tensors[prefix + "eh_proj.weight"] = (torch.randn(hidden, 2 * hidden) * std).to(torch.bfloat16)
+            tensors[prefix + "shared_head.norm.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
+            tensors[prefix + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+            tensors[prefix + "embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
