@@ -5,7 +5,8 @@
 #
 # Expects, carried in .gpu/ (git-ignored): the offline vLLM 0.26 bundle (../shared/gpu/README.md),
 # the project's wheel in .gpu/dist/ (built here for the GPU's architecture) and any extra wheels in
-# .gpu/extra/ (bash dev/make_gpu_extras.sh: what Kimi-Linear needs beside the bundle). Installs them under /tmp (kept while the machine stays warm), then runs PART:
+# .gpu/extra/ (bash dev/make_gpu_extras.sh: what Kimi-Linear needs beside the bundle). Installs them
+# under /tmp (kept while the machine stays warm), then runs PART:
 #   sglang (integration/sglang_e2e.py, alone in its call: carry .gpu-sglang, the SGLang bundle of
 #     ../shared/gpu/README.md, and .gpu/dist instead of the vLLM bundle; SGL_KV, SGL_PARTS; SGL_FAMILIES
 #     of the zoo, SGL_LAYOUTS first|all, SGL_REFUSALS=1 for the families SGLang must refuse, SGL_DP=2 for
@@ -113,6 +114,11 @@ echo "wheel built at $(cat .gpu/dist/BUILT_AT 2>/dev/null), checkout ${CHECKOUT:
 nvidia-smi --query-gpu=name --format=csv,noheader
 
 run() { timeout "$LIMIT" "$@" 2>&1 | tee -a "$OUT/log.txt"; }
+# The wheel in .gpu/ab/ (a second build of ours, "base") into /tmp/mla_base, for the parts that set
+# one build against the other.
+install_base() {
+  rm -rf /tmp/mla_base && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mla_base .gpu/ab/*.whl
+}
 REPO=$PWD
 for part in ${PART//,/ }; do
   echo "== $part" | tee -a "$OUT/log.txt"
@@ -143,7 +149,7 @@ for part in ${PART//,/ }; do
       ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       runs=(ours flashmla)
       if compgen -G ".gpu/ab/*.whl" >/dev/null; then
-        rm -rf /tmp/mla_base && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mla_base .gpu/ab/*.whl
+        install_base
         runs+=(ours_base)
       fi
       for name in "${runs[@]}"; do
@@ -154,7 +160,7 @@ for part in ${PART//,/ }; do
           python3 dev/profile_shape.py "${name%_base}" ${SHAPE:-16 128 16384} >"$OUT/ncu_$name.txt"
       done ;;
     ab)
-      rm -rf /tmp/mla_base && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/mla_base .gpu/ab/*.whl
+      install_base
       for round in 1 2 3; do
         for side in base new; do
           lib=/tmp/mla; [ $side = base ] && lib=/tmp/mla_base
