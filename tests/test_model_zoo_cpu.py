@@ -94,17 +94,34 @@ def test_small_config_keeps_the_published_attention_fields(family, layout):
     assert config["num_attention_heads"] == family.heads[layout]
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f.expect != "refused"], ids=family_id)
-def test_each_served_family_writes_its_seeded_checkpoint(family, tmp_path):
-    """zoo_e2e.py writes each checkpoint with the installed transformers on the GPU machine: a config
-    it cannot build (a token id past the small vocabulary) stops the whole zoo run there."""
+SERVED = [f for f in FAMILIES if f.expect != "refused"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """Each served family's seeded checkpoint (its first layout), written once for the tests that read it."""
     from integration.models.checkpoints import save_checkpoint
 
-    written = json.loads((save_checkpoint(family, tmp_path) / "config.json").read_text())
+    root, written = tmp_path_factory.mktemp("zoo"), {}
+
+    def write(family: Family) -> Path:
+        if family.name not in written:
+            written[family.name] = save_checkpoint(family, root / family.published)
+        return written[family.name]
+
+    return write
+
+
+@pytest.mark.parametrize("family", SERVED, ids=family_id)
+def test_each_served_family_writes_its_seeded_checkpoint(family, checkpoint):
+    """zoo_e2e.py writes each checkpoint with the installed transformers on the GPU machine: a config
+    it cannot build (a token id past the small vocabulary) stops the whole zoo run there."""
+    path = checkpoint(family)
+    written = json.loads((path / "config.json").read_text())
     assert written["num_attention_heads"] == next(iter(family.heads.values()))
     vocab = written["vocab_size"]
     assert all(written.get(key) is None or 0 <= written[key] < vocab for key in ("pad_token_id", "bos_token_id"))
-    assert (tmp_path / "model.safetensors").exists()
+    assert (path / "model.safetensors").exists()
 
 
 @pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"sm{c[0]}{c[1]}")
@@ -271,17 +288,15 @@ def test_kimi_linear_s_hybrid_pages_reach_our_kernels_at_a_page_size_they_take(
     assert kernel_page >= shapes.PREFERRED_PAGE_SIZE  # blocks aligned to the preferred page, or the user's
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f.expect != "refused"], ids=family_id)
-def test_each_checkpoint_has_the_layers_and_mlp_sizes_vllm_reads_from_its_config(family, tmp_path):
+@pytest.mark.parametrize("family", SERVED, ids=family_id)
+def test_each_checkpoint_has_the_layers_and_mlp_sizes_vllm_reads_from_its_config(family, checkpoint):
     """The weights come from transformers' classes, the model from vLLM's reading of config.json: where the
     two read different keys (transformers 5.17 takes LongCat's blocks and expert size from num_layers and
     expert_ffn_hidden_size, vLLM from num_hidden_layers and moe_intermediate_size), vLLM's loader stops on
     the GPU. Blocks, dense MLPs and experts must have the sizes and the expert ids vLLM builds."""
     from safetensors import safe_open
 
-    from integration.models.checkpoints import save_checkpoint
-
-    path = save_checkpoint(family, tmp_path / "checkpoint")
+    path = checkpoint(family)
     text = ModelConfig(model=str(path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16").hf_text_config
     with safe_open(next(path.glob("*.safetensors")), "pt") as weights:
         shapes = {name: weights.get_slice(name).get_shape() for name in weights.keys()}  # noqa: SIM118
