@@ -35,8 +35,7 @@ def sweep() -> dict:
     """In the child: every shape of the sweep through the op; errors against float64."""
     import torch
 
-    import mla_backend.decode as decode_module
-    from mla_backend import MLABackendConfig, mla_decode_reference
+    from mla_backend import MLABackendConfig, mla_decode_reference, xqa_batch_decode_with_kv_cache_mla
     from mla_backend.inputs import make_paged_problem
 
     workspace = torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
@@ -50,20 +49,18 @@ def sweep() -> dict:
                 for lengths in CONTEXTS:
                     for splits in SPLITS:
                         seed += 1
-                        decode_module.default_config = lambda s=splits: MLABackendConfig.from_sources(
-                            {"num_kv_splits": s} if s else {}
-                        )
+                        config = MLABackendConfig.from_sources({"num_kv_splits": splits} if splits else {})
                         p = make_paged_problem(lengths, q_len, heads, page_size, torch.float8_e4m3fn, "cuda", seed)
-                        out = decode_module.xqa_batch_decode_with_kv_cache_mla(
+                        out = xqa_batch_decode_with_kv_cache_mla(
                             p.query, p.kv_cache, workspace, 128, 512, 64,
-                            p.block_tables, p.seq_lens, p.max_seq_len, bmm1_scale=0.07,
+                            p.block_tables, p.seq_lens, p.max_seq_len, bmm1_scale=0.07, config=config,
                         )  # fmt: skip
                         want, _ = mla_decode_reference(p.query, p.kv_cache, p.block_tables, p.seq_lens, 0.07, 1.0)
                         got = out.double().reshape(want.shape)
                         calls.append(((got - want).norm() / want.norm().clamp_min(1e-30)).item())
                         row_err = (got - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-30)
                         rows.append(row_err[want.norm(dim=-1) > 0].max().item())
-    variant = decode_module.default_config().kernel_variant
+    variant = MLABackendConfig.from_sources().kernel_variant
     return {"variant": str(variant), "calls": calls, "worst_row": max(rows)}
 
 
