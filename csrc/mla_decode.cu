@@ -10,8 +10,10 @@
 #include <torch/headeronly/util/Exception.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "mainloop.cuh"
+#include "mainloop_ws.cuh"
 #include "merge_splits.cuh"
 #include "tile_config.h"
 
@@ -55,11 +57,18 @@ void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t 
   MLA_CUDA_CHECK(cudaGetLastError());
 }
 
+// FP8 tiles of 32 rows run the warp-specialized kernel (mainloop_ws.cuh); the others mainloop.cuh's.
+template <bool FP8, int ROW_GROUPS, int RF>
+constexpr bool kWarpSpecialized = std::is_same_v<TileConfig<FP8, ROW_GROUPS, RF>, WsConfig>;
+
 template <bool FP8, int ROW_GROUPS, int RF>
 void launch_decode(const DecodeParams& params, cudaStream_t stream, bool pdl) {
   using C = TileConfig<FP8, ROW_GROUPS, RF>;
   const dim3 grid((params.rows + C::kTileRows - 1) / C::kTileRows, params.num_splits, params.batch);
-  launch(mla_decode_kernel<FP8, ROW_GROUPS, RF>, grid, C::kThreads, smem_request(C::kSmemBytes), stream, pdl, params);
+  if constexpr (kWarpSpecialized<FP8, ROW_GROUPS, RF>)
+    launch(mla_decode_ws_kernel, grid, WsLayout::kThreads, smem_request(WsLayout::kSmemBytes), stream, pdl, params);
+  else
+    launch(mla_decode_kernel<FP8, ROW_GROUPS, RF>, grid, C::kThreads, smem_request(C::kSmemBytes), stream, pdl, params);
 }
 
 // The tile shapes built into the library (constants.h's MLA_TILE_SHAPES): calls
@@ -79,11 +88,16 @@ struct ResidentCtas {
   template <bool FP8, int ROW_GROUPS, int RF>
   int64_t operator()() const {
     using C = TileConfig<FP8, ROW_GROUPS, RF>;
-    auto kernel = mla_decode_kernel<FP8, ROW_GROUPS, RF>;
-    const int smem_bytes = smem_request(C::kSmemBytes);
+    if constexpr (kWarpSpecialized<FP8, ROW_GROUPS, RF>)
+      return resident(mla_decode_ws_kernel, WsLayout::kThreads, smem_request(WsLayout::kSmemBytes));
+    else
+      return resident(mla_decode_kernel<FP8, ROW_GROUPS, RF>, C::kThreads, smem_request(C::kSmemBytes));
+  }
+  template <class Kernel>
+  static int64_t resident(Kernel kernel, int threads, int smem_bytes) {
     MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
     int blocks = 0;
-    MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, C::kThreads, smem_bytes));
+    MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem_bytes));
     return blocks;
   }
 };

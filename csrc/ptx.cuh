@@ -118,4 +118,34 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// Barriers between warp roles. A named barrier (ids 1..15; 0 is __syncthreads) joins only the warps of
+// one role. An mbarrier in shared memory hands a buffer from one role to the other: the producer's
+// threads arrive (release), the consumer waits for the phase to complete (acquire), parity-tracked.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, int arrivals) {
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Returns once the phase with this parity has completed. try_wait suspends the thread in hardware
+// (sm_90+); test_wait polls (sm_80+).
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\nmbarrier.try_wait.parity.shared.b64 done, [%0], %1;\n@!done bra WAIT;\n}\n" ::"r"(
+          bar),
+      "r"(parity)
+      : "memory");
+#else
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\nmbarrier.test_wait.parity.shared.b64 done, [%0], %1;\n@!done bra WAIT;\n}\n" ::"r"(
+          bar),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
 }  // namespace mla
