@@ -57,9 +57,19 @@ void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t 
   MLA_CUDA_CHECK(cudaGetLastError());
 }
 
-// FP8 tiles of 32 rows run the warp-specialized kernel (mainloop_ws.cuh); the others mainloop.cuh's.
+// FP8 tiles of 32 rows run the warp-specialized kernel (mainloop_ws.cuh) where one CTA fills an SM
+// (SM120: 100 KB of shared memory), so that its eight warps are two per sub-partition; where two v1
+// CTAs fit (SM90, SM100) those hold twice the rows instead (docs/performance.md). Each library is
+// built for one architecture (__CUDA_ARCH_LIST__); MLA_WARP_SPECIALIZED=0/1 overrides (dev builds).
+#ifndef MLA_WARP_SPECIALIZED
+#if defined(__CUDA_ARCH_LIST__) && __CUDA_ARCH_LIST__ >= 1200
+#define MLA_WARP_SPECIALIZED 1
+#else
+#define MLA_WARP_SPECIALIZED 0
+#endif
+#endif
 template <bool FP8, int ROW_GROUPS, int RF>
-constexpr bool kWarpSpecialized = std::is_same_v<TileConfig<FP8, ROW_GROUPS, RF>, WsConfig>;
+constexpr bool kWarpSpecialized = MLA_WARP_SPECIALIZED && std::is_same_v<TileConfig<FP8, ROW_GROUPS, RF>, WsConfig>;
 
 template <bool FP8, int ROW_GROUPS, int RF>
 void launch_decode(const DecodeParams& params, cudaStream_t stream, bool pdl) {
