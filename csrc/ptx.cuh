@@ -71,6 +71,23 @@ __device__ __forceinline__ void mma_f16_acc16(float (&d)[4], const uint32_t (&a)
   d[3] = fmaf(hi.y, scale, d[3]);
 }
 
+// D = A.B + C in f16 (C and D: two f16x2 registers): chains k-steps of a P.V sum in f16.
+__device__ __forceinline__ void mma_f16_chain(uint32_t (&c)[2], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 {%0,%1}, {%2,%3,%4,%5}, {%6,%7}, {%0,%1};\n"
+      : "+r"(c[0]), "+r"(c[1])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d += scale * (two f16x2 sums), in fp32.
+__device__ __forceinline__ void add_f16_sums(float (&d)[4], const uint32_t (&c)[2], float scale) {
+  const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&c[0]));
+  const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&c[1]));
+  d[0] = fmaf(lo.x, scale, d[0]);
+  d[1] = fmaf(lo.y, scale, d[1]);
+  d[2] = fmaf(hi.x, scale, d[2]);
+  d[3] = fmaf(hi.y, scale, d[3]);
+}
+
 // Four e4m3 values (low byte first) -> two f16x2 (bytes 0-1, bytes 2-3), exact. Taking the halves
 // apart in PTX lets F2FP read the upper half directly (R.H1) instead of after a shift.
 __device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t packed, uint32_t& lo, uint32_t& hi) {

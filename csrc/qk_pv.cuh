@@ -123,4 +123,38 @@ __device__ __forceinline__ void pv_step(float (&acc)[C::kFragments][16][4], cons
   }
 }
 
+// FP8 P.V with f16 sums (kPvF16Acc) over a whole 32-token tile for dim group q (of kPvSteps / 2):
+// both 16-token k-steps chained in f16 before one fp32 add, half the unpacking and adds of pv_step.
+// 32 * 2^8 * 2^-6 * 448 = 57344 < 65504 (the bound of tile_config.h, over two k-steps).
+template <class C>
+__device__ __forceinline__ void pv_tile_f16(float (&acc)[C::kFragments][16][4],
+                                            const uint32_t (&pf)[C::kFragments][2][4], uint32_t stage, int q,
+                                            const WarpRole& w) {
+  static_assert(C::kFp8 && C::kPvF16Acc, "f16 sums of FP8 P.V only");
+  constexpr int RF = C::kFragments;
+  const int mi = w.lane >> 3;
+  uint32_t sums[RF][4][2] = {};  // per fragment: n-tiles (half, even | odd) of dim group q
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+    const int tok = 16 * kk + 8 * (mi & 1) + (w.lane & 7);
+    uint32_t vr[4];
+    ldmatrix_x4_trans(vr, stage + tok * C::kSmemRowBytes + w.wd * 128 + q * 32 + 16 * (mi >> 1));
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint32_t even[2], odd[2];
+      e4m3x4_to_f16x4(__byte_perm(vr[2 * half], 0, 0x3120), even[0], odd[0]);
+      e4m3x4_to_f16x4(__byte_perm(vr[2 * half + 1], 0, 0x3120), even[1], odd[1]);
+#pragma unroll
+      for (int f = 0; f < RF; ++f) {
+        mma_f16_chain(sums[f][half * 2], pf[f][kk], even[0], even[1]);
+        mma_f16_chain(sums[f][half * 2 + 1], pf[f][kk], odd[0], odd[1]);
+      }
+    }
+  }
+#pragma unroll
+  for (int f = 0; f < RF; ++f)
+#pragma unroll
+    for (int n = 0; n < 4; ++n) add_f16_sums(acc[f][q * 4 + n], sums[f][n], C::kPvF16Scale);
+}
+
 }  // namespace mla
