@@ -165,11 +165,11 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
 #pragma unroll
       for (int i = 0; i < (C::kQkSteps > C::kPvSteps ? C::kQkSteps : C::kPvSteps); ++i) {
         if (i < C::kQkSteps) qk_step<C>(sc, next_stage, i, w, q_smem, qf);
-        if (i < C::kPvSteps) pv_step<C>(acc, pf, stage, i, w);
+        pv_part<C>(acc, pf, stage, i, w);
       }
     } else {
 #pragma unroll
-      for (int i = 0; i < C::kPvSteps; ++i) pv_step<C>(acc, pf, stage, i, w);
+      for (int i = 0; i < C::kPvSteps; ++i) pv_part<C>(acc, pf, stage, i, w);
     }
   }
   cp_async_wait<0>();

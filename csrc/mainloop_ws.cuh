@@ -167,13 +167,8 @@ __global__ void __launch_bounds__(WsLayout::kThreads) mla_decode_ws_kernel(const
 #pragma unroll
         for (int kk = 0; kk < 2; ++kk) ldmatrix_a<C>(pf[f][kk], w, p_smem, C::kPRowBytes, f, kk * 32);
       mbarrier_arrive(p_empty(i));
-      if constexpr (C::kPvF16Acc) {
 #pragma unroll
-        for (int q = 0; q < C::kPvSteps / 2; ++q) pv_tile_f16<C>(acc, pf, stage, q, w);
-      } else {
-#pragma unroll
-        for (int k = 0; k < C::kPvSteps; ++k) pv_step<C>(acc, pf, stage, k, w);
-      }
+      for (int k = 0; k < C::kPvSteps; ++k) pv_part<C>(acc, pf, stage, k, w);
       mbarrier_arrive(kv_empty(i % C::kStages));
     }
     mbarrier_wait(stats_ready, 0);

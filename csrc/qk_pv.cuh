@@ -157,4 +157,16 @@ __device__ __forceinline__ void pv_tile_f16(float (&acc)[C::kFragments][16][4],
     for (int n = 0; n < 4; ++n) add_f16_sums(acc[f][q * 4 + n], sums[f][n], C::kPvF16Scale);
 }
 
+// Step i of a tile's P.V (i < kPvSteps): pv_step, or where FP8 P.V sums in f16 a whole tile of dim
+// group i in pv_tile_f16 for i < kPvSteps / 2 (the later steps have nothing left to do).
+template <class C>
+__device__ __forceinline__ void pv_part(float (&acc)[C::kFragments][16][4], const uint32_t (&pf)[C::kFragments][2][4],
+                                        uint32_t stage, int i, const WarpRole& w) {
+  if constexpr (C::kPvF16Acc) {
+    if (i < C::kPvSteps / 2) pv_tile_f16<C>(acc, pf, stage, i, w);
+  } else if (i < C::kPvSteps) {
+    pv_step<C>(acc, pf, stage, i, w);
+  }
+}
+
 }  // namespace mla
