@@ -25,6 +25,7 @@
 #     wheel in .gpu/ab/ as ours_base where carried: two builds of ours side by side; reports in $OUT)
 #   | ab (our times, dev/time_ours.py, alternating the wheel in .gpu/ab/ (base) and .gpu/dist/, 3 rounds)
 #   | script (runs python3 $SCRIPT: a one-off probe on the installed wheel)
+#   | sanitize (tests/sanitize_decode.py under compute-sanitizer: SANITIZE_TOOLS, default memcheck,racecheck,synccheck)
 #   | dp (integration/dp_e2e.py on two GPUs: vllm serve --data-parallel-size 2 --enable-expert-parallel,
 #     HEADS, KV one or both of fp8,auto, SELFTEST=1; needs vLLM's MoE kernels, stashed as below)
 # (several, comma-separated, run in turn; routes writes the SM90 route table into the installed
@@ -168,6 +169,13 @@ for part in ${PART//,/ }; do
         done
       done ;;
     script) run python3 "$SCRIPT" ;;
+    sanitize)
+      sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+      tools=${SANITIZE_TOOLS:-memcheck,racecheck,synccheck}
+      for tool in ${tools//,/ }; do
+        run "$sanitizer" --tool "$tool" --error-exitcode 3 python3 tests/sanitize_decode.py
+        echo "sanitize $tool: rc $?" | tee -a "$OUT/log.txt"
+      done ;;
     dp) run python3 integration/dp_e2e.py --heads "$HEADS" --kv "$KV" ${SELFTEST:+--selftest} --out "$OUT/dp" ;;
     gputests)
       PEER_GRID_REPORT=$OUT/grids.jsonl run python3 -m pytest -q -m gpu -p no:cacheprovider \
