@@ -18,7 +18,13 @@ from integration.judges.decode_check import MIN_VISIBLE_KEYS, DecodeCall, check_
 from integration.judges.decode_verdict import MIN_CHECKED_CALLS, judge_decode_check  # noqa: E402
 from integration.judges.parallel import judge_flashmla_parallel, judge_parallel  # noqa: E402
 from integration.judges.speculation import judge_speculation  # noqa: E402
-from integration.judges.tokens import TIE_NATS, agreed_steps, agreement, significantly_fewer_steps  # noqa: E402
+from integration.judges.tokens import (  # noqa: E402
+    TIE_NATS,
+    agreed_steps,
+    agreement,
+    closest_gaps,
+    significantly_fewer_steps,
+)
 from integration.judges.vllm_run import judge, rule_calibration, runs_of  # noqa: E402
 from integration.run_e2e import mtp_specs, parallel_specs  # noqa: E402
 from mla_backend.inputs import make_paged_problem  # noqa: E402
@@ -57,6 +63,24 @@ def test_a_step_where_the_two_references_differ_is_a_tie():
     assert agreement([[1, 2, 9, 9], [5, 6, 7, 8]], REF, WIDE, second)["ok"]
     assert not agreement([[1, 9, 9, 9], [5, 6, 7, 8]], REF, WIDE, second)["ok"]
     assert not agreement([[5, 6, 7, 8], [5, 6, 9, 8]], REF, WIDE, REF)["ok"]  # references agree: no tie
+
+
+def test_a_near_tie_measured_by_either_reference_backend_is_a_tie():
+    """Kimi-K2 at 64 heads, bf16: FLASH_ATTN_MLA measured 0.156 nats at the step where ours parted,
+    TRITON_MLA 0.031 there; the step is a tie by the smaller gap, and only there."""
+    first = [[1.0, 1.0, 0.156, 1.0], [1.0] * 4]
+    second = [[1.0, 1.0, 0.031, 1.0], [1.0, 0.5, 1.0, 1.0]]
+    gaps = closest_gaps(first, None, second)
+    assert gaps == [[1.0, 1.0, 0.031, 1.0], [1.0, 0.5, 1.0, 1.0]]
+    assert not agreement([[1, 2, 9, 9], [5, 6, 7, 8]], REF, first)["ok"]
+    assert agreement([[1, 2, 9, 9], [5, 6, 7, 8]], REF, gaps)["ok"]
+    assert not agreement([[1, 9, 9, 9], [5, 6, 7, 8]], REF, gaps)["ok"]  # one step before it: fails
+
+
+def test_closest_gaps_keeps_the_longer_run_and_needs_one_with_gaps():
+    assert closest_gaps([[0.5, 0.2]], [[0.3]]) == [[0.3, 0.2]]
+    with pytest.raises(ValueError, match="no reference run has gaps"):
+        closest_gaps(None, None)
 
 
 def test_agreed_steps_counts_the_common_prefix_of_each_prompt():

@@ -1,8 +1,9 @@
 """The tie rule on greedy tokens, and the token comparisons it rests on.
 
 Two correct backends' greedy tokens part where two logits nearly tie. So ours must agree with a
-reference up to the reference's first tie: a step where its top-2 logprob gap is below TIE_NATS, or
-where vLLM disagrees with itself there (a second backend, or the same backend run again, differs).
+reference up to the reference's first tie: a step where its top-2 logprob gap is below TIE_NATS (the
+smallest gap vLLM's backends measured there, where several ran: closest_gaps), or where vLLM
+disagrees with itself there (a second backend, or the same backend run again, differs).
 """
 
 from __future__ import annotations
@@ -19,6 +20,22 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     if step is None and len(a) != len(b):
         return min(len(a), len(b))
     return step
+
+
+def closest_gaps(*runs_gaps: list[list[float]] | None) -> list[list[float]]:
+    """Per prompt and step, the smallest top-2 gap any of the reference runs measured (runs without
+    gaps skipped). Two correct backends measure one step's gap differently (bf16 logits: 0.156 nats
+    by FLASH_ATTN_MLA where TRITON_MLA measured 0.031, Kimi-K2 at 64 heads), so where one of vLLM's
+    own backends sees a near tie, the step is one. Past the first step where two runs' tokens part,
+    the rule already counts a tie, so what their gaps hold there does not matter."""
+    measured = [gaps for gaps in runs_gaps if gaps is not None]
+    if not measured:
+        raise ValueError("no reference run has gaps")
+    closest = []
+    for prompt in zip(*measured, strict=True):
+        steps = max(len(g) for g in prompt)
+        closest.append([min(g[k] for g in prompt if k < len(g)) for k in range(steps)])
+    return closest
 
 
 def agreement(

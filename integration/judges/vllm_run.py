@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from integration.judges.decode_verdict import judge_decode_check
 from integration.judges.speculation import judge_speculation
-from integration.judges.tokens import agreed_steps, agreement
+from integration.judges.tokens import agreed_steps, agreement, closest_gaps
 from integration.settings import PEERS, REFERENCES
 
 
@@ -32,10 +32,11 @@ def rule_calibration(refs: dict[str, dict], kv: str) -> dict:
     reference's runs when it ran more than once: FLASHMLA+spec does not repeat itself exactly)."""
     peer, ref_runs = refs[PEERS[kv][0] + kv], runs_of(refs, PEERS[kv][1] + kv)
     repeats = [run["tokens"] for run in ref_runs[1:]]
+    gaps = closest_gaps(*(run.get("gaps") for run in ref_runs))  # the peer's own gaps left out: it is judged
     return {
         "peer": PEERS[kv][0],
         "ref": PEERS[kv][1],
-        "rule_holds": agreement(peer["tokens"], ref_runs[0]["tokens"], ref_runs[0]["gaps"], *repeats)["ok"],
+        "rule_holds": agreement(peer["tokens"], ref_runs[0]["tokens"], gaps, *repeats)["ok"],
         "peer_agreed_steps": mean_agreed_steps(peer["tokens"], ref_runs),
     }
 
@@ -59,8 +60,10 @@ def judge(result: dict, refs: dict[str, dict], expect_route: str) -> tuple[bool,
     calibration = rule_calibration(refs, kv)
     for ref_name in REFERENCES[kv]:
         ref, *repeats = runs_of(refs, ref_name + kv)
-        others = [refs[name + kv]["tokens"] for name in REFERENCES[kv] if name != ref_name]
-        verdict = agreement(result["tokens"], ref["tokens"], ref["gaps"], *others, *(r["tokens"] for r in repeats))
+        others = [refs[name + kv] for name in REFERENCES[kv] if name != ref_name]
+        gaps = closest_gaps(*(run.get("gaps") for run in (ref, *repeats, *others)))
+        tied = [run["tokens"] for run in (*others, *repeats)]
+        verdict = agreement(result["tokens"], ref["tokens"], gaps, *tied)
         verdict["agreed_steps"] = mean_agreed_steps(result["tokens"], [ref, *repeats])
         result.setdefault("agreement", {})[ref_name] = verdict
         note = f"{ref_name}: {verdict['identical']}/{len(result['tokens'])} identical"
