@@ -144,8 +144,7 @@ def test_every_published_family_of_the_zoo_is_classified():
         "DeepSeek-R1": "DeepSeek-V3's attention fields (its row covers R1)",
         "DeepSeek-V3.1": "no config found; DeepSeek-V3's architecture",
         "Kimi-K2.5": "only the wrapper's fields were found: its wrapper around Kimi-K2's text model is checked below",
-        "Kimi-VL-A3B": "Moonlight's text model; its vision tower does not reach the attention backend",
-        "Mistral-Large-3": "no config found",
+        "Kimi-VL-A3B": "Moonlight's text model in vLLM's kimi_vl wrapper: checked below",
         "Mistral-Small-4": "kv_lora 256 read only as a class default",
         "DeepSeek-V4": "vLLM runs its own compressed sparse attention; the flag never reaches mla_backend",
         "Eagle3-drafters": "Llama attention (not MLA)",
@@ -179,13 +178,75 @@ def test_kimi_k25_s_multimodal_wrapper_is_served_as_its_text_model(layout, capab
     assert backend.engine_route(config, capability).kernel == "bundled"
 
 
+@pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"sm{c[0]}{c[1]}")
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_kimi_vl_s_multimodal_wrapper_is_served_as_its_text_model(capability, kv_cache_dtype, tmp_path):
+    """Kimi-VL as vLLM loads it: KimiVLForConditionalGeneration (vLLM's kimi_vl config class), whose
+    language model vLLM builds from text_config as DeepseekV2ForCausalLM: Moonlight's MLA (16 heads,
+    no q_lora; the published text_config has Moonlight's attention fields). Its MoonViT vision tower
+    has attention of its own that never reaches the MLA backend; the flag must select ours for the
+    text model's layers."""
+    moonlight = next(f for f in FAMILIES if f.name == "Moonlight")
+    wrapper = published("Kimi-VL-A3B")
+    for key in ("num_attention_heads", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "q_lora_rank"):
+        assert moonlight.config()[key] == wrapper[key], key
+    text = {**moonlight.config(), "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2"}
+    config = config_of(
+        {
+            "architectures": wrapper["architectures"],
+            "model_type": "kimi_vl",
+            "text_config": text,
+            "vision_config": wrapper["vision_config"],
+        },
+        tmp_path,
+    )
+    model = config.model_config
+    assert model.architecture == "KimiVLForConditionalGeneration" and model.use_mla
+    assert model.hf_text_config.num_attention_heads == 16 and model.get_head_size() == 576
+    assert select(config, capability, kv_cache_dtype) == plugin.BACKEND_PATH
+    assert backend.engine_route(config, capability).kernel == "bundled"
+
+
+def small_mistral_params(heads: int) -> dict:
+    """Mistral Large 3's published params.json with what the backend never sees shrunk (as the zoo's
+    SMALL does for config.json) and ``heads`` query heads."""
+    params = json.loads(json.dumps(published("Mistral-Large-3")["mistral_params"]))
+    params.update(dim=512, hidden_dim=1024, n_layers=2, vocab_size=2048, n_heads=heads, n_kv_heads=heads)
+    params["moe"].update(expert_hidden_dim=256, num_experts=8, first_k_dense_replace=1)
+    return params
+
+
+@pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"sm{c[0]}{c[1]}")
+@pytest.mark.parametrize("heads", [16, 128], ids=["TP8", "TP1"])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_mistral_large_3_s_params_json_is_served_by_the_flag(heads, capability, kv_cache_dtype, tmp_path):
+    """Mistral Large 3 as users start it (--config-format mistral): vLLM maps its params.json onto a
+    DeepSeek-V3 config (MistralLarge3ForCausalLM, 512 + 64 latent, YaRN, the llama_4 query scale);
+    the flag must select our backend and the bundled kernels."""
+    (tmp_path / "params.json").write_text(json.dumps(small_mistral_params(heads)))
+    model = ModelConfig(
+        model=str(tmp_path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16", config_format="mistral"
+    )
+    text = model.hf_text_config
+    assert model.architecture == "MistralLarge3ForCausalLM" and model.use_mla and model.get_head_size() == 576
+    assert (text.num_attention_heads, text.kv_lora_rank, text.qk_rope_head_dim) == (heads, 512, 64)
+    assert text.llama_4_scaling == published("Mistral-Large-3")["llama_4_scaling"]
+    config = VllmConfig(
+        model_config=model,
+        device_config=DeviceConfig(device="cuda"),
+        attention_config=AttentionConfig(backend="CUSTOM"),
+    )
+    assert select(config, capability, kv_cache_dtype) == plugin.BACKEND_PATH
+    assert backend.engine_route(config, capability).kernel == "bundled"
+
+
 # Every model type vLLM runs as MLA (vLLM 0.26 and 0.33), and what the zoo does with it. A type vLLM
 # adds fails test_every_mla_model_type_vllm_knows_is_classified until it is placed here (and in
 # docs/models.md). Not classified: no published config read; they still get the rules every model
 # gets (a 512 + 64 dense latent is served, an indexer refused, another latent falls back under auto).
 MLA_MODEL_TYPES = {
     "deepseek_v2": "zoo: DeepSeek-V2-Lite",
-    "deepseek_v3": "zoo: DeepSeek-V3 / R1, Moonlight",
+    "deepseek_v3": "zoo: DeepSeek-V3 / R1, Moonlight, Mistral Large 3 (mapped from its params.json)",
     "kimi_k2": "zoo: Kimi-K2 (K2.5's text model)",
     "glm4_moe_lite": "zoo: GLM-4.7-Flash",
     "longcat_flash": "zoo: LongCat-Flash",

@@ -135,6 +135,12 @@ KIMI_LINEAR_HYBRID = {
         "full_attn_layers": [2],
     }
 }
+# Mistral Large 3 ships Mistral's own params.json, which vLLM maps onto a DeepSeek-V3 config
+# (architecture MistralLarge3ForCausalLM, the published fields and their mapping in
+# published_configs.json); the zoo writes that mapped config as config.json, weights under the HF
+# names (vLLM's Mistral name mapper leaves them alone). Its query takes a position-dependent scale
+# (llama_4_scaling) in vLLM's attention layer, before the decode backend.
+MISTRAL_LARGE_3_QUERY_SCALE = {"llama_4_scaling": published("Mistral-Large-3")["llama_4_scaling"]}
 
 FAMILIES: tuple[Family, ...] = (
     Family(
@@ -173,6 +179,15 @@ FAMILIES: tuple[Family, ...] = (
         heads={"TP8": 8, "TP1": 64},
         expect="bundled",
         eagle3_mla=True,
+    ),
+    Family(
+        "Mistral Large 3",
+        "Mistral-Large-3",
+        "MistralLarge3ForCausalLM",
+        "deepseek_v3",
+        heads={"TP8": 16, "TP1 or DP attention": 128},
+        expect="bundled",
+        extra=MISTRAL_LARGE_3_QUERY_SCALE,
     ),
     Family(
         "GLM-4.7-Flash",
