@@ -117,8 +117,13 @@ def test_each_served_family_writes_its_seeded_checkpoint(family, checkpoint):
     """zoo_e2e.py writes each checkpoint with the installed transformers on the GPU machine: a config
     it cannot build (a token id past the small vocabulary) stops the whole zoo run there."""
     path = checkpoint(family)
+    heads = next(iter(family.heads.values()))
+    if family.checkpoint_format == "mistral":  # Mistral's own format, as released
+        assert not (path / "config.json").exists() and (path / "consolidated.safetensors").exists()
+        assert json.loads((path / "params.json").read_text())["n_heads"] == heads
+        return
     written = json.loads((path / "config.json").read_text())
-    assert written["num_attention_heads"] == next(iter(family.heads.values()))
+    assert written["num_attention_heads"] == heads
     vocab = written["vocab_size"]
     assert all(written.get(key) is None or 0 <= written[key] < vocab for key in ("pad_token_id", "bos_token_id"))
     assert (path / "model.safetensors").exists()
@@ -349,6 +354,41 @@ def test_kimi_linear_s_hybrid_pages_reach_our_kernels_at_a_page_size_they_take(
     assert kernel_page >= shapes.PREFERRED_PAGE_SIZE  # blocks aligned to the preferred page, or the user's
 
 
+def names_vllm_loads(model: ModelConfig, names: list[str]) -> list[str]:
+    """A checkpoint's tensor names as the model class vLLM picks for it maps them before loading (its
+    hf_to_vllm_mapper: Mistral Large 3's turns Mistral's names into DeepSeek-V3's)."""
+    from vllm.model_executor.models import ModelRegistry
+
+    model_class, _ = ModelRegistry.resolve_model_cls(model.architectures, model)
+    mapper = getattr(model_class, "hf_to_vllm_mapper", None)
+    return mapper.apply_list(names) if mapper else names
+
+
+def test_mistral_large_3_s_checkpoint_is_in_mistral_s_format_which_vllm_maps_to_its_layers(checkpoint):
+    """The zoo writes Mistral Large 3 as it is released (params.json, Mistral's tensor names: SGLang's
+    class loads no other); vLLM must read params.json as the family's config and map every tensor
+    name onto the DeepSeek-V3 tensor transformers wrote, shape for shape."""
+    from safetensors import safe_open
+
+    from integration.models.checkpoints import dense_config, transformers_model
+
+    family = next(f for f in FAMILIES if f.architecture == "MistralLarge3ForCausalLM")
+    path = checkpoint(family)
+    with safe_open(next(path.glob("*.safetensors")), "pt") as weights:
+        shapes = {name: list(weights.get_slice(name).get_shape()) for name in weights.keys()}  # noqa: SIM118
+    assert "layers.0.attention.wkv_a_with_mqa.weight" in shapes and "output.weight" in shapes
+    assert not [n for n in shapes if n.startswith(("model.", "lm_head."))]
+    model = ModelConfig(model=str(path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16")
+    assert model.architecture == "MistralLarge3ForCausalLM"  # read from params.json, as vLLM reads it
+    text, config = model.hf_text_config, family.config()
+    for key in ("num_attention_heads", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim"):
+        assert getattr(text, key) == config[key], key
+    assert text.llama_4_scaling == config["llama_4_scaling"]
+    loaded = dict(zip(names_vllm_loads(model, list(shapes)), shapes.values(), strict=True))
+    state = transformers_model("deepseek_v3", dense_config(family)).state_dict()
+    assert loaded == {name: list(tensor.shape) for name, tensor in state.items()}
+
+
 @pytest.mark.parametrize("family", SERVED, ids=family_id)
 def test_each_checkpoint_has_the_layers_and_mlp_sizes_vllm_reads_from_its_config(family, checkpoint):
     """The weights come from transformers' classes, the model from vLLM's reading of config.json: where the
@@ -358,9 +398,11 @@ def test_each_checkpoint_has_the_layers_and_mlp_sizes_vllm_reads_from_its_config
     from safetensors import safe_open
 
     path = checkpoint(family)
-    text = ModelConfig(model=str(path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16").hf_text_config
+    model = ModelConfig(model=str(path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16")
+    text = model.hf_text_config
     with safe_open(next(path.glob("*.safetensors")), "pt") as weights:
         shapes = {name: weights.get_slice(name).get_shape() for name in weights.keys()}  # noqa: SIM118
+    shapes = dict(zip(names_vllm_loads(model, list(shapes)), shapes.values(), strict=True))
     blocks = {name.split(".")[2] for name in shapes if name.startswith("model.layers.")}
     assert blocks == {str(i) for i in range(text.num_hidden_layers)}
     dense = {s[1] for n, s in shapes.items() if n.endswith("down_proj.weight") and ".experts." not in n}

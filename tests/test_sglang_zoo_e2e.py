@@ -25,7 +25,7 @@ from integration.models.families import FAMILIES, Family  # noqa: E402
 from integration.models.sglang_checkpoint import SGLANG_MODULES, refusal, save_sglang_checkpoint  # noqa: E402
 
 BUNDLED = ["DeepSeek-V3 / R1", "DeepSeek-V2-Lite", "Moonlight", "Kimi-K2 / K2.5 (text)", "GLM-4.7-Flash"]
-BUNDLED += ["LongCat-Flash", "Kimi-Linear"]
+BUNDLED += ["LongCat-Flash", "Kimi-Linear", "Mistral Large 3"]
 REFUSED = ["MiniCPM3", "DeepSeek-V3.2", "GLM-5"]
 
 
@@ -333,7 +333,8 @@ def test_each_checkpoint_the_run_writes_is_the_family_s_mla_model_to_sglang(fami
     from sglang.srt.configs.model_config import AttentionArch, ModelConfig
     from sglang.srt.model_loader.utils import get_model_architecture
 
-    config = ModelConfig(str(save_sglang_checkpoint(family, tmp_path, layout)))
+    # under the family's name, as the run writes it (SGLang reads a path naming mistral-large-3 as Mistral's format)
+    config = ModelConfig(str(save_sglang_checkpoint(family, tmp_path / family.published, layout)))
     assert config.attention_arch == AttentionArch.MLA and config.num_attention_heads == family.heads[layout]
     assert (config.kv_lora_rank, config.qk_rope_head_dim) == (512, 64)
     model_class, architecture = get_model_architecture(config)

@@ -18,6 +18,7 @@ import torch
 from .families import Family
 from .kimi_linear import TRANSFORMERS_TYPE as KIMI_LINEAR_WRITER
 from .kimi_linear import add_kda_layers
+from .mistral_format import to_mistral_format
 
 # transformers' model_type whose classes write a family's weights, where it is not the family's own:
 # Kimi-K2's is only known to vLLM; not every transformers here has Kimi-Linear (kimi_linear.py).
@@ -81,9 +82,11 @@ def save_checkpoint(
             add_longcat_mtp_layer(path, config, seed)
     elif mtp_layers:
         add_mtp_layers(path, config, mtp_layers, seed, lambda deeper: transformers_model(model_type, deeper))
-    # Kimi-Linear: the family's config only, none of the keys DeepSeek-V3's classes add.
-    written = {"dtype": "bfloat16"} if kimi_linear else json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**written, **config}, indent=1))
+    if family.checkpoint_format == "mistral":
+        to_mistral_format(path, config)
+    else:  # Kimi-Linear: the family's config only, none of the keys DeepSeek-V3's classes add.
+        written = {"dtype": "bfloat16"} if kimi_linear else json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**written, **config}, indent=1))
     stamp_file.write_text(json.dumps(stamp))
     return path
 

@@ -81,6 +81,9 @@ class Family:
     eagle3_mla: bool = False
     fills: dict = field(default_factory=dict)  # published values the copies read lack (with why)
     extra: dict = field(default_factory=dict)  # config keys this architecture's loader needs
+    # how its checkpoints are released: "hf" (config.json, transformers' names) or "mistral"
+    # (params.json, consolidated.safetensors under Mistral's names: mistral_format.py)
+    checkpoint_format: Literal["hf", "mistral"] = "hf"
     why: str = ""  # for fallback / refused / own: the reason users read
     refusal: str = ""  # for refused: what mla_backend's start-up error says
 
@@ -135,11 +138,11 @@ KIMI_LINEAR_HYBRID = {
         "full_attn_layers": [2],
     }
 }
-# Mistral Large 3 ships Mistral's own params.json, which vLLM maps onto a DeepSeek-V3 config
-# (architecture MistralLarge3ForCausalLM, the published fields and their mapping in
-# published_configs.json); the zoo writes that mapped config as config.json, weights under the HF
-# names (vLLM's Mistral name mapper leaves them alone). Its query takes a position-dependent scale
-# (llama_4_scaling) in vLLM's attention layer, before the decode backend.
+# Mistral Large 3 ships Mistral's own params.json, which the engines map onto a DeepSeek-V3 config
+# (architecture MistralLarge3ForCausalLM; the published fields and vLLM's mapping in
+# published_configs.json). config() gives that mapped config; the zoo's checkpoint is written in
+# Mistral's format (mistral_format.py). Its query takes a position-dependent scale (llama_4_scaling)
+# in the engines' attention layer, before the decode backend.
 MISTRAL_LARGE_3_QUERY_SCALE = {"llama_4_scaling": published("Mistral-Large-3")["llama_4_scaling"]}
 
 FAMILIES: tuple[Family, ...] = (
@@ -181,15 +184,6 @@ FAMILIES: tuple[Family, ...] = (
         eagle3_mla=True,
     ),
     Family(
-        "Mistral Large 3",
-        "Mistral-Large-3",
-        "MistralLarge3ForCausalLM",
-        "deepseek_v3",
-        heads={"TP8": 16, "TP1 or DP attention": 128},
-        expect="bundled",
-        extra=MISTRAL_LARGE_3_QUERY_SCALE,
-    ),
-    Family(
         "GLM-4.7-Flash",
         "GLM-4.7-Flash",
         "Glm4MoeLiteForCausalLM",
@@ -217,6 +211,16 @@ FAMILIES: tuple[Family, ...] = (
         expect="bundled",
         fills=DEEPSEEK_V2_V_HEAD,
         extra=KIMI_LINEAR_HYBRID,
+    ),
+    Family(
+        "Mistral Large 3",
+        "Mistral-Large-3",
+        "MistralLarge3ForCausalLM",
+        "deepseek_v3",
+        heads={"TP8": 16, "TP1 or DP attention": 128},
+        expect="bundled",
+        extra=MISTRAL_LARGE_3_QUERY_SCALE,
+        checkpoint_format="mistral",
     ),
     Family(
         "MiniCPM3",

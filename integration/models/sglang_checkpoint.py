@@ -24,6 +24,7 @@ SGLANG_MODULES = {
     "LongcatFlashForCausalLM": "longcat_flash",
     "KimiLinearForCausalLM": "kimi_linear",
     "MiniCPM3ForCausalLM": "minicpm3",
+    "MistralLarge3ForCausalLM": "mistral_large_3",  # DeepSeek-V3's class, loading Mistral's names (mistral_format.py)
 }
 # models/deepseek_v2.py:2406: DeepseekV2DecoderLayer._is_layer_sparse reads it for the layer after
 # each one, so past the last dense layer too; transformers' DeepSeek and GLM-5 configs do not write it.
@@ -47,7 +48,13 @@ LONGCAT = {
 }
 SGLANG_KEYS: dict[str, dict] = {
     **dict.fromkeys(
-        ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"),
+        (
+            "DeepseekV2ForCausalLM",
+            "DeepseekV3ForCausalLM",
+            "DeepseekV32ForCausalLM",
+            "GlmMoeDsaForCausalLM",
+            "MistralLarge3ForCausalLM",
+        ),
         DEEPSEEK_LAYERS,
     ),
     "LongcatFlashForCausalLM": LONGCAT,
