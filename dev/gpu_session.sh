@@ -24,6 +24,10 @@
 #   | profile (Nsight Compute on ours and FlashMLA at SHAPE="heads batch seq [q_len]", FP8, and on the
 #     wheel in .gpu/ab/ as ours_base where carried: two builds of ours side by side; reports in $OUT)
 #   | ab (our times, dev/time_ours.py, alternating the wheel in .gpu/ab/ (base) and .gpu/dist/, 3 rounds)
+#   | abbuilds (the same for kernel builds JIT-compiled here: AB_BUILDS="name|tree|nvcc flags;..." with
+#     tree a source tree carried in the checkout (. or an ignored copy of another commit), e.g.
+#     AB_BUILDS="v1|.|-DMLA_SMEM_FLOOR_BYTES=118784 -DMLA_WARP_SPECIALIZED=0;v2|.|-DMLA_SMEM_FLOOR_BYTES=118784
+#     -DMLA_WARP_SPECIALIZED=1"; AB_ENV for settings all builds share, e.g. MLA_BACKEND_FP8_PV=f16)
 #   | script (runs python3 $SCRIPT: a one-off probe on the installed wheel)
 #   | sanitize (tests/sanitize_decode.py under compute-sanitizer: SANITIZE_TOOLS, default memcheck,racecheck,synccheck)
 #   | dp (integration/dp_e2e.py on two GPUs: vllm serve --data-parallel-size 2 --enable-expert-parallel,
@@ -166,6 +170,17 @@ for part in ${PART//,/ }; do
         for side in base new; do
           lib=/tmp/mla; [ $side = base ] && lib=/tmp/mla_base
           PYTHONPATH=$lib:${PYTHONPATH#/tmp/mla:} run python3 dev/time_ours.py ${SHAPES:-} | sed "s/^/$side r$round /"
+        done
+      done ;;
+    abbuilds)
+      IFS=';' read -ra builds <<<"$AB_BUILDS"
+      for round in 1 2 3; do
+        for build in "${builds[@]}"; do
+          IFS='|' read -r name tree flags <<<"$build"
+          # The tree's package first: it ships no prebuilt library, so its kernels build here with the flags.
+          (cd "$tree" && env ${AB_ENV:-} MLA_BACKEND_CACHE_DIR="/tmp/abbuild_$name" NVCC_APPEND_FLAGS="$flags" \
+            PYTHONPATH="$PWD:${PYTHONPATH#/tmp/mla:}" timeout "$LIMIT" python3 "$REPO/dev/time_ours.py" ${SHAPES:-} 2>&1) |
+            sed "s/^/$name r$round /" | tee -a "$OUT/log.txt"
         done
       done ;;
     script) run python3 "$SCRIPT" ;;
