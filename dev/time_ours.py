@@ -2,6 +2,10 @@
 
     python dev/time_ours.py            # the default shapes
     python dev/time_ours.py 16,128,16384 128,1,32768 16,64,8192,4   # heads,batch,seq[,q_len]
+    python dev/time_ours.py 16,1,4096,1,163840   # ... planned for 163840 tokens: a vLLM graph replayed
+
+A fifth field plans (max_seq_len) and pages the call for that many tokens while every request holds
+seq: what a graph vLLM captured at max_model_len does when replayed with shorter contexts.
 
 The benchmark's measurement of ours alone (bench.bench_shape: CUDA-graph replay, median, page 64,
 KV rotated past L2); q_len 1 unless given (the MTP shapes: 16 heads x 4, GLM's 20 heads x 2).
@@ -14,8 +18,9 @@ import sys
 
 import torch
 
+from mla_backend.inputs import make_paged_problem
 from mla_backend.kernel_constants import TILE_SHAPES
-from mla_backend.tools.bench import bench_shape
+from mla_backend.tools.bench import bench_shape, copies_past_l2, ours, time_graph
 
 SHAPES = [(16, 128, 16384), (16, 64, 16384), (16, 128, 4096), (16, 32, 16384), (16, 8, 16384), (128, 8, 16384)]
 SHAPES += [(128, 1, 32768), (16, 1, 32768)]
@@ -25,11 +30,15 @@ SHAPES += [(16, 64, 8192, 4), (20, 64, 8192, 2), (8, 64, 8192, 4)]
 def main(args: list[str]) -> int:
     shapes = [tuple(int(x) for x in a.split(",")) for a in args] or SHAPES
     workspace = torch.zeros(512 << 20, dtype=torch.uint8, device="cuda")
-    for heads, batch, seq, *q_len in shapes:
-        q = q_len[0] if q_len else 1
-        (row,) = bench_shape(torch.float8_e4m3fn, heads, batch, seq, q, workspace, peers=())
-        timed = f"{row.us:.1f}" if row.us is not None else f"failed: {row.note}"
-        print(f"H{heads} B{batch} {seq // 1024}k q{q} {timed}", flush=True)
+    for heads, batch, seq, *rest in shapes:
+        q = rest[0] if rest else 1
+        if len(rest) > 1:
+            us, planned = time_planned(heads, batch, seq, q, rest[1], workspace), f" planned {rest[1] // 1024}k"
+            timed = f"{us:.1f}"
+        else:
+            (row,) = bench_shape(torch.float8_e4m3fn, heads, batch, seq, q, workspace, peers=())
+            timed, planned = (f"{row.us:.1f}" if row.us is not None else f"failed: {row.note}"), ""
+        print(f"H{heads} B{batch} {seq // 1024}k q{q}{planned} {timed}", flush=True)
     # CTAs an SM held per FP8 tile (a build with MLA_SMEM_FLOOR_BYTES shows SM120's one); the runs loaded the library.
     resident = [
         f"{16 * t.row_groups * t.fragments} rows {torch.ops.mla_backend.ctas_per_sm(True, t.row_groups, t.fragments)}"
@@ -38,6 +47,16 @@ def main(args: list[str]) -> int:
     ]
     print("FP8 CTAs per SM:", ", ".join(resident), flush=True)
     return 0
+
+
+def time_planned(heads: int, batch: int, seq: int, q_len: int, plan: int, workspace: torch.Tensor) -> float:
+    """Graph-replay time of requests of ``seq`` tokens in a call planned and paged for ``plan``."""
+    problems = []
+    for i in range(copies_past_l2(batch * seq * 576)):
+        problem = make_paged_problem([plan] * batch, q_len, heads, 64, torch.float8_e4m3fn, "cuda", seed=i)
+        problem.seq_lens.fill_(seq)
+        problems.append(problem)
+    return time_graph([ours(p, workspace) for p in problems])
 
 
 if __name__ == "__main__":
