@@ -81,6 +81,23 @@ __device__ __forceinline__ void qk_step(float (&sc)[C::kFragments][4][4], uint32
   }
 }
 
+// FP8 V of k-step kk (16 tokens) and dim group q (32 of this warp's dims), by x4.trans over byte pairs:
+// register r holds tokens (2t, 2t+1) of dims (2g, 2g+1) of its 16-byte column.
+template <class C>
+__device__ __forceinline__ void load_fp8_v(uint32_t (&vr)[4], uint32_t stage, int kk, int q, const WarpRole& w) {
+  const int mi = w.lane >> 3;
+  const int tok = 16 * kk + 8 * (mi & 1) + (w.lane & 7);
+  ldmatrix_x4_trans(vr, stage + tok * C::kSmemRowBytes + w.wd * 128 + q * 32 + 16 * (mi >> 1));
+}
+
+// Half `half` of load_fp8_v's registers (tokens 2t.. or 8 + 2t..) as the f16 B fragments of the even
+// and of the odd dims: prmt splits them, cvt widens exactly.
+__device__ __forceinline__ void widen_fp8_v(const uint32_t (&vr)[4], int half, uint32_t (&even)[2],
+                                            uint32_t (&odd)[2]) {
+  e4m3x4_to_f16x4(__byte_perm(vr[2 * half], 0, 0x3120), even[0], odd[0]);
+  e4m3x4_to_f16x4(__byte_perm(vr[2 * half + 1], 0, 0x3120), even[1], odd[1]);
+}
+
 // Step i of O += P.V over this warp's 128 output dims. FP8 accumulators come in (even dims, odd
 // dims) pairs of n-tiles (epilogue.cuh puts them back in order); BF16 ones are in dim order.
 template <class C>
@@ -89,19 +106,13 @@ __device__ __forceinline__ void pv_step(float (&acc)[C::kFragments][16][4], cons
   constexpr int RF = C::kFragments;
   constexpr int kPerK = C::kPvSteps / 2;
   const int kk = i / kPerK, q = i % kPerK;
-  const int mi = w.lane >> 3;
-  const int tok = 16 * kk + 8 * (mi & 1) + (w.lane & 7);
-  uint32_t vr[4];
   if constexpr (C::kFp8) {
-    // x4.trans over byte pairs: 16 tokens x 32 dims. Register r holds tokens (2t, 2t+1) of dims
-    // (2g, 2g+1) of its 16-byte column; prmt splits even and odd dims, cvt widens to f16.
-    ldmatrix_x4_trans(vr, stage + tok * C::kSmemRowBytes + w.wd * 128 + q * 32 + 16 * (mi >> 1));
+    uint32_t vr[4];
+    load_fp8_v<C>(vr, stage, kk, q, w);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      // tokens 2t.. and 8+2t..: [even dims | odd dims] -> f16 B fragments of both dim groups
       uint32_t even[2], odd[2];
-      e4m3x4_to_f16x4(__byte_perm(vr[2 * half], 0, 0x3120), even[0], odd[0]);
-      e4m3x4_to_f16x4(__byte_perm(vr[2 * half + 1], 0, 0x3120), even[1], odd[1]);
+      widen_fp8_v(vr, half, even, odd);
 #pragma unroll
       for (int f = 0; f < RF; ++f) {
         if constexpr (C::kPvF16Acc) {
@@ -114,6 +125,9 @@ __device__ __forceinline__ void pv_step(float (&acc)[C::kFragments][16][4], cons
       }
     }
   } else {
+    const int mi = w.lane >> 3;
+    const int tok = 16 * kk + 8 * (mi & 1) + (w.lane & 7);
+    uint32_t vr[4];
     ldmatrix_x4_trans(vr, stage + tok * C::kSmemRowBytes + (w.wd * 128 + q * 16 + 8 * (mi >> 1)) * 2);
 #pragma unroll
     for (int f = 0; f < RF; ++f) {
@@ -132,18 +146,15 @@ __device__ __forceinline__ void pv_tile_f16(float (&acc)[C::kFragments][16][4],
                                             const WarpRole& w) {
   static_assert(C::kFp8 && C::kPvF16Acc, "f16 sums of FP8 P.V only");
   constexpr int RF = C::kFragments;
-  const int mi = w.lane >> 3;
   uint32_t sums[RF][4][2] = {};  // per fragment: n-tiles (half, even | odd) of dim group q
 #pragma unroll
   for (int kk = 0; kk < 2; ++kk) {
-    const int tok = 16 * kk + 8 * (mi & 1) + (w.lane & 7);
     uint32_t vr[4];
-    ldmatrix_x4_trans(vr, stage + tok * C::kSmemRowBytes + w.wd * 128 + q * 32 + 16 * (mi >> 1));
+    load_fp8_v<C>(vr, stage, kk, q, w);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       uint32_t even[2], odd[2];
-      e4m3x4_to_f16x4(__byte_perm(vr[2 * half], 0, 0x3120), even[0], odd[0]);
-      e4m3x4_to_f16x4(__byte_perm(vr[2 * half + 1], 0, 0x3120), even[1], odd[1]);
+      widen_fp8_v(vr, half, even, odd);
 #pragma unroll
       for (int f = 0; f < RF; ++f) {
         mma_f16_chain(sums[f][half * 2], pf[f][kk], even[0], even[1]);
