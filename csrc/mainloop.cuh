@@ -55,17 +55,14 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   [[maybe_unused]] std::conditional_t<C::kQInSmem, QTileLoad<C>, NoQTileLoad> q_load;
   if constexpr (C::kQInSmem) q_load.issue(q_smem, p, b, blockIdx.x * C::kTileRows);
   const int* bt_row = p.block_tables + (long long)b * p.bt_stride;
-  auto tiles_per_split = [&](int len) { return ((len + kBlockN - 1) / kBlockN + p.num_splits - 1) / p.num_splits; };
-  const int guess_len = p.max_seq_len, guess_begin = split * tiles_per_split(guess_len);
+  const int guess_len = p.max_seq_len, guess_begin = split * tiles_per_split(p, guess_len);
   int guessed_page[C::kStages - 1];
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) guessed_page[s] = page_of<C>(p, bt_row, guess_begin + s, guess_len);
 
-  const int seq_len = max(0, min(p.seq_lens[b], p.max_pages << p.page_shift));
-  const int n_tiles = (seq_len + kBlockN - 1) / kBlockN;
-  const int per_split = tiles_per_split(seq_len);
-  const int tile_begin = split * per_split;
-  const int tile_end = min(n_tiles, tile_begin + per_split);
+  const int seq_len = request_len(p, b);
+  const SplitTiles tiles = split_tiles(p, seq_len, split);
+  const int tile_begin = tiles.begin, tile_end = tiles.end;
   // Page id of this thread's token in tile tile_begin + s: the guess where it read the right entry.
   auto first_page = [&](int s) {
     const int pos = kv_pos<C>(tile_begin + s);

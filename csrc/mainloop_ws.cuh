@@ -84,19 +84,16 @@ __global__ void __launch_bounds__(WsLayout::kThreads) mla_decode_ws_kernel(const
   const uint32_t q_smem = kv_smem + C::kQOffset;
   QTileLoad<C> q_load;
   const int* bt_row = p.block_tables + (long long)b * p.bt_stride;
-  auto tiles_per_split = [&](int len) { return ((len + kBlockN - 1) / kBlockN + p.num_splits - 1) / p.num_splits; };
-  const int guess_len = p.max_seq_len, guess_begin = split * tiles_per_split(guess_len);
+  const int guess_len = p.max_seq_len, guess_begin = split * tiles_per_split(p, guess_len);
   int guessed_page[C::kStages - 1];
   if (s_role) {
     q_load.issue(q_smem, p, b, blockIdx.x * C::kTileRows);
 #pragma unroll
     for (int s = 0; s < C::kStages - 1; ++s) guessed_page[s] = page_of<C>(p, bt_row, guess_begin + s, guess_len);
   }
-  const int seq_len = max(0, min(p.seq_lens[b], p.max_pages << p.page_shift));
-  const int n_tiles = (seq_len + kBlockN - 1) / kBlockN;
-  const int per_split = tiles_per_split(seq_len);
-  const int tile_begin = split * per_split;
-  const int tile_end = min(n_tiles, tile_begin + per_split);
+  const int seq_len = request_len(p, b);
+  const SplitTiles tiles = split_tiles(p, seq_len, split);
+  const int tile_begin = tiles.begin, tile_end = tiles.end;
   const int warp_row0 = blockIdx.x * C::kTileRows;  // one row group: every warp covers all 32 rows
   float* row_stats_smem = reinterpret_cast<float*>(smem + C::kScoresOffset);
   __syncthreads();  // the mbarriers are initialised

@@ -49,6 +49,25 @@ struct DecodeParams {
   int num_splits;
 };
 
+// KV tiles per split of a request of `len` tokens (the launcher's num_splits spread them evenly).
+__device__ __forceinline__ int tiles_per_split(const DecodeParams& p, int len) {
+  return ((len + kBlockN - 1) / kBlockN + p.num_splits - 1) / p.num_splits;
+}
+
+// A request's length as the kernels read it: never past what its block-table row addresses.
+__device__ __forceinline__ int request_len(const DecodeParams& p, int b) {
+  return max(0, min(p.seq_lens[b], p.max_pages << p.page_shift));
+}
+
+// The KV tiles [begin, end) split `split` of a request of `seq_len` tokens owns (empty past its last).
+struct SplitTiles {
+  int begin, end;
+};
+__device__ __forceinline__ SplitTiles split_tiles(const DecodeParams& p, int seq_len, int split) {
+  const int per_split = tiles_per_split(p, seq_len), begin = split * per_split;
+  return {begin, min((seq_len + kBlockN - 1) / kBlockN, begin + per_split)};
+}
+
 // Query token of a row (rows are token-major: row = token * heads + head).
 __device__ __forceinline__ int token_of_row(const DecodeParams& p, int row) { return (row * p.heads_recip) >> 20; }
 
