@@ -212,23 +212,21 @@ def test_kimi_vl_s_multimodal_wrapper_is_served_as_its_text_model(capability, kv
     assert backend.engine_route(config, capability).kernel == "bundled"
 
 
-def small_mistral_params(heads: int) -> dict:
-    """Mistral Large 3's published params.json with what the backend never sees shrunk (as the zoo's
-    SMALL does for config.json) and ``heads`` query heads."""
-    params = json.loads(json.dumps(published("Mistral-Large-3")["mistral_params"]))
-    params.update(dim=512, hidden_dim=1024, n_layers=2, vocab_size=2048, n_heads=heads, n_kv_heads=heads)
-    params["moe"].update(expert_hidden_dim=256, num_experts=8, first_k_dense_replace=1)
-    return params
+MISTRAL_LARGE_3 = next(f for f in FAMILIES if f.checkpoint_format == "mistral")
 
 
 @pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"sm{c[0]}{c[1]}")
-@pytest.mark.parametrize("heads", [16, 128], ids=["TP8", "TP1"])
+@pytest.mark.parametrize("layout", list(MISTRAL_LARGE_3.heads))
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_mistral_large_3_s_params_json_is_served_by_the_flag(heads, capability, kv_cache_dtype, tmp_path):
+def test_mistral_large_3_s_params_json_is_served_by_the_flag(layout, capability, kv_cache_dtype, tmp_path):
     """Mistral Large 3 as users start it (--config-format mistral): vLLM maps its params.json onto a
     DeepSeek-V3 config (MistralLarge3ForCausalLM, 512 + 64 latent, YaRN, the llama_4 query scale);
     the flag must select our backend and the bundled kernels."""
-    (tmp_path / "params.json").write_text(json.dumps(small_mistral_params(heads)))
+    from integration.models.checkpoints import dense_config
+    from integration.models.mistral_format import mistral_params
+
+    heads = MISTRAL_LARGE_3.heads[layout]
+    (tmp_path / "params.json").write_text(json.dumps(mistral_params(dense_config(MISTRAL_LARGE_3, layout))))
     model = ModelConfig(
         model=str(tmp_path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16", config_format="mistral"
     )
