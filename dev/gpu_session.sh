@@ -14,8 +14,8 @@
 #   | sglang_faults (integration/sglang_fault_check.py, carried as sglang is, with the bundle's server
 #     part from dev/sglang_server_extras.sh: SGL_KV one of fp8_e4m3 and auto, FAULT_PARTS of
 #     preemption,aborts,radix, SELFTEST=1)
-#   | zoo (integration/zoo_e2e.py: FAMILIES, ZOO_KV, ZOO_PARTS of plain,drafts, DRAFT_TOKENS, SELFTEST=1,
-#     REFUSALS=1, ISOLATED=1)
+#   | zoo (integration/zoo_e2e.py: FAMILIES, ZOO_KV, ZOO_PARTS of plain,drafts,split, DRAFT_TOKENS, SELFTEST=1,
+#     REFUSALS=1, ISOLATED=1; split on nvidia-h100-x2: ZOO_TP, ZOO_DCP)
 #   | serve | mtp | parallel | correctness | enginebest | enginebest_parallel | realdims | variants | inputs | placement
 #   | faults (integration/fault_check.py: FAULT_PARTS of preemption,aborts,prefix,long,soak; BACKEND, SOAK_S, SELFTEST=1;
 #     one or two parts a call, each part starts two or more servers)
@@ -136,7 +136,7 @@ for part in ${PART//,/ }; do
       [ "$part" = parallel ] && seeds=0,1
       run python3 integration/run_e2e.py --heads "$HEADS" --parts "$parts" --kv "$KV" --prompt-seeds "$seeds" --out "$OUT" ;;
     zoo) run python3 integration/zoo_e2e.py --families "${FAMILIES:-GLM-4.7-Flash,Kimi-K2}" --kv "${ZOO_KV:-fp8,auto}" \
-      --parts "${ZOO_PARTS:-plain}" --draft-tokens "${DRAFT_TOKENS:-1,3}" \
+      --parts "${ZOO_PARTS:-plain}" --draft-tokens "${DRAFT_TOKENS:-1,3}" --tp "${ZOO_TP:-2}" --dcp "${ZOO_DCP:-1,2}" \
       ${SELFTEST:+--selftest} ${REFUSALS:+--refusals} ${ISOLATED:+--isolated} --out "$OUT" ;;
     sglang)
       models=(--heads "$HEADS")

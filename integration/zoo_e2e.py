@@ -11,6 +11,10 @@ Per family and layout (the heads one GPU decodes; ``--layouts all`` for every la
   may hand SM90's decode to FlashMLA), per KV dtype: greedy tokens under the tie rule, every replayed
   decode call recomputed in float64, the route;
 - selftest (``--selftest``): ours with outputs x1.05; the float64 check must fail;
+- split (``--parts split``, ``--tp N``, ``--dcp 1,2``, N GPUs): ours with the family's heads split by
+  tensor parallelism (and its KV by decode context parallelism on top), every rank's decode calls
+  recomputed in float64, the tokens against ours on one GPU, judged as run_e2e.py's parallel runs
+  are (judges/parallel.py: vLLM's FLASHMLA at the same layouts calibrates the tie rule);
 - drafts (``--parts drafts``): the family's drafters at k = ``--draft-tokens``: its own MTP layer
   (GLM-4.7-Flash's ``glm4_moe_lite_mtp``, DeepSeek-V3's ``deepseek_mtp``, LongCat-Flash's
   ``longcat_flash_mtp``; the checkpoint with one MTP layer) and, for the families users run with one,
@@ -30,7 +34,7 @@ import json
 import os
 import sys
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -41,9 +45,10 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))
 from integration.engines.glm_dense_only import allow_dense_only_glm  # noqa: E402
 from integration.engines.longcat_mtp_weights import skip_longcat_mtp_weights_in_target  # noqa: E402
 from integration.engines.vllm_engine import SETUP_ENV, release_engine, run_engine, run_engine_isolated  # noqa: E402
-from integration.engines.vllm_references import reference_runs  # noqa: E402
+from integration.engines.vllm_references import reference_runs, run_isolated_or_error  # noqa: E402
 from integration.engines.vllm_spec import EngineSpec, engine_kwargs  # noqa: E402
-from integration.judges.decode_verdict import judge_selftest  # noqa: E402
+from integration.judges.decode_verdict import judge_decode_check, judge_selftest  # noqa: E402
+from integration.judges.parallel import PARALLEL_PEER, judge_parallel  # noqa: E402
 from integration.judges.vllm_run import judge, non_speculative_note  # noqa: E402
 from integration.models.checkpoints import save_checkpoint, save_config  # noqa: E402
 from integration.models.eagle3_drafter import save_eagle3_drafter  # noqa: E402
@@ -108,6 +113,49 @@ def run_family(
         ok_all &= caught
         rows.append((f"{label}: {spec.name} x1.05", "PASS" if caught else "FAIL", note))
     return ok_all
+
+
+def run_split(
+    family: Family, layout: str, kvs: set[str], model_dir: Path, tp: int, dcps: list[int], rows: list
+) -> bool:
+    """Ours with the layout's heads split over ``tp`` GPUs (and the KV over each of ``dcps``) against
+    ours on one GPU; vLLM's PARALLEL_PEER on one GPU and at the same layouts shows how far a split
+    moves an engine's tokens by itself. Split engines run in processes of their own."""
+    heads = family.heads[layout]
+    model = str(save_checkpoint(family, model_dir / f"{family.published}_h{heads}", layout))
+    label = f"{family.name} ({heads} heads over {tp} GPUs, {heads // tp} a rank)"
+    prompts = make_prompts(0)
+    ok_all = True
+    for kv in sorted(kvs):
+        single_spec = EngineSpec("CUSTOM", kv, 64, True, mla_backend=OURS)
+        try:
+            single = run_engine_isolated(single_spec, model, prompts)
+            ok, note = judge_decode_check(single["decode_check"], single["spec"])
+        except Exception as err:
+            ok, note = False, repr(err)[:300]
+        ok_all &= ok
+        add_engine_row(rows, label, single_spec, ok, [f"1 GPU: {note}"])
+        if not ok:
+            continue
+        peer_single = run_isolated_or_error(peer_of(single_spec), model, prompts)
+        for dcp in dcps:
+            spec = replace(single_spec, tp=tp, dcp=dcp)
+            try:
+                result = run_engine_isolated(spec, model, prompts)
+                peer = run_isolated_or_error(peer_of(spec), model, prompts)
+                ok, notes = judge_parallel(result, single, peer, peer_single)
+                if result["routes"] != ["bundled"]:
+                    ok = False
+                    notes.append(f"route {result['routes']} != bundled")
+            except Exception as err:
+                ok, notes = False, [repr(err)[:300]]
+            ok_all &= ok
+            add_engine_row(rows, label, spec, ok, notes)
+    return ok_all
+
+
+def peer_of(spec: EngineSpec) -> EngineSpec:
+    return replace(spec, backend=PARALLEL_PEER, mla_backend={})
 
 
 def drafters(family: Family, layout: str, model_dir: Path) -> list[tuple[str, str, str | None]]:
@@ -207,15 +255,17 @@ def main() -> int:
     parser.add_argument("--selftest", action="store_true")
     parser.add_argument("--isolated", action="store_true", help="each engine in a process of its own")
     parser.add_argument("--refusals", action="store_true", help="also start the refused families")
-    parser.add_argument("--parts", default="plain", help="plain (greedy, no drafter), drafts (see above), or both")
+    parser.add_argument("--parts", default="plain", help="plain (greedy, no drafter), drafts, split (see above)")
+    parser.add_argument("--tp", type=int, default=2, help="GPUs the split part splits the heads over")
+    parser.add_argument("--dcp", default="1,2", help="decode context parallel sizes of the split part")
     parser.add_argument("--draft-tokens", default="1,3", help="k, the draft tokens per step, comma-separated")
     parser.add_argument("--out", default="results/zoo")
     parser.add_argument("--model-dir", default="/tmp/mla_backend_zoo")
     args = parser.parse_args()
     out, model_dir, kvs = Path(args.out), Path(args.model_dir), set(args.kv.split(","))
     parts = set(args.parts.split(","))
-    if not parts <= {"plain", "drafts"}:
-        parser.error(f"--parts: plain and drafts, not {sorted(parts - {'plain', 'drafts'})}")
+    if not parts <= {"plain", "drafts", "split"}:
+        parser.error(f"--parts: plain, drafts and split, not {sorted(parts - {'plain', 'drafts', 'split'})}")
     out.mkdir(parents=True, exist_ok=True)
     setups = (allow_dense_only_glm, skip_longcat_mtp_weights_in_target)
     for setup in setups:
@@ -232,6 +282,9 @@ def main() -> int:
         if family.expect == "bundled" and "drafts" in parts:
             draft_tokens = [int(k) for k in args.draft_tokens.split(",")]
             ok &= run_drafts(family, layout, kvs, model_dir, draft_tokens, rows)
+        if family.expect == "bundled" and "split" in parts:
+            dcps = [int(d) for d in args.dcp.split(",")]
+            ok &= run_split(family, layout, kvs, model_dir, args.tp, dcps, rows)
     (out / "zoo.json").write_text(json.dumps(rows, indent=1))
     (out / "zoo_tokens.json").write_text(json.dumps(TOKENS))
     print(f"\n== model zoo ({torch.cuda.get_device_name()}) ==")
