@@ -5,6 +5,7 @@ parses it, the selector gets the fields vLLM's MLA layers pass it, and the platf
 explicitly chosen backend runs on a GPU of the given capability. The family is then served by the
 route the zoo expects, or start-up stops with our reason."""
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ import mla_backend.vllm as plugin
 from mla_backend.vllm import backend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from integration.models.checkpoints import text_of  # noqa: E402
 from integration.models.families import ATTENTION_FIELDS, FAMILIES, Family, published  # noqa: E402
 
 CAPABILITIES = [(12, 0), (9, 0)]  # RTX 5090 / PRO 6000, H100
@@ -84,14 +86,14 @@ def registered():
 
 @pytest.mark.parametrize("family, layout", layouts())
 def test_small_config_keeps_the_published_attention_fields(family, layout):
-    config = family.config(layout)
+    config, text = family.config(layout), family.text_config(layout)
     source = published(family.published)
     for key in ATTENTION_FIELDS:
         value = source.get(key, (source.get("index_fields") or {}).get(key))
         if value is not None and key not in family.fills:
-            assert config[key] == value, key
+            assert text[key] == value, key
     assert config["architectures"] == [family.architecture]
-    assert config["num_attention_heads"] == family.heads[layout]
+    assert text["num_attention_heads"] == family.heads[layout]
 
 
 SERVED = [f for f in FAMILIES if f.expect != "refused"]
@@ -122,7 +124,7 @@ def test_each_served_family_writes_its_seeded_checkpoint(family, checkpoint):
         assert not (path / "config.json").exists() and (path / "consolidated.safetensors").exists()
         assert json.loads((path / "params.json").read_text())["n_heads"] == heads
         return
-    written = json.loads((path / "config.json").read_text())
+    written = text_of(json.loads((path / "config.json").read_text()))
     assert written["num_attention_heads"] == heads
     vocab = written["vocab_size"]
     assert all(written.get(key) is None or 0 <= written[key] < vocab for key in ("pad_token_id", "bos_token_id"))
@@ -149,7 +151,6 @@ def test_every_published_family_of_the_zoo_is_classified():
         "DeepSeek-R1": "DeepSeek-V3's attention fields (its row covers R1)",
         "DeepSeek-V3.1": "no config found; DeepSeek-V3's architecture",
         "Kimi-K2.5": "only the wrapper's fields were found: its wrapper around Kimi-K2's text model is checked below",
-        "Kimi-VL-A3B": "Moonlight's text model in vLLM's kimi_vl wrapper: checked below",
         "Mistral-Small-4": "kv_lora 256 read only as a class default",
         "DeepSeek-V4": "vLLM runs its own compressed sparse attention; the flag never reaches mla_backend",
         "Eagle3-drafters": "Llama attention (not MLA)",
@@ -183,33 +184,40 @@ def test_kimi_k25_s_multimodal_wrapper_is_served_as_its_text_model(layout, capab
     assert backend.engine_route(config, capability).kernel == "bundled"
 
 
-@pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"sm{c[0]}{c[1]}")
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_kimi_vl_s_multimodal_wrapper_is_served_as_its_text_model(capability, kv_cache_dtype, tmp_path):
-    """Kimi-VL as vLLM loads it: KimiVLForConditionalGeneration (vLLM's kimi_vl config class), whose
-    language model vLLM builds from text_config as DeepseekV2ForCausalLM: Moonlight's MLA (16 heads,
-    no q_lora; the published text_config has Moonlight's attention fields). Its MoonViT vision tower
-    has attention of its own that never reaches the MLA backend; the flag must select ours for the
-    text model's layers."""
+KIMI_VL = next(f for f in FAMILIES if f.architecture == "KimiVLForConditionalGeneration")
+
+
+def test_kimi_vl_s_checkpoint_is_its_text_model_in_vllm_s_kimi_vl_wrapper_run_text_only(checkpoint):
+    """Kimi-VL as the zoo writes it: vLLM's kimi_vl config (its own class) around Moonlight's MLA text
+    model, which vLLM builds from text_config as DeepseekV2ForCausalLM (16 heads, no q_lora: the
+    published text_config has Moonlight's attention fields); every tensor is the text model's, under
+    language_model. where the wrapper's loader hands it on. No vision tower is written, so the engines
+    run it text-only, as vLLM does with language_model_only (and would not without it)."""
+    from safetensors import safe_open
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    from integration.engines.vllm_spec import EngineSpec, engine_kwargs
+    from integration.models.checkpoints import dense_config, transformers_model
+
     moonlight = next(f for f in FAMILIES if f.name == "Moonlight")
-    wrapper = published("Kimi-VL-A3B")
     for key in ("num_attention_heads", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "q_lora_rank"):
-        assert moonlight.config()[key] == wrapper[key], key
-    text = {**moonlight.config(), "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2"}
-    config = config_of(
-        {
-            "architectures": wrapper["architectures"],
-            "model_type": "kimi_vl",
-            "text_config": text,
-            "vision_config": wrapper["vision_config"],
-        },
-        tmp_path,
-    )
-    model = config.model_config
-    assert model.architecture == "KimiVLForConditionalGeneration" and model.use_mla
-    assert model.hf_text_config.num_attention_heads == 16 and model.get_head_size() == 576
-    assert select(config, capability, kv_cache_dtype) == plugin.BACKEND_PATH
-    assert backend.engine_route(config, capability).kernel == "bundled"
+        assert moonlight.config()[key] == KIMI_VL.text_config()[key], key
+    path = checkpoint(KIMI_VL)
+    with safe_open(next(path.glob("*.safetensors")), "pt") as weights:
+        shapes = {name: list(weights.get_slice(name).get_shape()) for name in weights.keys()}  # noqa: SIM118
+    state = transformers_model("deepseek_v3", text_of(dense_config(KIMI_VL))).state_dict()
+    assert shapes == {f"language_model.{name}": list(tensor.shape) for name, tensor in state.items()}
+
+    kwargs = engine_kwargs(EngineSpec("CUSTOM", "fp8"), str(path), 2048, 0.2)
+    assert kwargs["language_model_only"] and set(kwargs) <= {f.name for f in dataclasses.fields(EngineArgs)}
+    for text_only in (True, False):
+        model = ModelConfig(
+            model=str(path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16", language_model_only=text_only
+        )
+        assert model.architecture == "KimiVLForConditionalGeneration" and model.use_mla
+        assert model.hf_text_config.num_attention_heads == 16 and model.get_head_size() == 576
+        assert MULTIMODAL_REGISTRY.supports_multimodal_inputs(model) is not text_only
 
 
 MISTRAL_LARGE_3 = next(f for f in FAMILIES if f.checkpoint_format == "mistral")
@@ -298,7 +306,8 @@ def test_every_mla_model_type_vllm_knows_is_classified():
     known = vllm_mla_model_types()
     assert {"deepseek_v3", "kimi_k2", "glm4_moe_lite"} <= known
     assert known <= set(MLA_MODEL_TYPES), sorted(known - set(MLA_MODEL_TYPES))
-    zoo = {f.model_type for f in FAMILIES} | {"deepseek_mtp", "glm4_moe_lite_mtp"}
+    # vLLM decides MLA by the text model's type (a multimodal wrapper's text_config)
+    zoo = {f.text_model_type or f.model_type for f in FAMILIES} | {"deepseek_mtp", "glm4_moe_lite_mtp"}
     assert {t for t, where in MLA_MODEL_TYPES.items() if where.startswith("zoo")} == zoo - {"minicpm3"}
 
 
@@ -359,7 +368,10 @@ def names_vllm_loads(model: ModelConfig, names: list[str]) -> list[str]:
 
     model_class, _ = ModelRegistry.resolve_model_cls(model.architectures, model)
     mapper = getattr(model_class, "hf_to_vllm_mapper", None)
-    return mapper.apply_list(names) if mapper else names
+    names = mapper.apply_list(names) if mapper else names
+    if model.hf_text_config is not model.hf_config:  # a multimodal wrapper hands these to its text model
+        names = [name.removeprefix("language_model.") for name in names]
+    return names
 
 
 def test_mistral_large_3_s_checkpoint_is_in_mistral_s_format_which_vllm_maps_to_its_layers(checkpoint):

@@ -28,11 +28,17 @@ TRANSFORMERS_TYPE = {"kimi_k2": "deepseek_v3", "kimi_linear": KIMI_LINEAR_WRITER
 def dense_config(family: Family, layout: str | None = None, mtp_layers: int = 0) -> dict:
     """The family's config with every layer dense, the ``mtp_layers`` MTP layers after them included."""
     config = family.config(layout)
-    layers = config["num_hidden_layers"]
-    config["first_k_dense_replace"] = layers + mtp_layers
-    config["mlp_layer_types"] = ["dense"] * layers  # transformers' GLM-4.7-Flash config reads this instead
-    config["num_nextn_predict_layers"] = mtp_layers  # transformers' default (1) would claim an MTP layer
+    text = text_of(config)
+    layers = text["num_hidden_layers"]
+    text["first_k_dense_replace"] = layers + mtp_layers
+    text["mlp_layer_types"] = ["dense"] * layers  # transformers' GLM-4.7-Flash config reads this instead
+    text["num_nextn_predict_layers"] = mtp_layers  # transformers' default (1) would claim an MTP layer
     return config
+
+
+def text_of(config: dict) -> dict:
+    """The text model's part of a config.json: a multimodal wrapper's text_config, else the whole."""
+    return config.get("text_config", config)
 
 
 def transformers_model(model_type: str, config: dict) -> torch.nn.Module:
@@ -70,9 +76,10 @@ def save_checkpoint(
     if stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
         return path
     kimi_linear = family.model_type == "kimi_linear"
-    model_type = TRANSFORMERS_TYPE.get(family.model_type, family.model_type)
+    text_type = family.text_model_type or family.model_type
+    model_type = TRANSFORMERS_TYPE.get(text_type, text_type)
     torch.manual_seed(seed)
-    transformers_model(model_type, config).to(torch.bfloat16).save_pretrained(path)
+    transformers_model(model_type, text_of(config)).to(torch.bfloat16).save_pretrained(path)
     if kimi_linear:
         add_kda_layers(path, config, seed)
     if family.model_type == "longcat_flash":
@@ -84,11 +91,29 @@ def save_checkpoint(
         add_mtp_layers(path, config, mtp_layers, seed, lambda deeper: transformers_model(model_type, deeper))
     if family.checkpoint_format == "mistral":
         to_mistral_format(path, config)
+    elif family.text_model_type is not None:
+        wrap_text_model(path, config)
     else:  # Kimi-Linear: the family's config only, none of the keys DeepSeek-V3's classes add.
         written = {"dtype": "bfloat16"} if kimi_linear else json.loads((path / "config.json").read_text())
         (path / "config.json").write_text(json.dumps({**written, **config}, indent=1))
     stamp_file.write_text(json.dumps(stamp))
     return path
+
+
+def wrap_text_model(path: Path, config: dict) -> None:
+    """A multimodal wrapper's checkpoint around the text model transformers wrote: its tensors under
+    language_model. (where vLLM's and SGLang's wrappers hand them to the text model) and the wrapper's
+    config.json, the text model's written config as its text_config. No vision tower is written: the
+    engines run it text-only, building none."""
+    from mla_backend.tools.tiny_model import edited_weights
+
+    with edited_weights(path) as tensors:
+        for name in list(tensors):
+            tensors[f"language_model.{name}"] = tensors.pop(name)
+    written = json.loads((path / "config.json").read_text())
+    written.pop("architectures", None)  # the wrapper names the model
+    wrapped = {**config, "text_config": {**written, **config["text_config"]}}
+    (path / "config.json").write_text(json.dumps(wrapped, indent=1))
 
 
 def drop_identity_expert_weights(path: Path, routed: int) -> None:

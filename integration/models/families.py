@@ -84,6 +84,9 @@ class Family:
     # how its checkpoints are released: "hf" (config.json, transformers' names) or "mistral"
     # (params.json, consolidated.safetensors under Mistral's names: mistral_format.py)
     checkpoint_format: Literal["hf", "mistral"] = "hf"
+    # A multimodal wrapper's text model type: config() nests the text model's fields under text_config,
+    # beside the published vision_config, and the checkpoint holds the text model under language_model.
+    text_model_type: str | None = None
     why: str = ""  # for fallback / refused / own: the reason users read
     refusal: str = ""  # for refused: what mla_backend's start-up error says
 
@@ -99,11 +102,24 @@ class Family:
 
     def config(self, layout: str | None = None) -> dict:
         """config.json of the family's small checkpoint with the heads of ``layout`` (the first by default)."""
-        heads = self.heads[layout or next(iter(self.heads))]
+        if self.text_model_type is None:
+            return self.text_config(layout)
         return {
-            **SMALL,
             "architectures": [self.architecture],
             "model_type": self.model_type,
+            "text_config": self.text_config(layout),
+            "vision_config": published(self.published)["vision_config"],
+        }
+
+    def text_config(self, layout: str | None = None) -> dict:
+        """The text model's fields: the whole config.json, or a multimodal wrapper's text_config."""
+        heads = self.heads[layout or next(iter(self.heads))]
+        model = {"architectures": [self.architecture], "model_type": self.model_type}
+        if self.text_model_type is not None:  # the wrapper names the architecture
+            model = {"model_type": self.text_model_type}
+        return {
+            **SMALL,
+            **model,
             "num_attention_heads": heads,
             "num_key_value_heads": heads,
             **self.attention(),
@@ -221,6 +237,18 @@ FAMILIES: tuple[Family, ...] = (
         expect="bundled",
         extra=MISTRAL_LARGE_3_QUERY_SCALE,
         checkpoint_format="mistral",
+    ),
+    # Kimi-VL: vLLM's kimi_vl wrapper (its own config class) around Moonlight's text model, which it
+    # builds from text_config as DeepseekV2ForCausalLM; the published text_config has Moonlight's
+    # attention fields. The zoo runs it text-only (no vision tower written: engines.vllm_spec).
+    Family(
+        "Kimi-VL",
+        "Kimi-VL-A3B",
+        "KimiVLForConditionalGeneration",
+        "kimi_vl",
+        heads={"TP1": 16},
+        expect="bundled",
+        text_model_type="deepseek_v3",
     ),
     Family(
         "MiniCPM3",
