@@ -19,7 +19,9 @@
 #   | serve | mtp | parallel | correctness | enginebest | enginebest_parallel | realdims | variants | inputs | placement
 #   | faults (integration/fault_check.py: FAULT_PARTS of preemption,aborts,prefix,long,soak; BACKEND, SOAK_S, SELFTEST=1;
 #     one or two parts a call, each part starts two or more servers)
-#   | gputests (TEST_FILES, default the kernel tests and the peers' grids; their per-case errors in $OUT/grids.jsonl)
+#   | gputests (TEST_FILES, default the kernel tests and the peers' grids; their per-case errors in $OUT/grids.jsonl;
+#     TREE: run them in a source tree carried in the checkout, e.g. an ignored copy of a branch, whose
+#     package builds its kernels here with NVCC_APPEND_FLAGS)
 #   | bench | routes
 #   | profile (Nsight Compute on ours and FlashMLA at SHAPE="heads batch seq [q_len]", FP8, and on the
 #     wheel in .gpu/ab/ as ours_base where carried: two builds of ours side by side; reports in $OUT)
@@ -29,7 +31,8 @@
 #     AB_BUILDS="v1|.|-DMLA_SMEM_FLOOR_BYTES=118784 -DMLA_WARP_SPECIALIZED=0;v2|.|-DMLA_SMEM_FLOOR_BYTES=118784
 #     -DMLA_WARP_SPECIALIZED=1"; AB_ENV for settings all builds share, e.g. MLA_BACKEND_FP8_PV=f16)
 #   | script (runs python3 $SCRIPT: a one-off probe on the installed wheel)
-#   | sanitize (tests/sanitize_decode.py under compute-sanitizer: SANITIZE_TOOLS, default memcheck,racecheck,synccheck)
+#   | sanitize (tests/sanitize_decode.py under compute-sanitizer: SANITIZE_TOOLS, default memcheck,racecheck,synccheck;
+#     TREE as for gputests, its package first on the path)
 #   | dp (integration/dp_e2e.py on two GPUs: vllm serve --data-parallel-size 2 --enable-expert-parallel,
 #     HEADS, KV one or both of fp8,auto, SELFTEST=1; needs vLLM's MoE kernels, stashed as below)
 # (several, comma-separated, run in turn; routes writes the SM90 route table into the installed
@@ -188,13 +191,14 @@ for part in ${PART//,/ }; do
       sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
       tools=${SANITIZE_TOOLS:-memcheck,racecheck,synccheck}
       for tool in ${tools//,/ }; do
-        run "$sanitizer" --tool "$tool" --error-exitcode 3 python3 tests/sanitize_decode.py
+        (cd "${TREE:-.}" && PYTHONPATH=${TREE:+$PWD:}$PYTHONPATH run "$sanitizer" --tool "$tool" --error-exitcode 3 \
+          python3 tests/sanitize_decode.py)
         echo "sanitize $tool: rc $?" | tee -a "$OUT/log.txt"
       done ;;
     dp) run python3 integration/dp_e2e.py --heads "$HEADS" --kv "$KV" ${SELFTEST:+--selftest} --out "$OUT/dp" ;;
     gputests)
-      PEER_GRID_REPORT=$OUT/grids.jsonl run python3 -m pytest -q -m gpu -p no:cacheprovider \
-        ${TEST_FILES:-tests/test_decode_gpu.py tests/test_peer_grids_gpu.py} ${TESTS:+-k "$TESTS"} ;;
+      (cd "${TREE:-.}" && PEER_GRID_REPORT=$OUT/grids.jsonl run python3 -m pytest -q -m gpu -p no:cacheprovider \
+        ${TEST_FILES:-tests/test_decode_gpu.py tests/test_peer_grids_gpu.py} ${TESTS:+-k "$TESTS"}) ;;
     # From /tmp, so that the installed wheel (not the checkout) is the package measured and written.
     bench) (cd /tmp && run python3 -m mla_backend bench ${QUICK:+--quick} --out "$OUT/bench") ;;
     routes) (cd /tmp && run python3 -m mla_backend bench --route-table --write --out "$OUT/bench") ;;
