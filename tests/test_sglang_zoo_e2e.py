@@ -25,7 +25,7 @@ from integration.models.families import FAMILIES, Family  # noqa: E402
 from integration.models.sglang_checkpoint import SGLANG_MODULES, refusal, save_sglang_checkpoint  # noqa: E402
 
 BUNDLED = ["DeepSeek-V3 / R1", "DeepSeek-V2-Lite", "Moonlight", "Kimi-K2 / K2.5 (text)", "GLM-4.7-Flash"]
-BUNDLED += ["LongCat-Flash", "Kimi-Linear", "Mistral Large 3"]
+BUNDLED += ["LongCat-Flash", "Kimi-Linear", "Mistral Large 3", "Kimi-VL"]
 REFUSED = ["MiniCPM3", "DeepSeek-V3.2", "GLM-5"]
 
 
@@ -345,8 +345,8 @@ def test_each_checkpoint_the_run_writes_is_the_family_s_mla_model_to_sglang(fami
 # SGLang builds each family's model class on CPU and loads the checkpoint into it, in a process of its own
 # (the distributed groups and server arguments it needs are process-wide). Four stand-ins let the classes
 # be built without a GPU, none of them in the weights' path: the CUDA path's RoPE class (not the CPU
-# engine's) built on CPU, without the custom rotary kernel it would import where there is no CUDA, and
-# LongCat's side stream.
+# engine's) built on CPU, without the custom rotary kernel it would import where there is no CUDA,
+# LongCat's side stream, and the device Kimi-VL's MoonViT asks for its 2D RoPE tables.
 PRELUDE = """
 import json, sys, torch
 from pathlib import Path
@@ -356,6 +356,7 @@ from sglang.srt.distributed import init_distributed_environment, initialize_mode
 from sglang.srt.layers.dp_attention import initialize_dp_attention
 from sglang.srt.layers.rotary_embedding import base, factory, rope_variant
 from sglang.srt.model_loader.utils import get_model_architecture
+from sglang.srt.models import kimi_vl_moonvit
 from sglang.srt import runtime_context
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 from integration.models.families import FAMILIES
@@ -364,6 +365,7 @@ from integration.models.sglang_checkpoint import save_sglang_checkpoint
 base._is_cpu = True
 factory.get_rope_cpu = lambda *args: factory.get_rope(*args[:8])
 rope_variant.get_device = lambda *args: "cpu"
+kimi_vl_moonvit.get_device = lambda *args: "cpu"
 runtime_context.set_stream("alt", object())
 init_distributed_environment(backend="gloo", world_size=1, rank=0, local_rank=0,
                              distributed_init_method="tcp://127.0.0.1:" + sys.argv[2])

@@ -18,6 +18,7 @@ import torch
 from .families import Family
 from .kimi_linear import TRANSFORMERS_TYPE as KIMI_LINEAR_WRITER
 from .kimi_linear import add_kda_layers
+from .kimi_vl import vision_weights
 from .mistral_format import to_mistral_format
 
 # transformers' model_type whose classes write a family's weights, where it is not the family's own:
@@ -92,7 +93,7 @@ def save_checkpoint(
     if family.checkpoint_format == "mistral":
         to_mistral_format(path, config)
     elif family.text_model_type is not None:
-        wrap_text_model(path, config)
+        wrap_text_model(path, config, seed)
     else:  # Kimi-Linear: the family's config only, none of the keys DeepSeek-V3's classes add.
         written = {"dtype": "bfloat16"} if kimi_linear else json.loads((path / "config.json").read_text())
         (path / "config.json").write_text(json.dumps({**written, **config}, indent=1))
@@ -100,16 +101,18 @@ def save_checkpoint(
     return path
 
 
-def wrap_text_model(path: Path, config: dict) -> None:
+def wrap_text_model(path: Path, config: dict, seed: int) -> None:
     """A multimodal wrapper's checkpoint around the text model transformers wrote: its tensors under
-    language_model. (where vLLM's and SGLang's wrappers hand them to the text model) and the wrapper's
-    config.json, the text model's written config as its text_config. No vision tower is written: the
-    engines run it text-only, building none."""
+    language_model. (where vLLM's and SGLang's wrappers hand them to the text model), the seeded
+    vision tower and projector beside them (kimi_vl.py), and the wrapper's config.json, the text
+    model's written config as its text_config."""
     from mla_backend.tools.tiny_model import edited_weights
 
+    text = config["text_config"]
     with edited_weights(path) as tensors:
         for name in list(tensors):
             tensors[f"language_model.{name}"] = tensors.pop(name)
+        tensors |= vision_weights(config["vision_config"], text["hidden_size"], text["initializer_range"], seed)
     written = json.loads((path / "config.json").read_text())
     written.pop("architectures", None)  # the wrapper names the model
     wrapped = {**config, "text_config": {**written, **config["text_config"]}}

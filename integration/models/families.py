@@ -87,6 +87,7 @@ class Family:
     # A multimodal wrapper's text model type: config() nests the text model's fields under text_config,
     # beside the published vision_config, and the checkpoint holds the text model under language_model.
     text_model_type: str | None = None
+    vision: dict = field(default_factory=dict)  # its published vision_config, shrunk (the backend never sees it)
     why: str = ""  # for fallback / refused / own: the reason users read
     refusal: str = ""  # for refused: what mla_backend's start-up error says
 
@@ -108,7 +109,7 @@ class Family:
             "architectures": [self.architecture],
             "model_type": self.model_type,
             "text_config": self.text_config(layout),
-            "vision_config": published(self.published)["vision_config"],
+            "vision_config": {**published(self.published)["vision_config"], **self.vision},
         }
 
     def text_config(self, layout: str | None = None) -> dict:
@@ -159,6 +160,9 @@ KIMI_LINEAR_HYBRID = {
 # published_configs.json). config() gives that mapped config; the zoo's checkpoint is written in
 # Mistral's format (mistral_format.py). Its query takes a position-dependent scale (llama_4_scaling)
 # in the engines' attention layer, before the decode backend.
+# Kimi-VL's MoonViT, shrunk as the text model is: the published patch size, position grid and 2 x 2
+# merge; a small width (a multiple of its heads) and one block.
+KIMI_VL_VISION = {"hidden_size": 64, "num_attention_heads": 2, "num_hidden_layers": 1, "intermediate_size": 128}
 MISTRAL_LARGE_3_QUERY_SCALE = {"llama_4_scaling": published("Mistral-Large-3")["llama_4_scaling"]}
 
 FAMILIES: tuple[Family, ...] = (
@@ -238,9 +242,10 @@ FAMILIES: tuple[Family, ...] = (
         extra=MISTRAL_LARGE_3_QUERY_SCALE,
         checkpoint_format="mistral",
     ),
-    # Kimi-VL: vLLM's kimi_vl wrapper (its own config class) around Moonlight's text model, which it
-    # builds from text_config as DeepseekV2ForCausalLM; the published text_config has Moonlight's
-    # attention fields. The zoo runs it text-only (no vision tower written: engines.vllm_spec).
+    # Kimi-VL: the kimi_vl wrapper (vLLM's and SGLang's own config class) around Moonlight's text model,
+    # which both build from text_config as DeepseekV2ForCausalLM; the published text_config has
+    # Moonlight's attention fields. Its MoonViT tower is written shrunk (models/kimi_vl.py); vLLM runs
+    # it text-only (engines.vllm_spec), SGLang builds and loads the tower.
     Family(
         "Kimi-VL",
         "Kimi-VL-A3B",
@@ -249,6 +254,7 @@ FAMILIES: tuple[Family, ...] = (
         heads={"TP1": 16},
         expect="bundled",
         text_model_type="deepseek_v3",
+        vision=KIMI_VL_VISION,
     ),
     Family(
         "MiniCPM3",

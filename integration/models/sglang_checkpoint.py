@@ -25,6 +25,7 @@ SGLANG_MODULES = {
     "KimiLinearForCausalLM": "kimi_linear",
     "MiniCPM3ForCausalLM": "minicpm3",
     "MistralLarge3ForCausalLM": "mistral_large_3",  # DeepSeek-V3's class, loading Mistral's names (mistral_format.py)
+    "KimiVLForConditionalGeneration": "kimi_vl",  # its text model is DeepSeek-V2's class (text_config)
 }
 # models/deepseek_v2.py:2406: DeepseekV2DecoderLayer._is_layer_sparse reads it for the layer after
 # each one, so past the last dense layer too; transformers' DeepSeek and GLM-5 configs do not write it.
@@ -54,6 +55,7 @@ SGLANG_KEYS: dict[str, dict] = {
             "DeepseekV32ForCausalLM",
             "GlmMoeDsaForCausalLM",
             "MistralLarge3ForCausalLM",
+            "KimiVLForConditionalGeneration",  # into its text_config (families.Family.text_config)
         ),
         DEEPSEEK_LAYERS,
     ),
