@@ -342,6 +342,31 @@ def test_each_checkpoint_the_run_writes_is_the_family_s_mla_model_to_sglang(fami
     assert model_class.__module__ == f"sglang.srt.models.{SGLANG_MODULES[family.architecture]}"
 
 
+@pytest.mark.sglang
+@needs_sglang
+def test_kimi_vl_runs_on_its_text_model_alone_without_an_image_processor(tmp_path):
+    """For every multimodal model SGLang loads an image processor from the checkpoint, even with
+    skip_tokenizer_init, and the zoo's Kimi-VL ships none (its prompts are token ids): the run turns
+    multimodal off for it, which SGLang's ModelConfig honours (and is multimodal without it); every
+    other family keeps SGLang's default."""
+    import dataclasses
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.server_args import ServerArgs
+
+    from integration.engines.sglang_engine import engine_settings
+
+    kimi_vl = next(f for f in FAMILIES if f.architecture == "KimiVLForConditionalGeneration")
+    path = str(save_sglang_checkpoint(kimi_vl, tmp_path / kimi_vl.published))
+    settings = engine_settings(path, "mla_backend", "fp8_e4m3", True)
+    assert set(settings) <= {f.name for f in dataclasses.fields(ServerArgs)}
+    assert settings["enable_multimodal"] is False
+    assert not ModelConfig(path, enable_multimodal=settings["enable_multimodal"]).is_multimodal
+    assert ModelConfig(path).is_multimodal
+    text_model = save_sglang_checkpoint(FAMILIES[0], tmp_path / "text")
+    assert engine_settings(str(text_model), "mla_backend", "fp8_e4m3", True)["enable_multimodal"] is None
+
+
 # SGLang builds each family's model class on CPU and loads the checkpoint into it, in a process of its own
 # (the distributed groups and server arguments it needs are process-wide). Four stand-ins let the classes
 # be built without a GPU, none of them in the weights' path: the CUDA path's RoPE class (not the CPU

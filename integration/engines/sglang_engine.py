@@ -37,22 +37,7 @@ def run_engine(
     import sglang
     import torch
 
-    settings = dict(
-        model_path=model,
-        skip_tokenizer_init=True,
-        page_size=PAGE_SIZE,
-        prefill_attention_backend="triton",
-        decode_attention_backend=decode,
-        kv_cache_dtype=kv,
-        disable_cuda_graph=not graphs,
-        cuda_graph_max_bs_decode=THROUGHPUT["batch"],
-        disable_radix_cache=True,
-        sampling_backend="pytorch",
-        grammar_backend="none",
-        mem_fraction_static=0.5,
-        log_level="warning",
-    )
-    engine = sglang.Engine(**settings, **(engine_args or {}))
+    engine = sglang.Engine(**engine_settings(model, decode, kv, graphs), **(engine_args or {}))
     try:
         greedy = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
         outs = engine.generate(input_ids=prompts, sampling_params=greedy, return_logprob=True, top_logprobs_num=2)
@@ -68,6 +53,28 @@ def run_engine(
     finally:
         engine.shutdown()
     return {"tokens": tokens, "gaps": gaps, "tokens_per_s": rate}
+
+
+def engine_settings(model: str, decode: str, kv: str, graphs: bool) -> dict:
+    """sglang.Engine arguments of one engine of the run."""
+    from integration.engines.text_only import has_vision_tower  # here: this file also runs as a script
+
+    return dict(
+        model_path=model,
+        skip_tokenizer_init=True,
+        page_size=PAGE_SIZE,
+        prefill_attention_backend="triton",
+        decode_attention_backend=decode,
+        kv_cache_dtype=kv,
+        disable_cuda_graph=not graphs,
+        cuda_graph_max_bs_decode=THROUGHPUT["batch"],
+        disable_radix_cache=True,
+        sampling_backend="pytorch",
+        grammar_backend="none",
+        mem_fraction_static=0.5,
+        log_level="warning",
+        enable_multimodal=False if has_vision_tower(model) else None,  # the prompts are token ids: text alone
+    )
 
 
 def decode_throughput(engine, prompts: list[list[int]], new_tokens: int, repeats: int = 3) -> float:

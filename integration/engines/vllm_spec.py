@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from integration.engines.text_only import has_vision_tower
 from integration.settings import drafter_has_mla_layers
 
 
@@ -65,7 +64,7 @@ def engine_kwargs(spec: EngineSpec, model: str, max_model_len: int, memory_fract
         tensor_parallel_size=spec.tp,
         decode_context_parallel_size=spec.dcp,
     )
-    if text_only(model):
+    if has_vision_tower(model):  # the prompts are token ids: the text model alone
         kwargs["language_model_only"] = True
     if spec.graphs:  # full graphs for decode without an inductor compile: quick to start
         kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
@@ -99,10 +98,3 @@ def engine_kwargs(spec: EngineSpec, model: str, max_model_len: int, memory_fract
         if spec.graphs:  # the GPU n-gram proposer is a torch.compile'd module
             kwargs["compilation_config"] = {"mode": 3, "cudagraph_mode": "FULL_AND_PIECEWISE"}
     return kwargs
-
-
-def text_only(model: str) -> bool:
-    """A multimodal wrapper's zoo checkpoint holds its text model alone (models/checkpoints.py,
-    wrap_text_model) and the prompts are token ids: vLLM runs it without the vision tower."""
-    config = Path(model) / "config.json"
-    return config.is_file() and "vision_config" in json.loads(config.read_text())
