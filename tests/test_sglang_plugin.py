@@ -480,23 +480,16 @@ def test_each_zoo_family_is_served_or_refused_as_the_zoo_says(family, layout, tm
 
 def test_kimi_vl_s_multimodal_wrapper_gets_our_kernels_for_its_text_model(tmp_path, monkeypatch):
     """Kimi-VL as SGLang reads it: KimiVLForConditionalGeneration around Moonlight's MLA text model
-    (published_configs.json: its text_config has Moonlight's attention fields) and a MoonViT tower;
-    SGLang's ModelConfig takes the text model's MLA, and the factory serves it on an RTX 5090."""
+    (published_configs.json: its text_config has Moonlight's attention fields) and a MoonViT tower, as
+    the zoo's family writes its config.json; SGLang's ModelConfig takes the text model's MLA, and the
+    factory serves it on an RTX 5090."""
     from sglang.srt.configs.model_config import AttentionArch, ModelConfig
 
-    from integration.models.families import FAMILIES, published
+    from integration.models.families import FAMILIES
 
     monkeypatch.setenv("MLA_BACKEND_DEVICE_CAPABILITY", "12.0")
-    moonlight = next(f for f in FAMILIES if f.name == "Moonlight")
-    wrapper = published("Kimi-VL-A3B")
-    text = {**moonlight.config(), "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2"}
-    config = {
-        "architectures": wrapper["architectures"],
-        "model_type": "kimi_vl",
-        "text_config": text,
-        "vision_config": wrapper["vision_config"],
-    }
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    kimi_vl = next(f for f in FAMILIES if f.architecture == "KimiVLForConditionalGeneration")
+    (tmp_path / "config.json").write_text(json.dumps(kimi_vl.config()))
     runner = make_runner(torch.bfloat16)
     runner.model_config = ModelConfig(str(tmp_path))
     assert runner.model_config.hf_config.architectures == ["KimiVLForConditionalGeneration"]

@@ -115,7 +115,7 @@ def wrap_text_model(path: Path, config: dict, seed: int) -> None:
         tensors |= vision_weights(config["vision_config"], text["hidden_size"], text["initializer_range"], seed)
     written = json.loads((path / "config.json").read_text())
     written.pop("architectures", None)  # the wrapper names the model
-    wrapped = {**config, "text_config": {**written, **config["text_config"]}}
+    wrapped = {**config, "text_config": {**written, **text}}
     (path / "config.json").write_text(json.dumps(wrapped, indent=1))
 
 
