@@ -312,6 +312,35 @@ def test_start_refused_reports_a_hang_a_process_left_behind_and_serving_and_kill
     assert sglang_engine.start_refused("model", log, timeout_s=60)["served"]
 
 
+# A stand-in sglang whose Engine prints the settings it was given and ends the process.
+SETTINGS_PRINTER = "import json, sys\nclass Engine:\n    def __init__(self, **settings):\n"
+SETTINGS_PRINTER += "        print(json.dumps(settings, default=str))\n        sys.exit(0)\n"
+
+
+def test_the_engine_script_run_from_elsewhere_builds_its_settings_with_the_checkout_s_integration(tmp_path):
+    """run_isolated runs sglang_engine.py as a script (python path/to/sglang_engine.py) with no checkout
+    on PYTHONPATH: its settings, which read the model's config through integration, must still build."""
+    from integration.engines import sglang_engine
+
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / "__init__.py").write_text(SETTINGS_PRINTER)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "kimi_vl", "vision_config": {}}))
+    spec = {"model": str(model), "prompts": [[1]], "decode": "mla_backend", "kv": "auto", "graphs": True}
+    done = subprocess.run(
+        [sys.executable, sglang_engine.__file__],
+        input=json.dumps({**spec, "greedy_only": True}),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert done.returncode == 0, done.stderr[-800:]
+    settings = json.loads(done.stdout.splitlines()[-1])
+    assert settings["model_path"] == str(model) and settings["enable_multimodal"] is False
+
+
 # -- under SGLang 0.5.17 -------------------------------------------------------------------------------
 
 # CI runs these in its SGLang venv (-m sglang) and deselects them elsewhere; run without -m where SGLang

@@ -17,6 +17,12 @@ import tempfile
 import time
 from pathlib import Path
 
+if __name__ == "__main__":  # run_isolated's engine process: the checkout's integration after the installed
+    sys.path.append(str(Path(__file__).resolve().parents[2]))  # packages, so that mla_backend stays the wheel's
+
+from integration.engines.entry_point_dir import path_with  # noqa: E402
+from integration.engines.text_only import has_vision_tower  # noqa: E402
+
 NEW_TOKENS = 32
 PAGE_SIZE = 64
 THROUGHPUT = dict(batch=32, context=2048, new_tokens=128)
@@ -57,8 +63,6 @@ def run_engine(
 
 def engine_settings(model: str, decode: str, kv: str, graphs: bool) -> dict:
     """sglang.Engine arguments of one engine of the run."""
-    from integration.engines.text_only import has_vision_tower  # here: this file also runs as a script
-
     return dict(
         model_path=model,
         skip_tokenizer_init=True,
@@ -100,8 +104,6 @@ def stand_in_env(environ: dict[str, str]) -> dict[str, str]:
     image): each absent package's stand-in on its path, and SGLang told not to use it (its JIT DeepGEMM
     imports deep_gemm's submodules wherever deep_gemm imports); none where both are installed."""
     import importlib.util
-
-    from integration.engines.entry_point_dir import path_with  # here: this file also runs as a script
 
     absent = [name for name in STAND_IN_PACKAGES if importlib.util.find_spec(name) is None]
     if not absent:
