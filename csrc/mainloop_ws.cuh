@@ -5,7 +5,8 @@
 //                  and the online softmax; P and the rescale factors go into one of two buffers,
 //                  handed over with an mbarrier (p_full);
 //   O warps (4-7)  P.V by dim quarter into the accumulators, the epilogue;
-//   loader (8)     the page ids and the KV cp.async ring, one token a thread, kStages tiles ahead.
+//   loader (8-11)  the page ids and the KV cp.async ring, kStages tiles ahead; it hands most of its
+//                  registers to the other roles (setmaxnreg, which takes whole warpgroups).
 //
 // So the softmax and the score exchange run while the O warps multiply P.V of the tile before, and
 // neither waits on the loads' address arithmetic or the block table: the loader's copies land
@@ -45,8 +46,12 @@ using WsConfig = TileConfig<true, 1, 2>;
 struct WsLayout {
   using C = WsConfig;
   static constexpr int kRoleThreads = C::kThreads;  // 128: four warps for S, four for O
-  static constexpr int kLoaderWarp = 8;
-  static constexpr int kThreads = 2 * kRoleThreads + 32;
+  static constexpr int kThreads = 3 * kRoleThreads;
+  // Registers a thread holds once the roles have traded them (setmaxnreg, by warpgroup): the CTA's pool
+  // is 65536 / 384 = 168 a thread at launch; the loader gives up what its address arithmetic does not need.
+  static constexpr int kLoaderRegisters = 24;
+  static constexpr int kMathRegisters = 240;
+  static_assert(kLoaderRegisters + 2 * kMathRegisters <= 3 * 168, "the roles hold no more than the CTA's pool");
   static constexpr int kP1Offset = C::kSmemBytes;
   static constexpr int kCorr1Offset = kP1Offset + C::kPBytes;
   static constexpr int kBarrierOffset = (kCorr1Offset + C::kCorrBytes + 7) / 8 * 8;
@@ -54,17 +59,23 @@ struct WsLayout {
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers;
   static constexpr int kScoreBarrier = 1;  // named barrier of the S warps
   static_assert(C::kStages == 3, "the ring holds the tile the O warps read, the one S reads, the one loading");
-  static_assert(kBlockN == 32, "the loader's 32 threads take one token of a tile each");
+  static_assert(kRoleThreads % kBlockN == 0, "the loader's threads take whole tokens");
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "the warp-specialized tile does not fit the shared memory of a block");
 };
 
-__global__ void __launch_bounds__(WsLayout::kThreads) mla_decode_ws_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(WsLayout::kThreads, 1) mla_decode_ws_kernel(const __grid_constant__ DecodeParams p) {
+#if !defined(MLA_TRADES_REGISTERS)
+  __trap();  // mla_decode.cu launches it only where the roles can trade registers
+#else
   using C = WsConfig;
   using L = WsLayout;
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t kv_smem = smem_u32(smem);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const bool s_role = warp < 4, loader = warp == L::kLoaderWarp;
+  const bool s_role = warp < 4, loader = warp >= 8;
+  constexpr int kLoaderThreadsPerToken = L::kRoleThreads / kBlockN;
+  const int loader_token = (threadIdx.x - 2 * L::kRoleThreads) / kLoaderThreadsPerToken;
+  const int loader_first = threadIdx.x % kLoaderThreadsPerToken;
   const WarpRole w{lane, warp & 3, 0, lane >> 2, lane & 3};
   const int b = blockIdx.z, split = blockIdx.y;
 
@@ -81,7 +92,7 @@ __global__ void __launch_bounds__(WsLayout::kThreads) mla_decode_ws_kernel(const
     }
     for (int s = 0; s < C::kStages; ++s) {
       mbarrier_init(kv_empty(s), L::kRoleThreads);
-      mbarrier_init(kv_full(s), 32);
+      mbarrier_init(kv_full(s), L::kRoleThreads);
     }
     mbarrier_init(stats_ready, L::kRoleThreads);
   }
@@ -100,7 +111,7 @@ __global__ void __launch_bounds__(WsLayout::kThreads) mla_decode_ws_kernel(const
   if (loader) {
 #pragma unroll
     for (int s = 0; s < C::kStages; ++s)
-      guessed_page[s] = page_at(p, bt_row, (guess_begin + s) * kBlockN + lane, guess_len);
+      guessed_page[s] = page_at(p, bt_row, (guess_begin + s) * kBlockN + loader_token, guess_len);
   }
   const int seq_len = request_len(p, b);
   const SplitTiles tiles = split_tiles(p, seq_len, split);
@@ -110,9 +121,10 @@ __global__ void __launch_bounds__(WsLayout::kThreads) mla_decode_ws_kernel(const
   __syncthreads();  // the mbarriers are initialised
 
   if (loader) {
+    setmaxnreg_dec<L::kLoaderRegisters>();
     // Page id of this thread's token of tile i of the split (a guess where it holds).
     auto page_for = [&](int i) {
-      const int pos = (tile_begin + i) * kBlockN + lane;
+      const int pos = (tile_begin + i) * kBlockN + loader_token;
       if (i < C::kStages && tile_begin == guess_begin && (pos < guess_len || pos >= seq_len)) {
         int guess = -1;
 #pragma unroll
@@ -125,13 +137,15 @@ __global__ void __launch_bounds__(WsLayout::kThreads) mla_decode_ws_kernel(const
     for (int tile = tile_begin, i = 0; tile < tile_end; ++tile, ++i) {
       const int stage = i % C::kStages;
       if (i >= C::kStages) mbarrier_wait(kv_empty(stage), (i / C::kStages - 1) & 1);  // tile i - 3 is done
-      load_kv_token<C, 1>(kv_smem + stage * C::kStageBytes, p, tile, lane, 0, page);
+      load_kv_token<C, kLoaderThreadsPerToken>(kv_smem + stage * C::kStageBytes, p, tile, loader_token, loader_first,
+                                               page);
       cp_async_mbarrier_arrive(kv_full(stage));
       page = page_for(i + 1);
     }
     cp_async_commit();
     cp_async_wait<0>();
   } else if (s_role) {
+    setmaxnreg_inc<L::kMathRegisters>();
     float* scores = reinterpret_cast<float*>(smem + C::kScoresOffset);
     uint32_t qf[C::kQRegFragments][C::kQkChunks][4];  // unused: Q sits in shared memory at 32 rows
     q_load.finish(q_smem);
@@ -164,6 +178,7 @@ __global__ void __launch_bounds__(WsLayout::kThreads) mla_decode_ws_kernel(const
     softmax.publish(reinterpret_cast<float2*>(row_stats_smem), w);
     mbarrier_arrive(stats_ready);
   } else {
+    setmaxnreg_inc<L::kMathRegisters>();
     float acc[C::kFragments][16][4];
     zero_fill(acc);
     for (int tile = tile_begin, i = 0; tile < tile_end; ++tile, ++i) {
@@ -186,6 +201,7 @@ __global__ void __launch_bounds__(WsLayout::kThreads) mla_decode_ws_kernel(const
     mbarrier_wait(stats_ready, 0);
     write_output<C>(acc, reinterpret_cast<const float2*>(row_stats_smem), p, b, split, warp_row0, w);
   }
+#endif
 }
 
 }  // namespace mla
