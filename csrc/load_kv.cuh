@@ -18,23 +18,27 @@ __device__ __forceinline__ int kv_pos(int tile) {
   return tile * kBlockN + threadIdx.x / C::kThreadsPerToken;
 }
 
-// Page id of that token, or -1 past seq_len.
-template <class C>
-__device__ __forceinline__ int page_of(const DecodeParams& p, const int* bt_row, int tile, int seq_len) {
-  const int pos = kv_pos<C>(tile);
+// Page id of the token at pos, or -1 past seq_len.
+__device__ __forceinline__ int page_at(const DecodeParams& p, const int* bt_row, int pos, int seq_len) {
   return pos < seq_len ? __ldg(bt_row + (pos >> p.page_shift)) : -1;
 }
 
-// One KV tile (32 tokens x 576) into shared memory: a token's 512 latent dims from its row of p.kv,
-// its 64 rope dims from its row of p.kv_pe (one cache's two column ranges, or two caches); tokens at
-// or past seq_len (page -1) are zero-filled. The rope row's address is formed only for its own
-// copies, after the latent ones, so it holds registers briefly.
+// Page id of this thread's token of a tile, or -1 past seq_len.
 template <class C>
-__device__ __forceinline__ void load_kv_tile(uint32_t stage, const DecodeParams& p, int tile, int page) {
+__device__ __forceinline__ int page_of(const DecodeParams& p, const int* bt_row, int tile, int seq_len) {
+  return page_at(p, bt_row, kv_pos<C>(tile), seq_len);
+}
+
+// Token tok of a KV tile (32 tokens x 576) into shared memory, split over kThreads threads of which
+// this is the first-th (a loader warp's thread takes a whole token: kThreads 1): its 512 latent dims
+// from its row of p.kv, its 64 rope dims from its row of p.kv_pe (one cache's two column ranges, or
+// two caches); a token at or past seq_len (page -1) is zero-filled. The rope row's address is formed
+// only for its own copies, after the latent ones, so it holds registers briefly.
+template <class C, int kThreads>
+__device__ __forceinline__ void load_kv_token(uint32_t stage, const DecodeParams& p, int tile, int tok, int first,
+                                              int page) {
   constexpr int kLatentChunks = kDimV * C::kElem / 16, kRopeChunks = kRopeDim * C::kElem / 16;
-  constexpr int kThreads = C::kThreadsPerToken;
   static_assert(kLatentChunks % kThreads == 0, "each thread's latent chunks stay in the latent part");
-  const int tok = threadIdx.x / kThreads, first = threadIdx.x % kThreads;
   const int slot = (tile * kBlockN + tok) & ((1 << p.page_shift) - 1);
   const int bytes = page >= 0 ? 16 : 0;
   const long long page_offset = page >= 0 ? page : 0;
@@ -52,6 +56,13 @@ __device__ __forceinline__ void load_kv_tile(uint32_t stage, const DecodeParams&
     if (kRopeChunks % kThreads == 0 || col < kRopeChunks)
       cp_async_16(dst + (kLatentChunks + col) * 16, rope + col * 16, bytes);
   }
+}
+
+// One KV tile, every thread of the CTA's kThreads taking its share of a token.
+template <class C>
+__device__ __forceinline__ void load_kv_tile(uint32_t stage, const DecodeParams& p, int tile, int page) {
+  constexpr int kThreads = C::kThreadsPerToken;
+  load_kv_token<C, kThreads>(stage, p, tile, threadIdx.x / kThreads, threadIdx.x % kThreads, page);
 }
 
 }  // namespace mla

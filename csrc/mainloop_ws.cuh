@@ -1,21 +1,25 @@
 // The warp-specialized decode kernel for FP8 tiles of 32 rows (the 128-head and MTP shapes). The CTA
-// holds two roles of four warps each, on the same tile layout as mainloop.cuh (tile_config.h):
+// holds three roles on the same tile layout as mainloop.cuh (tile_config.h):
 //
-//   S warps (0-3)  Q, the KV cp.async ring, QK^T by dim quarter, the partial-score exchange (named
-//                  barrier 1, S warps only) and the online softmax; P and the rescale factors go into
-//                  one of two buffers, handed over with an mbarrier (p_full);
-//   O warps (4-7)  P.V by dim quarter into the accumulators, the epilogue.
+//   S warps (0-3)  Q, QK^T by dim quarter, the partial-score exchange (named barrier 1, S warps only)
+//                  and the online softmax; P and the rescale factors go into one of two buffers,
+//                  handed over with an mbarrier (p_full);
+//   O warps (4-7)  P.V by dim quarter into the accumulators, the epilogue;
+//   loader (8-11)  the page ids and the KV cp.async ring, kStages tiles ahead; it hands most of its
+//                  registers to the other roles (setmaxnreg, which takes whole warpgroups).
 //
-// So the softmax, the score exchange and the loads of tile t + 1 run while the O warps multiply P.V
-// of tile t, and the tensor pipe of each sub-partition is fed by two warps that never wait on the same
-// barrier. On SM120 one CTA fits an SM (99 KB of shared memory per block), so this overlap is what
+// So the softmax and the score exchange run while the O warps multiply P.V of the tile before, and
+// neither waits on the loads' address arithmetic or the block table: the loader's copies land
+// behind both. On SM120 one CTA fits an SM (99 KB of shared memory per block), so this overlap is what
 // keeps its tensor pipe busy; mainloop.cuh's warps all stop together at every barrier.
 //
 // Hand-overs (mbarriers, parity-tracked by the tile's index i from the split's first tile):
-//   p_full[i & 1]    S -> O: P and the factors of tile i are written, and its KV landed (each S
-//                    thread arrives after its own cp.async group completed);
+//   kv_full[i % 3]   loader -> S: tile i landed (each loader thread's arrival fires when its copies
+//                    have; the S warps' arrival on p_full passes it on to the O warps);
+//   p_full[i & 1]    S -> O: P and the factors of tile i are written;
 //   p_empty[i & 1]   O -> S: the O warps hold P of tile i in registers; S may write tile i + 2 there;
-//   kv_empty[i % 3]  O -> S: P.V of tile i is done; S may refill its stage with tile i + 3;
+//   kv_empty[i % 3]  O -> loader: P.V of tile i is done (so is its QK^T); the loader may refill its
+//                    stage with tile i + 3;
 //   stats_ready      S -> O: each row's 1 / sum and LSE are published (after the last tile).
 #pragma once
 
@@ -41,25 +45,37 @@ using WsConfig = TileConfig<true, 1, 2>;
 
 struct WsLayout {
   using C = WsConfig;
-  static constexpr int kRoleThreads = C::kThreads;  // 128: four warps a role
-  static constexpr int kThreads = 2 * kRoleThreads;
+  static constexpr int kRoleThreads = C::kThreads;  // 128: four warps for S, four for O
+  static constexpr int kThreads = 3 * kRoleThreads;
+  // Registers a thread holds once the roles have traded them (setmaxnreg, by warpgroup): the CTA's pool
+  // is 65536 / 384 = 168 a thread at launch; the loader gives up what its address arithmetic does not need.
+  static constexpr int kLoaderRegisters = 24;
+  static constexpr int kMathRegisters = 240;
+  static_assert(kLoaderRegisters + 2 * kMathRegisters <= 3 * 168, "the roles hold no more than the CTA's pool");
   static constexpr int kP1Offset = C::kSmemBytes;
   static constexpr int kCorr1Offset = kP1Offset + C::kPBytes;
   static constexpr int kBarrierOffset = (kCorr1Offset + C::kCorrBytes + 7) / 8 * 8;
-  static constexpr int kBarriers = 2 + 2 + C::kStages + 1;
+  static constexpr int kBarriers = 2 + 2 + 2 * C::kStages + 1;
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers;
   static constexpr int kScoreBarrier = 1;  // named barrier of the S warps
   static_assert(C::kStages == 3, "the ring holds the tile the O warps read, the one S reads, the one loading");
+  static_assert(kRoleThreads % kBlockN == 0, "the loader's threads take whole tokens");
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "the warp-specialized tile does not fit the shared memory of a block");
 };
 
-__global__ void __launch_bounds__(WsLayout::kThreads) mla_decode_ws_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(WsLayout::kThreads, 1) mla_decode_ws_kernel(const __grid_constant__ DecodeParams p) {
+#if !defined(MLA_TRADES_REGISTERS)
+  __trap();  // mla_decode.cu launches it only where the roles can trade registers
+#else
   using C = WsConfig;
   using L = WsLayout;
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t kv_smem = smem_u32(smem);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const bool s_role = warp < 4;
+  const bool s_role = warp < 4, loader = warp >= 8;
+  constexpr int kLoaderThreadsPerToken = L::kRoleThreads / kBlockN;
+  const int loader_token = (threadIdx.x - 2 * L::kRoleThreads) / kLoaderThreadsPerToken;
+  const int loader_first = threadIdx.x % kLoaderThreadsPerToken;
   const WarpRole w{lane, warp & 3, 0, lane >> 2, lane & 3};
   const int b = blockIdx.z, split = blockIdx.y;
 
@@ -67,29 +83,35 @@ __global__ void __launch_bounds__(WsLayout::kThreads) mla_decode_ws_kernel(const
   auto p_full = [&](int i) { return barriers + 8 * (i & 1); };
   auto p_empty = [&](int i) { return barriers + 16 + 8 * (i & 1); };
   auto kv_empty = [&](int stage) { return barriers + 32 + 8 * stage; };
-  const uint32_t stats_ready = barriers + 32 + 8 * C::kStages;
+  auto kv_full = [&](int stage) { return barriers + 32 + 8 * (C::kStages + stage); };
+  const uint32_t stats_ready = barriers + 32 + 16 * C::kStages;
   if (threadIdx.x == 0) {
     for (int i = 0; i < 2; ++i) {
       mbarrier_init(p_full(i), L::kRoleThreads);
       mbarrier_init(p_empty(i), L::kRoleThreads);
     }
-    for (int s = 0; s < C::kStages; ++s) mbarrier_init(kv_empty(s), L::kRoleThreads);
+    for (int s = 0; s < C::kStages; ++s) {
+      mbarrier_init(kv_empty(s), L::kRoleThreads);
+      mbarrier_init(kv_full(s), L::kRoleThreads);
+    }
     mbarrier_init(stats_ready, L::kRoleThreads);
   }
 
   pdl_wait();
   pdl_launch_dependents();
 
-  // Both roles need the split's tiles; the S warps also read Q and the first page ids first.
+  // The S warps read Q, the loader the first page ids (guessed from max_seq_len while seq_len is on
+  // its way), before the split's tiles are known.
   const uint32_t q_smem = kv_smem + C::kQOffset;
   QTileLoad<C> q_load;
   const int* bt_row = p.block_tables + (long long)b * p.bt_stride;
   const int guess_len = p.max_seq_len, guess_begin = split * tiles_per_split(p, guess_len);
-  int guessed_page[C::kStages - 1];
-  if (s_role) {
-    q_load.issue(q_smem, p, b, blockIdx.x * C::kTileRows);
+  int guessed_page[C::kStages];
+  if (s_role) q_load.issue(q_smem, p, b, blockIdx.x * C::kTileRows);
+  if (loader) {
 #pragma unroll
-    for (int s = 0; s < C::kStages - 1; ++s) guessed_page[s] = page_of<C>(p, bt_row, guess_begin + s, guess_len);
+    for (int s = 0; s < C::kStages; ++s)
+      guessed_page[s] = page_at(p, bt_row, (guess_begin + s) * kBlockN + loader_token, guess_len);
   }
   const int seq_len = request_len(p, b);
   const SplitTiles tiles = split_tiles(p, seq_len, split);
@@ -98,30 +120,45 @@ __global__ void __launch_bounds__(WsLayout::kThreads) mla_decode_ws_kernel(const
   float* row_stats_smem = reinterpret_cast<float*>(smem + C::kScoresOffset);
   __syncthreads();  // the mbarriers are initialised
 
-  if (s_role) {
-    auto first_page = [&](int s) {
-      const int pos = kv_pos<C>(tile_begin + s);
-      if (tile_begin == guess_begin && (pos < guess_len || pos >= seq_len)) return pos < seq_len ? guessed_page[s] : -1;
-      return page_of<C>(p, bt_row, tile_begin + s, seq_len);
+  if (loader) {
+    setmaxnreg_dec<L::kLoaderRegisters>();
+    // Page id of this thread's token of tile i of the split (a guess where it holds).
+    auto page_for = [&](int i) {
+      const int pos = (tile_begin + i) * kBlockN + loader_token;
+      if (i < C::kStages && tile_begin == guess_begin && (pos < guess_len || pos >= seq_len)) {
+        int guess = -1;
+#pragma unroll
+        for (int s = 0; s < C::kStages; ++s) guess = s == i ? guessed_page[s] : guess;  // registers, not local memory
+        return pos < seq_len ? guess : -1;
+      }
+      return page_at(p, bt_row, pos, seq_len);
     };
+    int page = page_for(0);
+    for (int tile = tile_begin, i = 0; tile < tile_end; ++tile, ++i) {
+      const int stage = i % C::kStages;
+      if (i >= C::kStages) mbarrier_wait(kv_empty(stage), (i / C::kStages - 1) & 1);  // tile i - 3 is done
+      load_kv_token<C, kLoaderThreadsPerToken>(kv_smem + stage * C::kStageBytes, p, tile, loader_token, loader_first,
+                                               page);
+      cp_async_mbarrier_arrive(kv_full(stage));
+      page = page_for(i + 1);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+  } else if (s_role) {
+    setmaxnreg_inc<L::kMathRegisters>();
     float* scores = reinterpret_cast<float*>(smem + C::kScoresOffset);
     uint32_t qf[C::kQRegFragments][C::kQkChunks][4];  // unused: Q sits in shared memory at 32 rows
-#pragma unroll
-    for (int s = 0; s < C::kStages - 1; ++s) {
-      if (tile_begin + s < tile_end) load_kv_tile<C>(kv_smem + s * C::kStageBytes, p, tile_begin + s, first_page(s));
-      if (s == 0) q_load.finish(q_smem);
-      cp_async_commit();
-    }
-    int next_page = page_of<C>(p, bt_row, tile_begin + C::kStages - 1, seq_len);
+    q_load.finish(q_smem);
+    cp_async_commit();
+    cp_async_wait<0>();  // this thread's part of Q landed; the barrier below shows every S thread's
     const float scale_log2 = read_scale(p.bmm1_ptr, p.bmm1) * kLog2e;
     const int first_masked = seq_len - p.q_len + 1;
     OnlineSoftmax<C> softmax(w.wd * C::kSoftRows, reinterpret_cast<float*>(smem + C::kExactSumOffset), lane);
 
     for (int tile = tile_begin, i = 0; tile < tile_end; ++tile, ++i) {
       const uint32_t stage = kv_smem + (i % C::kStages) * C::kStageBytes;
-      cp_async_wait<C::kStages - 2>();
-      // Tile i landed for every S thread, and every S warp is past the softmax of tile i - 1 (its
-      // read of the score buffer written next).
+      mbarrier_wait(kv_full(i % C::kStages), (i / C::kStages) & 1);
+      // Every S warp is past the softmax of tile i - 1 (its read of the score buffer written next).
       named_barrier_sync(L::kScoreBarrier, L::kRoleThreads);
       float sc[C::kFragments][4][4];
       zero_fill(sc);
@@ -136,19 +173,12 @@ __global__ void __launch_bounds__(WsLayout::kThreads) mla_decode_ws_kernel(const
       float* corr_smem = reinterpret_cast<float*>(smem + (buffer ? L::kCorr1Offset : C::kCorrOffset));
       softmax.update(scores, p, tile, first_masked, seq_len, scale_log2, p_smem, corr_smem, w);
       mbarrier_arrive(p_full(i));
-
-      // Refill the stage of tile i - 1 with tile i + 2 once the O warps are done with it.
-      const int next = tile + C::kStages - 1;
-      if (i >= 1 && next < tile_end) mbarrier_wait(kv_empty((i - 1) % C::kStages), ((i - 1) / C::kStages) & 1);
-      if (next < tile_end) load_kv_tile<C>(kv_smem + ((i + 2) % C::kStages) * C::kStageBytes, p, next, next_page);
-      cp_async_commit();
-      next_page = page_of<C>(p, bt_row, next + 1, seq_len);
     }
-    cp_async_wait<0>();
     named_barrier_sync(L::kScoreBarrier, L::kRoleThreads);  // every S warp is done with the scores
     softmax.publish(reinterpret_cast<float2*>(row_stats_smem), w);
     mbarrier_arrive(stats_ready);
   } else {
+    setmaxnreg_inc<L::kMathRegisters>();
     float acc[C::kFragments][16][4];
     zero_fill(acc);
     for (int tile = tile_begin, i = 0; tile < tile_end; ++tile, ++i) {
@@ -171,6 +201,7 @@ __global__ void __launch_bounds__(WsLayout::kThreads) mla_decode_ws_kernel(const
     mbarrier_wait(stats_ready, 0);
     write_output<C>(acc, reinterpret_cast<const float2*>(row_stats_smem), p, b, split, warp_row0, w);
   }
+#endif
 }
 
 }  // namespace mla

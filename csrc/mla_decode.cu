@@ -68,6 +68,9 @@ void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t 
 #define MLA_WARP_SPECIALIZED 0
 #endif
 #endif
+#if MLA_WARP_SPECIALIZED && defined(__CUDA_ARCH_LIST__) && __CUDA_ARCH_LIST__ < 900
+#error "the warp-specialized kernel trades registers between its roles (setmaxnreg): sm_90a and newer"
+#endif
 template <bool FP8, int ROW_GROUPS, int RF>
 constexpr bool kWarpSpecialized = MLA_WARP_SPECIALIZED && std::is_same_v<TileConfig<FP8, ROW_GROUPS, RF>, WsConfig>;
 

@@ -147,6 +147,24 @@ __device__ __forceinline__ void mbarrier_init(uint32_t bar, int arrivals) {
 __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
   asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
 }
+// An arrival on the mbarrier once every cp.async this thread has issued so far has landed, counted
+// as one of the phase's expected arrivals (.noinc).
+__device__ __forceinline__ void cp_async_mbarrier_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Registers a thread, traded by a whole warpgroup through the CTA's pool: only on the arch-specific
+// targets (sm_90a, sm_100a, sm_120a, sm_121a; not sm_89), where MLA_TRADES_REGISTERS is defined.
+#if defined(__CUDA_ARCH_SPECIFIC__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MLA_TRADES_REGISTERS 1
+#endif
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
 // Returns once the phase with this parity has completed. try_wait suspends the thread in hardware
 // (sm_90+); test_wait polls (sm_80+).
 __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {

@@ -144,12 +144,15 @@ def kernels(code: str) -> dict[str, str]:
 
 def test_sm120_runs_fp8_32_row_tiles_on_the_warp_specialized_kernel(built):
     """On sm_120a (one CTA per SM) the FP8 32-row tile is the warp-specialized kernel: QK^T on native
-    QMMA, P.V on f16-accumulating HMMA, handed over through mbarriers; v1's 32-row FP8 instance is
-    not built there. sm_90a keeps v1's (two CTAs per SM)."""
+    QMMA, P.V on f16-accumulating HMMA, handed over through mbarriers, the KV loaded by a warpgroup of
+    its own that hands its registers to the other two; v1's 32-row FP8 instance is not built there.
+    sm_90a keeps v1's (two CTAs per SM)."""
     sm120 = kernels(sass(built["sm_120a"]))
     (ws,) = [code for name, code in sm120.items() if "mla_decode_ws_kernel" in name]
     assert re.search(r"QMMA\.16832\.F32\.E4M3\.E4M3", ws) and re.search(r"HMMA\.16816\.F16\b", ws)
     assert re.search(r"\bSYNCS\.", ws), "P and the rescale factors are handed over through mbarriers"
+    assert re.search(r"\bARRIVES\.LDGSTSBAR\b", ws), "the loader's copies arrive on the stage's mbarrier"
+    assert re.search(r"USETMAXREG\.DEALLOC", ws) and re.search(r"USETMAXREG\.TRY_ALLOC", ws), "registers traded"
     assert not re.search(r"\b(LDL|STL)\b", ws)
     v1_fp8_32_rows = "_ZN3mla17mla_decode_kernelILb1ELi1ELi2EEEvNS_12DecodeParamsE"  # mla_decode_kernel<true, 1, 2>
     assert v1_fp8_32_rows not in sm120
