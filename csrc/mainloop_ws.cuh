@@ -1,9 +1,11 @@
-// The warp-specialized decode kernel for FP8 tiles of 32 rows (the 128-head and MTP shapes). The CTA
-// holds three roles on the same tile layout as mainloop.cuh (tile_config.h):
+// The warp-specialized decode kernel for the FP8 tiles (32 rows: the 128-head and MTP shapes; 16 rows:
+// up to 16 heads at q_len 1, where MLA_WARP_SPECIALIZED is 2). The CTA holds three roles on the same
+// tile layout as mainloop.cuh (tile_config.h):
 //
-//   S warps (0-3)  Q, QK^T by dim quarter, the partial-score exchange (named barrier 1, S warps only)
-//                  and the online softmax; P and the rescale factors go into one of two buffers,
-//                  handed over with an mbarrier (p_full);
+//   S warps (0-3)  Q (in shared memory at 32 rows, in registers at 16), QK^T by dim quarter, the
+//                  partial-score exchange (named barrier 1, S warps only) and the online softmax; P
+//                  and the rescale factors go into one of two buffers, handed over with an mbarrier
+//                  (p_full);
 //   O warps (4-7)  P.V by dim quarter into the accumulators, the epilogue;
 //   loader (8-11)  the page ids and the KV cp.async ring, kStages tiles ahead; it hands most of its
 //                  registers to the other roles (setmaxnreg, which takes whole warpgroups).
@@ -38,13 +40,12 @@
 
 namespace mla {
 
-// The tile configuration of the warp-specialized kernel (FP8, 32 rows: one row group of four warps
-// with two fragments each) and the shared memory it adds after mainloop.cuh's map: a second P buffer,
-// a second set of rescale factors and the mbarriers.
-using WsConfig = TileConfig<true, 1, 2>;
-
+// The shared memory the warp-specialized kernel adds after mainloop.cuh's map of tile C (an FP8 tile of
+// one row group: one warp per dim quarter in each role): a second P buffer, a second set of rescale
+// factors and the mbarriers.
+template <class C>
 struct WsLayout {
-  using C = WsConfig;
+  static_assert(C::kFp8 && C::kRowGroups == 1, "one row group of FP8 rows: a warp per dim quarter and role");
   static constexpr int kRoleThreads = C::kThreads;  // 128: four warps for S, four for O
   static constexpr int kThreads = 3 * kRoleThreads;
   // Registers a thread holds once the roles have traded them (setmaxnreg, by warpgroup): the CTA's pool
@@ -63,12 +64,13 @@ struct WsLayout {
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "the warp-specialized tile does not fit the shared memory of a block");
 };
 
-__global__ void __launch_bounds__(WsLayout::kThreads, 1) mla_decode_ws_kernel(const __grid_constant__ DecodeParams p) {
+template <class C>
+__global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
+    mla_decode_ws_kernel(const __grid_constant__ DecodeParams p) {
 #if !defined(MLA_TRADES_REGISTERS)
   __trap();  // mla_decode.cu launches it only where the roles can trade registers
 #else
-  using C = WsConfig;
-  using L = WsLayout;
+  using L = WsLayout<C>;
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t kv_smem = smem_u32(smem);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -103,11 +105,17 @@ __global__ void __launch_bounds__(WsLayout::kThreads, 1) mla_decode_ws_kernel(co
   // The S warps read Q, the loader the first page ids (guessed from max_seq_len while seq_len is on
   // its way), before the split's tiles are known.
   const uint32_t q_smem = kv_smem + C::kQOffset;
-  QTileLoad<C> q_load;
+  [[maybe_unused]] std::conditional_t<C::kQInSmem, QTileLoad<C>, NoQTileLoad> q_load;
+  uint32_t qf[C::kQRegFragments][C::kQkChunks][4];  // Q's A fragments where it stays in registers (16 rows)
   const int* bt_row = p.block_tables + (long long)b * p.bt_stride;
   const int guess_len = p.max_seq_len, guess_begin = split * tiles_per_split(p, guess_len);
   int guessed_page[C::kStages];
-  if (s_role) q_load.issue(q_smem, p, b, blockIdx.x * C::kTileRows);
+  if (s_role) {
+    if constexpr (C::kQInSmem)
+      q_load.issue(q_smem, p, b, blockIdx.x * C::kTileRows);
+    else
+      load_q_fragments<C>(qf, p, b, blockIdx.x * C::kTileRows, w);
+  }
   if (loader) {
 #pragma unroll
     for (int s = 0; s < C::kStages; ++s)
@@ -116,7 +124,7 @@ __global__ void __launch_bounds__(WsLayout::kThreads, 1) mla_decode_ws_kernel(co
   const int seq_len = request_len(p, b);
   const SplitTiles tiles = split_tiles(p, seq_len, split);
   const int tile_begin = tiles.begin, tile_end = tiles.end;
-  const int warp_row0 = blockIdx.x * C::kTileRows;  // one row group: every warp covers all 32 rows
+  const int warp_row0 = blockIdx.x * C::kTileRows;  // one row group: every warp covers all the tile's rows
   float* row_stats_smem = reinterpret_cast<float*>(smem + C::kScoresOffset);
   __syncthreads();  // the mbarriers are initialised
 
@@ -147,10 +155,11 @@ __global__ void __launch_bounds__(WsLayout::kThreads, 1) mla_decode_ws_kernel(co
   } else if (s_role) {
     setmaxnreg_inc<L::kMathRegisters>();
     float* scores = reinterpret_cast<float*>(smem + C::kScoresOffset);
-    uint32_t qf[C::kQRegFragments][C::kQkChunks][4];  // unused: Q sits in shared memory at 32 rows
-    q_load.finish(q_smem);
-    cp_async_commit();
-    cp_async_wait<0>();  // this thread's part of Q landed; the barrier below shows every S thread's
+    if constexpr (C::kQInSmem) {
+      q_load.finish(q_smem);
+      cp_async_commit();
+      cp_async_wait<0>();  // this thread's part of Q landed; the barrier below shows every S thread's
+    }
     const float scale_log2 = read_scale(p.bmm1_ptr, p.bmm1) * kLog2e;
     const int first_masked = seq_len - p.q_len + 1;
     OnlineSoftmax<C> softmax(w.wd * C::kSoftRows, reinterpret_cast<float*>(smem + C::kExactSumOffset), lane);

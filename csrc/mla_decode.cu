@@ -58,9 +58,10 @@ void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t 
 }
 
 // FP8 tiles of 32 rows run the warp-specialized kernel (mainloop_ws.cuh) where one CTA fills an SM
-// (SM120: 100 KB of shared memory), so that its eight warps are two per sub-partition; where two v1
+// (SM120: 100 KB of shared memory), so that its math warps are two per sub-partition; where two v1
 // CTAs fit (SM90, SM100) those hold twice the rows instead (docs/performance.md). Each library is
-// built for one architecture (__CUDA_ARCH_LIST__); MLA_WARP_SPECIALIZED=0/1 overrides (dev builds).
+// built for one architecture (__CUDA_ARCH_LIST__); MLA_WARP_SPECIALIZED overrides (dev builds): 0 runs
+// v1 everywhere, 1 the 32-row FP8 tile warp-specialized, 2 the 16-row FP8 tile too.
 #ifndef MLA_WARP_SPECIALIZED
 #if defined(__CUDA_ARCH_LIST__) && __CUDA_ARCH_LIST__ >= 1200
 #define MLA_WARP_SPECIALIZED 1
@@ -72,14 +73,15 @@ void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t 
 #error "the warp-specialized kernel trades registers between its roles (setmaxnreg): sm_90a and newer"
 #endif
 template <bool FP8, int ROW_GROUPS, int RF>
-constexpr bool kWarpSpecialized = MLA_WARP_SPECIALIZED && std::is_same_v<TileConfig<FP8, ROW_GROUPS, RF>, WsConfig>;
+constexpr bool kWarpSpecialized = FP8 && ROW_GROUPS == 1 && MLA_WARP_SPECIALIZED >= (RF == 2 ? 1 : 2);
 
 template <bool FP8, int ROW_GROUPS, int RF>
 void launch_decode(const DecodeParams& params, cudaStream_t stream, bool pdl) {
   using C = TileConfig<FP8, ROW_GROUPS, RF>;
   const dim3 grid((params.rows + C::kTileRows - 1) / C::kTileRows, params.num_splits, params.batch);
   if constexpr (kWarpSpecialized<FP8, ROW_GROUPS, RF>)
-    launch(mla_decode_ws_kernel, grid, WsLayout::kThreads, smem_request(WsLayout::kSmemBytes), stream, pdl, params);
+    launch(mla_decode_ws_kernel<C>, grid, WsLayout<C>::kThreads, smem_request(WsLayout<C>::kSmemBytes), stream, pdl,
+           params);
   else
     launch(mla_decode_kernel<FP8, ROW_GROUPS, RF>, grid, C::kThreads, smem_request(C::kSmemBytes), stream, pdl, params);
 }
@@ -102,7 +104,7 @@ struct ResidentCtas {
   int64_t operator()() const {
     using C = TileConfig<FP8, ROW_GROUPS, RF>;
     if constexpr (kWarpSpecialized<FP8, ROW_GROUPS, RF>)
-      return resident(mla_decode_ws_kernel, WsLayout::kThreads, smem_request(WsLayout::kSmemBytes));
+      return resident(mla_decode_ws_kernel<C>, WsLayout<C>::kThreads, smem_request(WsLayout<C>::kSmemBytes));
     else
       return resident(mla_decode_kernel<FP8, ROW_GROUPS, RF>, C::kThreads, smem_request(C::kSmemBytes));
   }

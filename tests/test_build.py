@@ -157,3 +157,23 @@ def test_sm120_runs_fp8_32_row_tiles_on_the_warp_specialized_kernel(built):
     v1_fp8_32_rows = "_ZN3mla17mla_decode_kernelILb1ELi1ELi2EEEvNS_12DecodeParamsE"  # mla_decode_kernel<true, 1, 2>
     assert v1_fp8_32_rows not in sm120
     assert v1_fp8_32_rows in kernels(sass(built["sm_90a"]))
+
+
+def test_a_dev_build_at_level_2_runs_the_16_row_fp8_tile_warp_specialized_too(tmp_path):
+    """MLA_WARP_SPECIALIZED=2 (a dev build for the A/B of docs/performance.md): on sm_120a both FP8
+    tiles, 16 and 32 rows, run the warp-specialized kernel, built strict, with no local memory, and no
+    v1 FP8 instance is left."""
+    env = dict(os.environ, MLA_BACKEND_CACHE_DIR=str(tmp_path), NVCC_APPEND_FLAGS="-DMLA_WARP_SPECIALIZED=2")
+    command = [sys.executable, "-m", "mla_backend", "build", "--arch", "sm_120a", "--strict"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    code = kernels(sass(build_dir("sm_120a", str(tmp_path)) / library_filename("sm_120a")))
+    ws = {name: body for name, body in code.items() if "mla_decode_ws_kernel" in name}
+    assert sorted(ws) == [
+        "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb1ELi1ELi1EEEEEvNS_12DecodeParamsE",  # 16 rows
+        "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb1ELi1ELi2EEEEEvNS_12DecodeParamsE",  # 32 rows
+    ]
+    for body in ws.values():
+        assert re.search(r"QMMA\.16832\.F32\.E4M3\.E4M3", body) and re.search(r"\bARRIVES\.LDGSTSBAR\b", body)
+        assert not re.search(r"\b(LDL|STL)\b", body)
+    assert not [name for name in code if name.startswith("_ZN3mla17mla_decode_kernelILb1E")]  # v1's FP8 instances
