@@ -18,6 +18,7 @@ import fcntl
 import functools
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -42,6 +43,7 @@ from .toolkit import ToolkitNotFoundError, find_toolkit
 log = logging.getLogger("mla_backend")
 
 PREBUILT_DIR = Path(__file__).resolve().parent / "prebuilt"
+NVCC_ENV_FLAGS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")  # the variables nvcc adds to its command line
 MANIFEST = "manifest.json"
 
 
@@ -93,7 +95,11 @@ def build_cached(
     library = directory / library_filename(arch, variant)
     stamp_file = directory / "source.sha256"
     csrc = csrc_dir()
-    stamp = source_stamp(csrc, arch, variant)
+    # nvcc also reads flags from the environment (dev builds: -DMLA_WARP_SPECIALIZED=...): a library
+    # built with others is not this build.
+    stamp = source_stamp(csrc, arch, variant) + "".join(
+        f"\n{name}={os.environ[name]}" for name in NVCC_ENV_FLAGS if os.environ.get(name)
+    )
     with open(directory / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even if we crash
         if library.is_file() and stamp_file.is_file() and stamp_file.read_text() == stamp and not strict:

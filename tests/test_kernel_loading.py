@@ -106,6 +106,26 @@ def test_a_strict_build_never_takes_a_cached_library(tmp_path, fake_compiler):
     assert fake_compiler == [("sm_90a", False), ("sm_90a", True)]
 
 
+def test_a_cached_library_built_with_other_nvcc_flags_from_the_environment_is_built_again(
+    tmp_path, fake_compiler, monkeypatch
+):
+    """nvcc reads NVCC_APPEND_FLAGS / NVCC_PREPEND_FLAGS itself: a dev build with -D flags there must
+    not be answered by the library cached without them, nor the default build by the dev one."""
+    cache = str(tmp_path / "cache")
+    monkeypatch.delenv("NVCC_APPEND_FLAGS", raising=False)
+    monkeypatch.delenv("NVCC_PREPEND_FLAGS", raising=False)
+    assert jit.build_cached("sm_120a", cache)[1] is True
+    monkeypatch.setenv("NVCC_APPEND_FLAGS", "-DMLA_WARP_SPECIALIZED=2")
+    assert jit.build_cached("sm_120a", cache)[1] is True
+    assert jit.build_cached("sm_120a", cache)[1] is False
+    monkeypatch.setenv("NVCC_PREPEND_FLAGS", "-G")
+    assert jit.build_cached("sm_120a", cache)[1] is True
+    monkeypatch.delenv("NVCC_APPEND_FLAGS")
+    monkeypatch.delenv("NVCC_PREPEND_FLAGS")
+    assert jit.build_cached("sm_120a", cache)[1] is True
+    assert len(fake_compiler) == 4
+
+
 def test_unsupported_gpu_names_its_capability(process, monkeypatch):
     monkeypatch.setattr(jit.torch.cuda, "get_device_capability", lambda index=None: (8, 6))
     with pytest.raises(jit.KernelsUnavailableError, match="compute capability 8.6.*ships sm_89, sm_90a"):
