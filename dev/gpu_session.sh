@@ -114,6 +114,11 @@ export PYTHONPATH=/tmp/mla:$PYTHONPATH PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 # Kernel variants built here ahead of time (python -m mla_backend build --fp8-pv f16 ...), if carried.
 rm -rf /tmp/mla_cache && mkdir -p /tmp/mla_cache && { [ -d .gpu/cache ] && cp -r .gpu/cache/. /tmp/mla_cache/; }
 export MLA_BACKEND_CACHE_DIR=/tmp/mla_cache
+# Where gputests and sanitize build a carried tree's kernels: kept while the machine stays warm, since
+# a cached build answers only the same sources and NVCC_APPEND_FLAGS (jit.build_cached, from 50f1d05;
+# a tree older than that must not be run twice with different flags on one warm machine).
+TREE_CACHE=$MLA_BACKEND_CACHE_DIR
+if [ -n "${TREE:-}" ]; then TREE_CACHE=/tmp/mla_tree_cache; fi
 # NCCL only: no NVLink multicast (the lent multi-GPU machines do not support it).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_ALLREDUCE_USE_SYMM_MEM=0
 # The lent machine's copy of .git can lag the working tree it gets: CHECKOUT=$(git rev-parse --short HEAD),
@@ -191,13 +196,15 @@ for part in ${PART//,/ }; do
       sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
       tools=${SANITIZE_TOOLS:-memcheck,racecheck,synccheck}
       for tool in ${tools//,/ }; do
-        (cd "${TREE:-.}" && PYTHONPATH=${TREE:+$PWD:}$PYTHONPATH run "$sanitizer" --tool "$tool" --error-exitcode 3 \
+        (cd "${TREE:-.}" && PYTHONPATH=${TREE:+$PWD:}$PYTHONPATH MLA_BACKEND_CACHE_DIR=$TREE_CACHE \
+          run "$sanitizer" --tool "$tool" --error-exitcode 3 \
           python3 tests/sanitize_decode.py)
         echo "sanitize $tool: rc $?" | tee -a "$OUT/log.txt"
       done ;;
     dp) run python3 integration/dp_e2e.py --heads "$HEADS" --kv "$KV" ${SELFTEST:+--selftest} --out "$OUT/dp" ;;
     gputests)
-      (cd "${TREE:-.}" && PEER_GRID_REPORT=$OUT/grids.jsonl run python3 -m pytest -q -m gpu -p no:cacheprovider \
+      (cd "${TREE:-.}" && MLA_BACKEND_CACHE_DIR=$TREE_CACHE \
+        PEER_GRID_REPORT=$OUT/grids.jsonl run python3 -m pytest -q -m gpu -p no:cacheprovider \
         ${TEST_FILES:-tests/test_decode_gpu.py tests/test_peer_grids_gpu.py} ${TESTS:+-k "$TESTS"}) ;;
     # From /tmp, so that the installed wheel (not the checkout) is the package measured and written.
     bench) (cd /tmp && run python3 -m mla_backend bench ${QUICK:+--quick} --out "$OUT/bench") ;;
