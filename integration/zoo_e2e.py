@@ -44,6 +44,7 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 from integration.engines.glm_dense_only import allow_dense_only_glm  # noqa: E402
 from integration.engines.longcat_mtp_weights import skip_longcat_mtp_weights_in_target  # noqa: E402
+from integration.engines.text_only import has_vision_tower  # noqa: E402
 from integration.engines.vllm_engine import SETUP_ENV, release_engine, run_engine, run_engine_isolated  # noqa: E402
 from integration.engines.vllm_references import reference_runs, run_isolated_or_error  # noqa: E402
 from integration.engines.vllm_spec import EngineSpec, engine_kwargs  # noqa: E402
@@ -89,7 +90,7 @@ def run_family(
     prompts = make_prompts(0)
     # vLLM 0.26 keeps a multimodal wrapper's engine (its KV cache) alive after release_engine: on the
     # H100, free memory fell by 11.5 GiB with each Kimi-VL engine until the seventh could not start.
-    isolated = isolated or bool(family.vision)
+    isolated = isolated or has_vision_tower(model)
     try:
         refs = reference_runs(model, prompts, rows, kvs, isolated=isolated)
     except Exception as err:  # a reference that cannot run this family leaves nothing to judge against
