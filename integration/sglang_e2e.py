@@ -247,13 +247,14 @@ def main() -> int:
         name = f"tiny_h{heads}" + ("_mtp" if mtp else "")
         model = save_sglang_tiny_deepseek(args.out / name, heads, mtp)
         run_model(str(model), f"tiny DeepSeek-V3 ({heads} heads)", args, args.out, log, rows)
+    summary = args.out / (f"sglang_h{args.heads or 16}.json" if not args.families else "sglang_zoo.json")
     for family, layout in families:
         name = f"{family.published}_h{family.heads[layout]}"
         model = save_sglang_checkpoint(family, args.out / "models" / name, layout)
         run_model(
             str(model), f"{family.name} {layout} ({family.heads[layout]} heads)", args, args.out / name, log, rows
         )
-    summary = args.out / (f"sglang_h{args.heads or 16}.json" if not args.families else "sglang_zoo.json")
+        summary.write_text(json.dumps(rows, indent=1))  # a run cut at its time limit keeps the families done
     summary.write_text(json.dumps(rows, indent=1))
     print(f"\n{len(rows)} rows ({summary}):")
     for r in rows:
