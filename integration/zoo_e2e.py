@@ -289,6 +289,7 @@ def main() -> int:
         if family.expect == "bundled" and "split" in parts:
             dcps = [int(d) for d in args.dcp.split(",")]
             ok &= run_split(family, layout, kvs, model_dir, args.tp, dcps, rows)
+        (out / "zoo.json").write_text(json.dumps(rows, indent=1))  # a run cut at its limit keeps these
     (out / "zoo.json").write_text(json.dumps(rows, indent=1))
     (out / "zoo_tokens.json").write_text(json.dumps(TOKENS))
     print(f"\n== model zoo ({torch.cuda.get_device_name()}) ==")
