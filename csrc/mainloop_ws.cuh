@@ -1,5 +1,5 @@
 // The warp-specialized decode kernel for the FP8 tiles (32 rows: the 128-head and MTP shapes; 16 rows:
-// up to 16 heads at q_len 1, where MLA_WARP_SPECIALIZED is 2). The CTA holds three roles on the same
+// up to 16 heads at q_len 1; the SM120 libraries run both, mla_decode.cu). The CTA holds three roles on the same
 // tile layout as mainloop.cuh (tile_config.h):
 //
 //   S warps (0-3)  Q (in shared memory at 32 rows, in registers at 16), QK^T by dim quarter, the

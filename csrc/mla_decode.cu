@@ -57,14 +57,15 @@ void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t 
   MLA_CUDA_CHECK(cudaGetLastError());
 }
 
-// FP8 tiles of 32 rows run the warp-specialized kernel (mainloop_ws.cuh) where one CTA fills an SM
-// (SM120: 100 KB of shared memory), so that its math warps are two per sub-partition; where two v1
-// CTAs fit (SM90, SM100) those hold twice the rows instead (docs/performance.md). Each library is
-// built for one architecture (__CUDA_ARCH_LIST__); MLA_WARP_SPECIALIZED overrides (dev builds): 0 runs
-// v1 everywhere, 1 the 32-row FP8 tile warp-specialized, 2 the 16-row FP8 tile too.
+// FP8 tiles (16 and 32 rows) run the warp-specialized kernel (mainloop_ws.cuh) where one CTA fills an
+// SM (SM120: 100 KB of shared memory), so that its math warps are two per sub-partition and a loader
+// warpgroup keeps the ring full; where two v1 CTAs fit (SM90, SM100) those hold twice the rows instead
+// (docs/performance.md). Each library is built for one architecture (__CUDA_ARCH_LIST__);
+// MLA_WARP_SPECIALIZED overrides (dev builds): 0 runs v1 everywhere, 1 only the 32-row FP8 tile
+// warp-specialized, 2 both FP8 tiles.
 #ifndef MLA_WARP_SPECIALIZED
 #if defined(__CUDA_ARCH_LIST__) && __CUDA_ARCH_LIST__ >= 1200
-#define MLA_WARP_SPECIALIZED 1
+#define MLA_WARP_SPECIALIZED 2
 #else
 #define MLA_WARP_SPECIALIZED 0
 #endif

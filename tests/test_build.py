@@ -142,38 +142,40 @@ def kernels(code: str) -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2]))
 
 
-def test_sm120_runs_fp8_32_row_tiles_on_the_warp_specialized_kernel(built):
-    """On sm_120a (one CTA per SM) the FP8 32-row tile is the warp-specialized kernel: QK^T on native
-    QMMA, P.V on f16-accumulating HMMA, handed over through mbarriers, the KV loaded by a warpgroup of
-    its own that hands its registers to the other two; v1's 32-row FP8 instance is not built there.
-    sm_90a keeps v1's (two CTAs per SM)."""
+WS_16_ROWS = "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb1ELi1ELi1EEEEEvNS_12DecodeParamsE"
+WS_32_ROWS = "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb1ELi1ELi2EEEEEvNS_12DecodeParamsE"
+V1_FP8_16_ROWS = "_ZN3mla17mla_decode_kernelILb1ELi1ELi1EEEvNS_12DecodeParamsE"  # mla_decode_kernel<true, 1, 1>
+V1_FP8_32_ROWS = "_ZN3mla17mla_decode_kernelILb1ELi1ELi2EEEvNS_12DecodeParamsE"  # mla_decode_kernel<true, 1, 2>
+
+
+def test_sm120_runs_both_fp8_tiles_on_the_warp_specialized_kernel(built):
+    """On sm_120a (one CTA per SM) both FP8 tiles, 16 rows and 32, are the warp-specialized kernel: QK^T
+    on native QMMA, P.V on f16-accumulating HMMA, handed over through mbarriers, the KV loaded by a
+    warpgroup of its own that hands its registers to the other two; no v1 FP8 instance is built there.
+    sm_90a keeps v1's (two CTAs per SM) and builds no warp-specialized kernel."""
     sm120 = kernels(sass(built["sm_120a"]))
-    (ws,) = [code for name, code in sm120.items() if "mla_decode_ws_kernel" in name]
-    assert re.search(r"QMMA\.16832\.F32\.E4M3\.E4M3", ws) and re.search(r"HMMA\.16816\.F16\b", ws)
-    assert re.search(r"\bSYNCS\.", ws), "P and the rescale factors are handed over through mbarriers"
-    assert re.search(r"\bARRIVES\.LDGSTSBAR\b", ws), "the loader's copies arrive on the stage's mbarrier"
-    assert re.search(r"USETMAXREG\.DEALLOC", ws) and re.search(r"USETMAXREG\.TRY_ALLOC", ws), "registers traded"
-    assert not re.search(r"\b(LDL|STL)\b", ws)
-    v1_fp8_32_rows = "_ZN3mla17mla_decode_kernelILb1ELi1ELi2EEEvNS_12DecodeParamsE"  # mla_decode_kernel<true, 1, 2>
-    assert v1_fp8_32_rows not in sm120
-    assert v1_fp8_32_rows in kernels(sass(built["sm_90a"]))
+    ws = {name: code for name, code in sm120.items() if "mla_decode_ws_kernel" in name}
+    assert sorted(ws) == [WS_16_ROWS, WS_32_ROWS]
+    for code in ws.values():
+        assert re.search(r"QMMA\.16832\.F32\.E4M3\.E4M3", code) and re.search(r"HMMA\.16816\.F16\b", code)
+        assert re.search(r"\bSYNCS\.", code), "P and the rescale factors are handed over through mbarriers"
+        assert re.search(r"\bARRIVES\.LDGSTSBAR\b", code), "the loader's copies arrive on the stage's mbarrier"
+        assert re.search(r"USETMAXREG\.DEALLOC", code) and re.search(r"USETMAXREG\.TRY_ALLOC", code), "registers traded"
+        assert not re.search(r"\b(LDL|STL)\b", code)
+    assert not [name for name in sm120 if name.startswith("_ZN3mla17mla_decode_kernelILb1E")]  # v1's FP8 instances
+    sm90 = kernels(sass(built["sm_90a"]))
+    assert V1_FP8_16_ROWS in sm90 and V1_FP8_32_ROWS in sm90
+    assert not [name for name in sm90 if "mla_decode_ws_kernel" in name]
 
 
-def test_a_dev_build_at_level_2_runs_the_16_row_fp8_tile_warp_specialized_too(tmp_path):
-    """MLA_WARP_SPECIALIZED=2 (a dev build for the A/B of docs/performance.md): on sm_120a both FP8
-    tiles, 16 and 32 rows, run the warp-specialized kernel, built strict, with no local memory, and no
-    v1 FP8 instance is left."""
-    env = dict(os.environ, MLA_BACKEND_CACHE_DIR=str(tmp_path), NVCC_APPEND_FLAGS="-DMLA_WARP_SPECIALIZED=2")
+def test_a_dev_build_at_level_1_leaves_the_16_row_fp8_tile_on_v1(tmp_path):
+    """MLA_WARP_SPECIALIZED=1 (a dev build for the A/B of docs/performance.md): on sm_120a only the FP8
+    32-row tile runs warp-specialized, built strict with no local memory; the 16-row tile is v1's."""
+    env = dict(os.environ, MLA_BACKEND_CACHE_DIR=str(tmp_path), NVCC_APPEND_FLAGS="-DMLA_WARP_SPECIALIZED=1")
     command = [sys.executable, "-m", "mla_backend", "build", "--arch", "sm_120a", "--strict"]
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
     code = kernels(sass(build_dir("sm_120a", str(tmp_path)) / library_filename("sm_120a")))
-    ws = {name: body for name, body in code.items() if "mla_decode_ws_kernel" in name}
-    assert sorted(ws) == [
-        "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb1ELi1ELi1EEEEEvNS_12DecodeParamsE",  # 16 rows
-        "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb1ELi1ELi2EEEEEvNS_12DecodeParamsE",  # 32 rows
-    ]
-    for body in ws.values():
-        assert re.search(r"QMMA\.16832\.F32\.E4M3\.E4M3", body) and re.search(r"\bARRIVES\.LDGSTSBAR\b", body)
-        assert not re.search(r"\b(LDL|STL)\b", body)
-    assert not [name for name in code if name.startswith("_ZN3mla17mla_decode_kernelILb1E")]  # v1's FP8 instances
+    assert sorted(name for name in code if "mla_decode_ws_kernel" in name) == [WS_32_ROWS]
+    assert not re.search(r"\b(LDL|STL)\b", code[WS_32_ROWS])
+    assert V1_FP8_16_ROWS in code and V1_FP8_32_ROWS not in code
