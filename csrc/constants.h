@@ -12,6 +12,11 @@
 #define MLA_MAX_KV_SPLITS 256
 // KV tokens per tile of the main loop: the unit the split plan counts in.
 #define MLA_TOKENS_PER_TILE 32
+// Tiles a split holds at least (unless its request is shorter): shorter splits cost more in merging
+// than they save.
+#define MLA_MIN_TILES_PER_SPLIT 4
+// The most CTAs (per row block) a split plan spreads one call's work over.
+#define MLA_MAX_PLAN_PIECES 4096
 
 // The tile shapes built into the library, X(fp8, max_rows, row_groups, fragments_per_warp): a problem
 // takes the first entry of its dtype whose max_rows covers its rows (query tokens x heads). CTAs are

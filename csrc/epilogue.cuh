@@ -16,11 +16,13 @@ namespace mla {
 
 template <class C>
 __device__ __forceinline__ void write_output(const float (&acc)[C::kFragments][16][4], const float2* row_stats,
-                                             const DecodeParams& p, int b, int split, int warp_row0,
-                                             const WarpRole& w) {
+                                             const DecodeParams& p, int warp_row0, const WarpRole& w) {
   constexpr bool FP8 = C::kFp8;
   const float bmm2 = read_scale(p.bmm2_ptr, p.bmm2);
-  const bool single = p.num_splits == 1;
+  // Read again here rather than held in registers through the main loop (v1's FP8 32-row kernel has
+  // none to spare on sm_100a).
+  const WorkItem item = work_item(p);
+  const bool single = item.splits == 1;
 #pragma unroll
   for (int f = 0; f < C::kFragments; ++f)
 #pragma unroll
@@ -31,7 +33,7 @@ __device__ __forceinline__ void write_output(const float (&acc)[C::kFragments][1
       const float inv = stats.x, lse2 = stats.y;
       const float out_scale = single ? inv * bmm2 : inv;
       const long long out_row =
-          single ? (long long)b * p.rows + row : ((long long)b * p.num_splits + split) * p.rows + row;
+          single ? (long long)item.b * p.rows + row : ((long long)item.first + item.split) * p.rows + row;
 #pragma unroll
       for (int q = 0; q < (FP8 ? 8 : 16); ++q) {
         // FP8 tiles pair up (even dims, odd dims) into 4 consecutive dims; BF16 tiles hold 2.

@@ -43,10 +43,12 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   const int wd = warp & 3, wr = warp >> 2;
   const int g = lane >> 2, t = lane & 3;
   const WarpRole w{lane, wd, wr, g, t};
-  const int b = blockIdx.z, split = blockIdx.y;
 
   pdl_wait();
   pdl_launch_dependents();
+  const WorkItem item = work_item(p);
+  if (!item.valid) return;
+  const int b = item.b, split = item.split;
 
   // The global reads that do not depend on seq_len go out first: Q, and the page ids of this
   // split's first tiles as if seq_len were max_seq_len (right for the longest requests; checked
@@ -55,13 +57,13 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   [[maybe_unused]] std::conditional_t<C::kQInSmem, QTileLoad<C>, NoQTileLoad> q_load;
   if constexpr (C::kQInSmem) q_load.issue(q_smem, p, b, blockIdx.x * C::kTileRows);
   const int* bt_row = p.block_tables + (long long)b * p.bt_stride;
-  const int guess_len = p.max_seq_len, guess_begin = split * tiles_per_split(p, guess_len);
+  const int guess_len = p.max_seq_len, guess_begin = split * tiles_per_split(guess_len, item.splits);
   int guessed_page[C::kStages - 1];
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) guessed_page[s] = page_of<C>(p, bt_row, guess_begin + s, guess_len);
 
   const int seq_len = request_len(p, b);
-  const SplitTiles tiles = split_tiles(p, seq_len, split);
+  const SplitTiles tiles = split_tiles(seq_len, split, item.splits);
   const int tile_begin = tiles.begin, tile_end = tiles.end;
   // Page id of this thread's token in tile tile_begin + s: the guess where it read the right entry.
   auto first_page = [&](int s) {
@@ -176,7 +178,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   float2* row_stats = reinterpret_cast<float2*>(scores);
   softmax.publish(row_stats, w);
   __syncthreads();
-  write_output<C>(acc, row_stats, p, b, split, warp_row0, w);
+  write_output<C>(acc, row_stats, p, warp_row0, w);
 }
 
 }  // namespace mla

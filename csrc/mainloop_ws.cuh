@@ -79,7 +79,6 @@ __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
   const int loader_token = (threadIdx.x - 2 * L::kRoleThreads) / kLoaderThreadsPerToken;
   const int loader_first = threadIdx.x % kLoaderThreadsPerToken;
   const WarpRole w{lane, warp & 3, 0, lane >> 2, lane & 3};
-  const int b = blockIdx.z, split = blockIdx.y;
 
   const uint32_t barriers = kv_smem + L::kBarrierOffset;
   auto p_full = [&](int i) { return barriers + 8 * (i & 1); };
@@ -101,6 +100,9 @@ __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
 
   pdl_wait();
   pdl_launch_dependents();
+  const WorkItem item = work_item(p);
+  if (!item.valid) return;
+  const int b = item.b, split = item.split;
 
   // The S warps read Q, the loader the first page ids (guessed from max_seq_len while seq_len is on
   // its way), before the split's tiles are known.
@@ -108,7 +110,7 @@ __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
   [[maybe_unused]] std::conditional_t<C::kQInSmem, QTileLoad<C>, NoQTileLoad> q_load;
   uint32_t qf[C::kQRegFragments][C::kQkChunks][4];  // Q's A fragments where it stays in registers (16 rows)
   const int* bt_row = p.block_tables + (long long)b * p.bt_stride;
-  const int guess_len = p.max_seq_len, guess_begin = split * tiles_per_split(p, guess_len);
+  const int guess_len = p.max_seq_len, guess_begin = split * tiles_per_split(guess_len, item.splits);
   int guessed_page[C::kStages];
   if (s_role) {
     if constexpr (C::kQInSmem)
@@ -122,7 +124,7 @@ __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
       guessed_page[s] = page_at(p, bt_row, (guess_begin + s) * kBlockN + loader_token, guess_len);
   }
   const int seq_len = request_len(p, b);
-  const SplitTiles tiles = split_tiles(p, seq_len, split);
+  const SplitTiles tiles = split_tiles(seq_len, split, item.splits);
   const int tile_begin = tiles.begin, tile_end = tiles.end;
   const int warp_row0 = blockIdx.x * C::kTileRows;  // one row group: every warp covers all the tile's rows
   float* row_stats_smem = reinterpret_cast<float*>(smem + C::kScoresOffset);
@@ -208,7 +210,7 @@ __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
       mbarrier_arrive(kv_empty(i % C::kStages));
     }
     mbarrier_wait(stats_ready, 0);
-    write_output<C>(acc, reinterpret_cast<const float2*>(row_stats_smem), p, b, split, warp_row0, w);
+    write_output<C>(acc, reinterpret_cast<const float2*>(row_stats_smem), p, warp_row0, w);
   }
 #endif
 }

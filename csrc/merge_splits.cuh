@@ -22,16 +22,19 @@ constexpr int kMergeBatch = 8;  // splits per warp loaded ahead of the LSE pass
 constexpr int kMaxSplits = MLA_MAX_KV_SPLITS;
 static_assert(kMaxSplits <= kMergeThreads, "one thread per split in the LSE pass");
 
+struct MergeShared {
+  float weights[kMaxSplits];
+  float reduce[kMergeThreads / 32];
+  float4 partial[kMergeGroups - 1][32];
+};
+
+// One (request, row, slice of 128 dims): `count` partials from partial row block `first_partial` on.
 template <bool HALF_PARTIALS>
-__global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const __grid_constant__ DecodeParams p) {
-  __shared__ float weights[kMaxSplits];
-  __shared__ float reduce[kMergeThreads / 32];
-  __shared__ float4 partial[kMergeGroups - 1][32];
-  pdl_wait();
-  const int row = blockIdx.x, b = blockIdx.y;
+__device__ __forceinline__ void merge_slice(const DecodeParams& p, MergeShared& sh, int b, int row, int slice,
+                                            int first_partial, int count) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const long long first = (long long)b * p.num_splits * p.rows + row;
-  const int dim = blockIdx.z * kMergeSliceDims + lane * 4;
+  const long long first = (long long)first_partial * p.rows + row;
+  const int dim = slice * kMergeSliceDims + lane * 4;
   auto load_partial = [&](int s) {  // 4 dims of split s
     const long long at = (first + (long long)s * p.rows) * kDimV + dim;
     if constexpr (HALF_PARTIALS) {
@@ -48,27 +51,27 @@ __global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const _
 #pragma unroll
   for (int i = 0; i < kMergeBatch; ++i) {
     const int s = warp + i * kMergeGroups;
-    early[i] = s < p.num_splits ? load_partial(s) : make_float4(0.f, 0.f, 0.f, 0.f);
+    early[i] = s < count ? load_partial(s) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
 
   float lse = -INFINITY;
-  if (threadIdx.x < p.num_splits) lse = p.part_lse[first + (long long)threadIdx.x * p.rows];
+  if (threadIdx.x < count) lse = p.part_lse[first + (long long)threadIdx.x * p.rows];
   float best = lse;
   for (int o = 16; o > 0; o >>= 1) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, o));
-  if (lane == 0) reduce[warp] = best;
+  if (lane == 0) sh.reduce[warp] = best;
   __syncthreads();
   best = -INFINITY;
-  for (int w = 0; w < kMergeThreads / 32; ++w) best = fmaxf(best, reduce[w]);
+  for (int w = 0; w < kMergeThreads / 32; ++w) best = fmaxf(best, sh.reduce[w]);
   const float base = best == -INFINITY ? 0.f : best;
-  const float w_own = threadIdx.x < p.num_splits ? fast_exp2(lse - base) : 0.f;
-  if (threadIdx.x < p.num_splits) weights[threadIdx.x] = w_own;
+  const float w_own = threadIdx.x < count ? fast_exp2(lse - base) : 0.f;
+  if (threadIdx.x < count) sh.weights[threadIdx.x] = w_own;
   float sum = w_own;
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   __syncthreads();  // weights[] complete; reduce[] reads of the max are done
-  if (lane == 0) reduce[warp] = sum;
+  if (lane == 0) sh.reduce[warp] = sum;
   __syncthreads();
   float weight_sum = 0.f;
-  for (int w = 0; w < kMergeThreads / 32; ++w) weight_sum += reduce[w];
+  for (int w = 0; w < kMergeThreads / 32; ++w) weight_sum += sh.reduce[w];
 
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   auto add = [&](float w, const float4& v) {
@@ -80,28 +83,51 @@ __global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const _
 #pragma unroll
   for (int i = 0; i < kMergeBatch; ++i) {
     const int s = warp + i * kMergeGroups;
-    if (s < p.num_splits) add(weights[s], early[i]);
+    if (s < count) add(sh.weights[s], early[i]);
   }
 #pragma unroll 4
-  for (int s = warp + kMergeBatch * kMergeGroups; s < p.num_splits; s += kMergeGroups) add(weights[s], load_partial(s));
-  if (warp > 0) partial[warp - 1][lane] = acc;
+  for (int s = warp + kMergeBatch * kMergeGroups; s < count; s += kMergeGroups) add(sh.weights[s], load_partial(s));
+  if (warp > 0) sh.partial[warp - 1][lane] = acc;
   __syncthreads();
-  if (warp != 0) return;
+  if (warp == 0) {
 #pragma unroll
-  for (int g = 0; g < kMergeGroups - 1; ++g) {
-    const float4 v = partial[g][lane];
-    acc.x += v.x;
-    acc.y += v.y;
-    acc.z += v.z;
-    acc.w += v.w;
+    for (int g = 0; g < kMergeGroups - 1; ++g) {
+      const float4 v = sh.partial[g][lane];
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+    }
+    const float scale = weight_sum > 0.f ? read_scale(p.bmm2_ptr, p.bmm2) / weight_sum : 0.f;
+    const long long out_row = (long long)b * p.rows + row;
+    const uint2 packed =
+        make_uint2(pack2<false>(acc.x * scale, acc.y * scale), pack2<false>(acc.z * scale, acc.w * scale));
+    *reinterpret_cast<uint2*>(p.out + out_row * kDimV + dim) = packed;
+    if (slice == 0 && lane == 0 && p.lse != nullptr)
+      p.lse[out_row] = weight_sum > 0.f ? (best + log2f(weight_sum)) * kLn2 : -INFINITY;
   }
-  const float scale = weight_sum > 0.f ? read_scale(p.bmm2_ptr, p.bmm2) / weight_sum : 0.f;
-  const long long out_row = (long long)b * p.rows + row;
-  const uint2 packed =
-      make_uint2(pack2<false>(acc.x * scale, acc.y * scale), pack2<false>(acc.z * scale, acc.w * scale));
-  *reinterpret_cast<uint2*>(p.out + out_row * kDimV + dim) = packed;
-  if (blockIdx.z == 0 && lane == 0 && p.lse != nullptr)
-    p.lse[out_row] = weight_sum > 0.f ? (best + log2f(weight_sum)) * kLn2 : -INFINITY;
+}
+
+// Without a plan: one block per (row, request, slice) of a call whose every request was split.
+// With one: a fixed grid of blocks takes the (request, row, slice) units of the requests the plan
+// cut into several splits, in turn (how many is known only on the GPU).
+template <bool HALF_PARTIALS>
+__global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const __grid_constant__ DecodeParams p) {
+  __shared__ MergeShared sh;
+  pdl_wait();
+  if (p.plan == nullptr) {
+    const int b = blockIdx.y;
+    merge_slice<HALF_PARTIALS>(p, sh, b, blockIdx.x, blockIdx.z, b * p.num_splits, p.num_splits);
+    return;
+  }
+  const PlanLayout layout{p.batch, p.plan_pieces};
+  const long long units = (long long)p.plan[1] * p.rows * kMergeSlices;
+  for (long long unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const int slice = static_cast<int>(unit % kMergeSlices), row = static_cast<int>(unit / kMergeSlices % p.rows);
+    const int b = p.plan[layout.merged() + static_cast<int>(unit / (kMergeSlices * p.rows))];
+    merge_slice<HALF_PARTIALS>(p, sh, b, row, slice, p.plan[layout.first_partial() + b], p.plan[layout.count() + b]);
+    __syncthreads();  // the next unit reuses the shared memory
+  }
 }
 
 // Few splits (large batches: the split plan gives each request a handful): one warp per row, all

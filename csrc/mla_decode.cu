@@ -15,6 +15,7 @@
 #include "mainloop.cuh"
 #include "mainloop_ws.cuh"
 #include "merge_splits.cuh"
+#include "plan.cuh"
 #include "tile_config.h"
 
 namespace mla {
@@ -79,7 +80,10 @@ constexpr bool kWarpSpecialized = FP8 && ROW_GROUPS == 1 && MLA_WARP_SPECIALIZED
 template <bool FP8, int ROW_GROUPS, int RF>
 void launch_decode(const DecodeParams& params, cudaStream_t stream, bool pdl) {
   using C = TileConfig<FP8, ROW_GROUPS, RF>;
-  const dim3 grid((params.rows + C::kTileRows - 1) / C::kTileRows, params.num_splits, params.batch);
+  // With a plan, grid.y covers its largest item count (plan.cuh); CTAs past the step's items return.
+  const int row_blocks = (params.rows + C::kTileRows - 1) / C::kTileRows;
+  const dim3 grid = params.plan != nullptr ? dim3(row_blocks, PlanLayout{params.batch, params.plan_pieces}.max_items())
+                                           : dim3(row_blocks, params.num_splits, params.batch);
   if constexpr (kWarpSpecialized<FP8, ROW_GROUPS, RF>)
     launch(mla_decode_ws_kernel<C>, grid, WsLayout<C>::kThreads, smem_request(WsLayout<C>::kSmemBytes), stream, pdl,
            params);
@@ -132,6 +136,17 @@ struct LaunchDecode {
   }
 };
 
+// Merge blocks per SM in a planned call (256 threads each).
+constexpr int64_t kMergeBlocksPerSm = 4;
+
+int64_t multiprocessors(int device) {
+  static int counts[64] = {};  // per device, asked once
+  STD_TORCH_CHECK(device >= 0 && device < 64, "device index out of range");
+  if (counts[device] == 0)
+    MLA_CUDA_CHECK(cudaDeviceGetAttribute(&counts[device], cudaDevAttrMultiProcessorCount, device));
+  return counts[device];
+}
+
 const float* optional_scale(const std::optional<Tensor>& t) {
   if (!t.has_value()) return nullptr;
   STD_TORCH_CHECK(t->scalar_type() == ScalarType::Float && t->numel() == 1, "scale tensors must be one float32");
@@ -168,9 +183,9 @@ void check_kv_part(const Tensor& t, const Tensor& q, int64_t dim, const char* na
 
 // Stable boxing passes tensors by value (reference-counted handles).
 void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_tables, Tensor seq_lens, Tensor out,
-            std::optional<Tensor> lse, Tensor workspace, int64_t max_seq_len, int64_t num_splits, int64_t row_groups,
-            int64_t rf, double bmm1, std::optional<Tensor> bmm1_tensor, double bmm2, std::optional<Tensor> bmm2_tensor,
-            bool pdl) {
+            std::optional<Tensor> lse, Tensor workspace, int64_t max_seq_len, int64_t num_splits, int64_t plan_pieces,
+            int64_t row_groups, int64_t rf, double bmm1, std::optional<Tensor> bmm1_tensor, double bmm2,
+            std::optional<Tensor> bmm2_tensor, bool pdl) {
   check_q_part(q_nope, kDimV, "q_nope");
   check_q_part(q_pe, kRopeDim, "q_pe");
   STD_TORCH_CHECK(q_pe.scalar_type() == q_nope.scalar_type() && q_pe.size(0) == q_nope.size(0) &&
@@ -190,6 +205,8 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_ta
   STD_TORCH_CHECK(out.scalar_type() == ScalarType::BFloat16 && out.is_contiguous() && out.numel() == q.numel(),
                   "out: bf16 [B, q_len, H, 512]");
   STD_TORCH_CHECK(num_splits >= 1 && num_splits <= kMaxSplits, "num_splits must be 1..", kMaxSplits);
+  STD_TORCH_CHECK(plan_pieces >= 0 && plan_pieces <= kMaxPlanPieces, "plan_pieces must be 0..", kMaxPlanPieces);
+  STD_TORCH_CHECK(plan_pieces == 0 || num_splits == 1, "a planned call takes num_splits=1");
   const int64_t batch = q.size(0), rows = q.size(1) * q.size(2);
 
   DecodeParams p = {};
@@ -228,15 +245,22 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_ta
   p.num_splits = static_cast<int>(num_splits);
   p.max_seq_len =
       static_cast<int>(std::clamp<int64_t>(max_seq_len, 0, static_cast<int64_t>(p.max_pages) << p.page_shift));
-  if (num_splits > 1) {
-    const int64_t partials = batch * num_splits * rows;
-    const int64_t need = partials * (kDimV + 1) * static_cast<int64_t>(sizeof(float));
+  p.plan_pieces = static_cast<int>(plan_pieces);
+  if (plan_pieces > 0 || num_splits > 1) {
+    // The plan (when planned) first, then the partials, sized for fp32 (FP8 problems store f16
+    // partials and use the first half of them) and their LSE.
+    const PlanLayout layout{p.batch, p.plan_pieces};
+    const int64_t plan_bytes = plan_pieces > 0 ? plan_workspace_bytes(layout) : 0;
+    const int64_t partials = (plan_pieces > 0 ? layout.max_partials() : batch * num_splits) * rows;
+    const int64_t need = plan_bytes + partials * (kDimV + 1) * static_cast<int64_t>(sizeof(float));
     STD_TORCH_CHECK(workspace.is_cuda() && workspace.is_contiguous() &&
                         workspace.numel() * static_cast<int64_t>(workspace.element_size()) >= need,
-                    "workspace too small for ", num_splits, " KV splits: need ", need, " bytes");
-    // Sized for fp32 partials; FP8 problems store f16 partials and use the first half of them.
-    p.part_o = workspace.data_ptr();
-    p.part_lse = static_cast<float*>(workspace.data_ptr()) + partials * kDimV;
+                    "workspace too small: need ", need, " bytes for ",
+                    plan_pieces > 0 ? "the split plan" : "the KV splits");
+    uint8_t* base = static_cast<uint8_t*>(workspace.data_ptr());
+    if (plan_pieces > 0) p.plan = reinterpret_cast<int*>(base);
+    p.part_o = base + plan_bytes;
+    p.part_lse = reinterpret_cast<float*>(base + plan_bytes) + partials * kDimV;
   }
 
   const torch::stable::accelerator::DeviceGuard guard(q.get_device_index());
@@ -244,8 +268,15 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_ta
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(q.get_device_index(), &current_stream));
   const cudaStream_t stream = static_cast<cudaStream_t>(current_stream);
   if (batch == 0) return;
+  if (p.plan != nullptr) launch(mla_plan_kernel, dim3(1), kPlanThreads, 0, stream, pdl, p);
   with_tile_shape(fp8, row_groups, rf, LaunchDecode{p, stream, pdl});
-  if (num_splits > 1 && num_splits <= kFewSplitsMax) {
+  if (p.plan != nullptr) {
+    // Enough blocks to fill the GPU; each takes merge units in turn (how many is known on the GPU).
+    const int64_t units = static_cast<int64_t>(PlanLayout{p.batch, p.plan_pieces}.max_merged()) * rows * kMergeSlices;
+    const int64_t blocks = std::min<int64_t>(units, kMergeBlocksPerSm * multiprocessors(q.get_device_index()));
+    launch(fp8 ? mla_merge_splits_kernel<true> : mla_merge_splits_kernel<false>, dim3(static_cast<unsigned>(blocks)),
+           kMergeThreads, 0, stream, pdl, p);
+  } else if (num_splits > 1 && num_splits <= kFewSplitsMax) {
     const int64_t blocks = (batch * rows + kFewSplitsRowsPerBlock - 1) / kFewSplitsRowsPerBlock;
     launch(fp8 ? mla_merge_few_splits_kernel<true> : mla_merge_few_splits_kernel<false>,
            dim3(static_cast<unsigned>(blocks)), 32 * kFewSplitsRowsPerBlock, 0, stream, pdl, p);
@@ -263,7 +294,8 @@ STABLE_TORCH_LIBRARY(mla_backend, m) {
       "decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_tables, Tensor seq_lens, Tensor(a!) "
       "out, Tensor(b!)? "
       "lse, "
-      "Tensor(c!) workspace, int max_seq_len, int num_splits, int row_groups, int rf, float bmm1, Tensor? bmm1_tensor, "
+      "Tensor(c!) workspace, int max_seq_len, int num_splits, int plan_pieces, int row_groups, int rf, float bmm1, "
+      "Tensor? bmm1_tensor, "
       "float bmm2, Tensor? bmm2_tensor, bool pdl) -> ()");
   m.def("ctas_per_sm(bool fp8, int row_groups, int rf) -> int");
 }

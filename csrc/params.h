@@ -46,12 +46,60 @@ struct DecodeParams {
                              // that lets page ids be fetched before seq_len arrives
   int bt_stride;
   int batch;  // requests
-  int num_splits;
+  int num_splits;  // splits of every request, where there is no plan
+  int* plan;       // the step's split plan (plan.cuh), or nullptr: see PlanLayout
+  int plan_pieces;  // the plan's target of splits per row block of the whole batch
 };
 
-// KV tiles per split of a request of `len` tokens (the launcher's num_splits spread them evenly).
-__device__ __forceinline__ int tiles_per_split(const DecodeParams& p, int len) {
-  return ((len + kBlockN - 1) / kBlockN + p.num_splits - 1) / p.num_splits;
+// The split plan in the workspace (int32), written by mla_plan_kernel from the real seq_lens:
+//   [0]                    items: (request, split) pairs, one decode CTA each (per row block)
+//   [1]                    requests cut into more than one split (the merge's work)
+//   first_item() + b       the first item of request b (its items are consecutive)
+//   count() + b            the splits of request b
+//   first_partial() + b    where request b's split partials start in the workspace (split requests only)
+//   items() + i            the request of item i, for i < max_items()
+//   merged() + k           the k-th request cut into several splits, for k < max_merged()
+// A request of count splits holds at most tiles / target + 1 of them and the target is at least the
+// total over pieces, so the items are at most batch + pieces, the split requests fewer than pieces
+// and their partials at most 2 pieces.
+struct PlanLayout {
+  int batch, pieces;
+  __host__ __device__ int first_item() const { return 2; }
+  __host__ __device__ int count() const { return 2 + batch; }
+  __host__ __device__ int first_partial() const { return 2 + 2 * batch; }
+  __host__ __device__ int items() const { return 2 + 3 * batch; }
+  __host__ __device__ int max_items() const { return batch + pieces; }
+  __host__ __device__ int merged() const { return items() + max_items(); }
+  __host__ __device__ int max_merged() const { return batch < pieces ? batch : pieces; }
+  __host__ __device__ int max_partials() const { return 2 * pieces; }
+  __host__ __device__ int ints() const { return merged() + max_merged(); }
+};
+
+// What one decode CTA computes: split `split` of the `splits` of request b, whose split partials
+// start at partial row block `first` (read only where splits > 1).
+struct WorkItem {
+  int b, split, splits, first;
+  bool valid;  // false: a CTA past the plan's items, which returns at once
+};
+
+// The work item of this CTA: from the plan (grid.y over items) or, without one, from grid.z (request)
+// and grid.y (split). Reads the plan: after pdl_wait.
+__device__ __forceinline__ WorkItem work_item(const DecodeParams& p) {
+  if (p.plan == nullptr) {
+    const int b = blockIdx.z;
+    return {b, static_cast<int>(blockIdx.y), p.num_splits, b * p.num_splits, true};
+  }
+  const PlanLayout layout{p.batch, p.plan_pieces};
+  const int item = blockIdx.y;
+  if (item >= p.plan[0]) return {0, 0, 1, 0, false};
+  const int b = p.plan[layout.items() + item];
+  return {b, item - p.plan[layout.first_item() + b], p.plan[layout.count() + b], p.plan[layout.first_partial() + b],
+          true};
+}
+
+// KV tiles per split of a request of `len` tokens cut into `splits` (spread evenly).
+__device__ __forceinline__ int tiles_per_split(int len, int splits) {
+  return ((len + kBlockN - 1) / kBlockN + splits - 1) / splits;
 }
 
 // A request's length as the kernels read it: never past what its block-table row addresses.
@@ -59,12 +107,13 @@ __device__ __forceinline__ int request_len(const DecodeParams& p, int b) {
   return max(0, min(p.seq_lens[b], p.max_pages << p.page_shift));
 }
 
-// The KV tiles [begin, end) split `split` of a request of `seq_len` tokens owns (empty past its last).
+// The KV tiles [begin, end) split `split` of `splits` of a request of `seq_len` tokens owns (empty past
+// its last).
 struct SplitTiles {
   int begin, end;
 };
-__device__ __forceinline__ SplitTiles split_tiles(const DecodeParams& p, int seq_len, int split) {
-  const int per_split = tiles_per_split(p, seq_len), begin = split * per_split;
+__device__ __forceinline__ SplitTiles split_tiles(int seq_len, int split, int splits) {
+  const int per_split = tiles_per_split(seq_len, splits), begin = split * per_split;
   return {begin, min((seq_len + kBlockN - 1) / kBlockN, begin + per_split)};
 }
 

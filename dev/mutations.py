@@ -242,7 +242,24 @@ MUTATIONS = [
         "batch * num_splits * rows * LATENT_DIM * 4",
         "workspace misses the LSE",
     ),
-    M("mla_backend/launcher.py", "MIN_TILES_PER_SPLIT = 4", "MIN_TILES_PER_SPLIT = 1", "splits below 128 tokens"),
+    M(
+        "mla_backend/launcher.py",
+        "useful = max(1, math.ceil(max_seq_len / (TOKENS_PER_TILE * MIN_TILES_PER_SPLIT)))",
+        "useful = max(1, math.ceil(max_seq_len / TOKENS_PER_TILE))",
+        "splits below 128 tokens",
+    ),
+    M(
+        "mla_backend/launcher.py",
+        "pieces = min(MAX_PLAN_PIECES, max(1, slots // row_blocks))",
+        "pieces = min(MAX_PLAN_PIECES, max(1, slots))",
+        "plan pieces ignore the row blocks",
+    ),
+    M(
+        "mla_backend/launcher.py",
+        "return math.ceil(ints * 4 / 256) * 256 + 2 * pieces * rows * (LATENT_DIM + 1) * 4",
+        "return math.ceil(ints * 4 / 256) * 256 + pieces * rows * (LATENT_DIM + 1) * 4",
+        "plan workspace holds partials for one split a piece",
+    ),
     M(
         "mla_backend/launcher.py",
         "limit = max(1, min(useful, fits, MAX_KV_SPLITS))",

@@ -9,9 +9,15 @@ import torch
 
 from .checks import DecodeProblem
 from .config import MLABackendConfig
-from .kernel_constants import LATENT_DIM, MAX_KV_SPLITS, TILE_SHAPES, TOKENS_PER_TILE
+from .kernel_constants import (
+    LATENT_DIM,
+    MAX_KV_SPLITS,
+    MAX_PLAN_PIECES,
+    MIN_TILES_PER_SPLIT,
+    TILE_SHAPES,
+    TOKENS_PER_TILE,
+)
 
-MIN_TILES_PER_SPLIT = 4  # shorter splits cost more in merging than they save
 FIXED_TILES_PER_CTA = 2.0  # pipeline fill + epilogue, in units of one tile's work
 MERGE_TILES_PER_SPLIT = 0.05  # the merge kernel's cost of one more split, in the same units
 
@@ -34,6 +40,28 @@ def workspace_bytes(batch: int, rows: int, num_splits: int) -> int:
     """Bytes of workspace split-KV needs: partial outputs plus their LSE, sized for fp32 partials
     (FP8 problems store f16 partials, so they use a little over half of it)."""
     return 0 if num_splits == 1 else batch * num_splits * rows * (LATENT_DIM + 1) * 4
+
+
+def plan_workspace_bytes(batch: int, rows: int, pieces: int) -> int:
+    """Bytes of workspace a split plan over ``pieces`` CTAs per row block needs (csrc/params.h's
+    PlanLayout): the plan's ints, rounded to 256 bytes, then fp32 partials and their LSE for at most
+    2 x pieces splits (FP8 problems store f16 partials, so they use a little over half of it)."""
+    ints = 2 + 3 * batch + (batch + pieces) + min(batch, pieces)
+    return math.ceil(ints * 4 / 256) * 256 + 2 * pieces * rows * (LATENT_DIM + 1) * 4
+
+
+def choose_plan_pieces(batch: int, rows: int, fp8: bool, slots: int, workspace_capacity: int) -> int:
+    """CTAs per row block the kernels' split plan (csrc/plan.cuh) spreads a call's work over: one wave
+    of the GPU's resident CTAs, as many as the workspace holds; 0 (no plan: one split a request)
+    where it holds none. The plan itself is made on the GPU from the real seq_lens, so a captured
+    CUDA graph replays it for any lengths."""
+    if batch == 0:
+        return 0
+    row_blocks = math.ceil(rows / tile_rows(rows, fp8))
+    pieces = min(MAX_PLAN_PIECES, max(1, slots // row_blocks))
+    while pieces > 0 and plan_workspace_bytes(batch, rows, pieces) > workspace_capacity:
+        pieces //= 2
+    return pieces
 
 
 @functools.cache
@@ -89,6 +117,7 @@ def launch_decode(
     rows = problem.q_len * problem.heads
     row_groups, rf = tile_shape(rows, fp8)
     capacity = 0 if workspace is None else workspace.numel() * workspace.element_size()
+    pieces = 0
     if config.num_kv_splits is not None:
         splits = config.num_kv_splits
         need = workspace_bytes(problem.batch, rows, splits)
@@ -99,7 +128,8 @@ def launch_decode(
             )
     else:
         slots = resident_slots(index, fp8, row_groups, rf)
-        splits = choose_num_splits(problem.batch, rows, fp8, problem.max_seq_len, slots, capacity)
+        pieces = choose_plan_pieces(problem.batch, rows, fp8, slots, capacity)
+        splits = 1 if pieces else choose_num_splits(problem.batch, rows, fp8, problem.max_seq_len, slots, capacity)
     if enable_pdl is None:
         enable_pdl = config.enable_pdl
     if enable_pdl is None:
@@ -121,6 +151,7 @@ def launch_decode(
         workspace,
         problem.max_seq_len,
         splits,
+        pieces,
         row_groups,
         rf,
         bmm1,

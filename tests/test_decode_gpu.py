@@ -218,6 +218,39 @@ def test_explicit_split_counts_agree(workspace, monkeypatch, splits, dtype):
     run_and_check(problem, workspace, dtype, bmm1=0.11, bmm2=0.7)
 
 
+def planned_splits(workspace: torch.Tensor, batch: int) -> list[int]:
+    """The splits the last call's plan gave each request (csrc/params.h's PlanLayout: two counters,
+    then the first item and the split count of each request)."""
+    plan = workspace[: 4 * (2 + 2 * batch)].view(torch.int32)
+    return plan[2 + batch : 2 + 2 * batch].tolist()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
+@pytest.mark.parametrize("heads, q_len", [(16, 1), (128, 1), (20, 2)])
+def test_the_plan_cuts_a_long_request_among_short_ones(workspace, dtype, heads, q_len):
+    """The split plan, made on the GPU from the real lengths (csrc/plan.cuh), cuts the long request into
+    many more splits than the short ones: the merge takes requests of different split counts next to
+    requests written directly (the empty one, the one-token one)."""
+    lengths = [20000] + [300] * 12 + [0, q_len]
+    problem = make_paged_problem(lengths, q_len, heads, 64, dtype, "cuda", seed=heads)
+    run_and_check(problem, workspace, dtype)
+    splits = planned_splits(workspace, len(lengths))
+    assert splits[0] > 8 and splits[0] >= 4 * max(splits[1:13]) and splits[13:] == [1, 1], splits
+
+
+def test_the_plan_scans_more_requests_than_its_block_has_threads(workspace):
+    """Over 1024 requests the plan kernel scans the batch in chunks; a few long requests among them,
+    one at each end of a chunk."""
+    gen = torch.Generator().manual_seed(5)
+    lengths = torch.randint(1, 129, (1500,), generator=gen).tolist()  # at most 4 tiles: never split
+    for b in (0, 1023, 1024, 1499):
+        lengths[b] = 9000
+    problem = make_paged_problem(lengths, 1, 16, 16, torch.float8_e4m3fn, "cuda", seed=5)
+    run_and_check(problem, workspace, torch.float8_e4m3fn)
+    splits = planned_splits(workspace, len(lengths))
+    assert all(splits[b] > 1 for b in (0, 1023, 1024, 1499)) and max(splits[1:1023]) == 1, splits[:8]
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
 def test_page_ids_guessed_from_max_seq_len_any_bound(workspace, monkeypatch, dtype):
     # The kernel fetches each split's first page ids as if seq_len were max_seq_len, before seq_len
@@ -270,6 +303,7 @@ def test_the_bindings_own_checks_reach_python_as_errors(workspace):
             workspace,
             40,
             1,
+            0,
             1,
             1,
             0.1,

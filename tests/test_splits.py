@@ -1,10 +1,12 @@
-"""The split-KV heuristic (pure host arithmetic)."""
+"""The split-KV heuristic and the split plan's sizing (pure host arithmetic; the plan itself is made on
+the GPU: tests/test_decode_gpu.py)."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mla_backend.config import MAX_KV_SPLITS
-from mla_backend.launcher import choose_num_splits, workspace_bytes
+from mla_backend.kernel_constants import MAX_PLAN_PIECES
+from mla_backend.launcher import choose_num_splits, choose_plan_pieces, plan_workspace_bytes, workspace_bytes
 
 BIG = 1 << 40
 
@@ -52,3 +54,37 @@ def test_split_choice_is_always_feasible(batch, rows, fp8, max_seq_len, slots, c
     assert 1 <= s <= MAX_KV_SPLITS
     assert s == 1 or workspace_bytes(batch, rows, s) <= capacity
     assert s == 1 or max_seq_len > (s - 1) * 128  # no split shorter than 4 tiles of 32 tokens
+
+
+def test_the_plan_spreads_a_call_over_one_wave_of_each_row_block():
+    # 128 FP8 rows run as four 32-row tiles: 264 resident CTAs give each row block 66.
+    assert choose_plan_pieces(4, 128, True, slots=264, workspace_capacity=BIG) == 66
+    assert choose_plan_pieces(4, 16, True, slots=264, workspace_capacity=BIG) == 264
+
+
+def test_the_plan_workspace_holds_its_ints_then_partials_for_twice_the_pieces():
+    """Written out: 2 counters, 3 ints a request, an item per request and piece, the split requests
+    (fewer than the pieces), rounded to 256 bytes; then 2 x pieces x rows x (512 + 1) floats."""
+    ints = 2 + 3 * 5 + (5 + 40) + 5
+    assert plan_workspace_bytes(5, 32, 40) == -(-ints * 4 // 256) * 256 + 2 * 40 * 32 * 513 * 4
+
+
+def test_the_plan_shrinks_to_the_workspace_and_is_left_out_without_one():
+    fits_16 = plan_workspace_bytes(4, 128, 16)
+    assert choose_plan_pieces(4, 128, True, slots=264, workspace_capacity=fits_16) == 16
+    assert choose_plan_pieces(4, 128, True, slots=264, workspace_capacity=0) == 0
+    assert choose_plan_pieces(0, 128, True, slots=264, workspace_capacity=BIG) == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    batch=st.integers(0, 4096),
+    rows=st.integers(1, 1024),
+    fp8=st.booleans(),
+    slots=st.integers(1, 2000),
+    capacity=st.integers(0, 1 << 32),
+)
+def test_plan_pieces_always_fit(batch, rows, fp8, slots, capacity):
+    pieces = choose_plan_pieces(batch, rows, fp8, slots, capacity)
+    assert 0 <= pieces <= min(MAX_PLAN_PIECES, max(1, slots))
+    assert pieces == 0 or plan_workspace_bytes(batch, rows, pieces) <= capacity
