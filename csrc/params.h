@@ -45,9 +45,9 @@ struct DecodeParams {
   int max_seq_len;           // the host's bound on seq_lens (<= max_pages * page_size): a guess
                              // that lets page ids be fetched before seq_len arrives
   int bt_stride;
-  int batch;  // requests
-  int num_splits;  // splits of every request, where there is no plan
-  int* plan;       // the step's split plan (plan.cuh), or nullptr: see PlanLayout
+  int batch;        // requests
+  int num_splits;   // splits of every request, where there is no plan
+  int* plan;        // the step's split plan (plan.cuh), or nullptr: see PlanLayout
   int plan_pieces;  // the plan's target of splits per row block of the whole batch
 };
 
