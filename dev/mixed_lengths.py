@@ -28,9 +28,9 @@ def mixes() -> dict[str, list[int]]:
     rng = random.Random(0)
     drawn = [int(2 ** rng.uniform(9, 15)) for _ in range(64)]
     return {
-        "1 x 32k + 31 x 1k": [32768] + [1024] * 31,
-        "4 x 16k + 60 x 1k": [16384] * 4 + [1024] * 60,
-        "64 log-uniform 512..32k": drawn,
+        "one_long": [32768] + [1024] * 31,  # 1 x 32k + 31 x 1k
+        "four_long": [16384] * 4 + [1024] * 60,  # 4 x 16k + 60 x 1k
+        "log_uniform": drawn,  # 64 lengths log-uniform in 512..32k
     }
 
 

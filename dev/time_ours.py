@@ -3,6 +3,7 @@
     python dev/time_ours.py            # the default shapes
     python dev/time_ours.py 16,128,16384 128,1,32768 16,64,8192,4   # heads,batch,seq[,q_len]
     python dev/time_ours.py 16,1,4096,1,163840   # ... planned for 163840 tokens: a vLLM graph replayed
+    python dev/time_ours.py 16,one_long 128,log_uniform   # heads,mix: dev/mixed_lengths.py's batches
 
 A fifth field plans (max_seq_len) and pages the call for that many tokens while every request holds
 seq: what a graph vLLM captured at max_model_len does when replayed with shorter contexts.
@@ -15,12 +16,16 @@ gpu_session.sh's ab part alternates two builds with it.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 
 from mla_backend.inputs import make_paged_problem
 from mla_backend.kernel_constants import TILE_SHAPES
-from mla_backend.tools.bench import bench_shape, copies_past_l2, ours, time_graph
+from mla_backend.tools.bench import bench_lengths, bench_shape, copies_past_l2, ours, time_graph
+
+sys.path.insert(0, str(Path(__file__).parent))
+import mixed_lengths  # noqa: E402  (dev/'s batches of unequal lengths)
 
 SHAPES = [(16, 128, 16384), (16, 64, 16384), (16, 128, 4096), (16, 32, 16384), (16, 8, 16384), (128, 8, 16384)]
 SHAPES += [(128, 1, 32768), (16, 1, 32768)]
@@ -28,8 +33,13 @@ SHAPES += [(16, 64, 8192, 4), (20, 64, 8192, 2), (8, 64, 8192, 4)]
 
 
 def main(args: list[str]) -> int:
-    shapes = [tuple(int(x) for x in a.split(",")) for a in args] or SHAPES
+    mixes = mixed_lengths.mixes()
     workspace = torch.zeros(512 << 20, dtype=torch.uint8, device="cuda")
+    for heads, mix in (a.split(",") for a in args if not a.split(",")[1].isdigit()):
+        (row,) = bench_lengths(torch.float8_e4m3fn, int(heads), mixes[mix], 1, workspace, peers=())
+        print(f"H{heads} {mix} q1 {row.us:.1f}" if row.us is not None else f"H{heads} {mix} failed: {row.note}")
+    shapes = [tuple(int(x) for x in a.split(",")) for a in args if a.split(",")[1].isdigit()]
+    shapes = shapes or ([] if args else SHAPES)
     for heads, batch, seq, *rest in shapes:
         q = rest[0] if rest else 1
         if len(rest) > 1:

@@ -84,14 +84,20 @@ def ours(problem, workspace):
 
 
 def bench_shape(dtype, heads, batch, seq, q_len, workspace, page_size=64, peers=tuple(PEERS)) -> list[Row]:
+    return bench_lengths(dtype, heads, [seq] * batch, q_len, workspace, page_size, peers)
+
+
+def bench_lengths(dtype, heads, lengths, q_len, workspace, page_size=64, peers=tuple(PEERS)) -> list[Row]:
+    """Ours and ``peers`` on one batch of context ``lengths`` (rows report its longest)."""
     elem = 1 if dtype == torch.float8_e4m3fn else 2
-    kv_bytes = batch * seq * 576 * elem
+    batch, seq, tokens = len(lengths), max(lengths), sum(lengths)
+    kv_bytes = tokens * 576 * elem
     problems = [
-        make_paged_problem([seq] * batch, q_len, heads, page_size, dtype, "cuda", seed=i, extra_pages=0)
+        make_paged_problem(lengths, q_len, heads, page_size, dtype, "cuda", seed=i, extra_pages=0)
         for i in range(copies_past_l2(kv_bytes))
     ]
     moved = kv_bytes + batch * q_len * heads * (576 * elem + 512 * 2)
-    flops = 2 * heads * q_len * seq * (576 + 512) * batch
+    flops = 2 * heads * q_len * tokens * (576 + 512)
     name = "fp8" if elem == 1 else "bf16"
     rows = []
     impls = {"mla_backend": lambda p: ours(p, workspace)}
