@@ -42,6 +42,9 @@ def workspace_bytes(batch: int, rows: int, num_splits: int) -> int:
     return 0 if num_splits == 1 else batch * num_splits * rows * (LATENT_DIM + 1) * 4
 
 
+MAX_GRID_Y = 65535  # CUDA's bound on grid.y
+
+
 def plan_workspace_bytes(batch: int, rows: int, pieces: int) -> int:
     """Bytes of workspace a split plan over ``pieces`` CTAs per row block needs (csrc/params.h's
     PlanLayout): the plan's ints, rounded to 256 bytes, then fp32 partials and their LSE for at most
@@ -58,7 +61,7 @@ def choose_plan_pieces(batch: int, rows: int, fp8: bool, slots: int, workspace_c
     if batch == 0:
         return 0
     row_blocks = math.ceil(rows / tile_rows(rows, fp8))
-    pieces = min(MAX_PLAN_PIECES, max(1, slots // row_blocks))
+    pieces = max(0, min(MAX_PLAN_PIECES, max(1, slots // row_blocks), MAX_GRID_Y - batch))  # items span grid.y
     while pieces > 0 and plan_workspace_bytes(batch, rows, pieces) > workspace_capacity:
         pieces //= 2
     return pieces

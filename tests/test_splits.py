@@ -78,7 +78,7 @@ def test_the_plan_shrinks_to_the_workspace_and_is_left_out_without_one():
 
 @settings(max_examples=300, deadline=None)
 @given(
-    batch=st.integers(0, 4096),
+    batch=st.integers(0, 70000),
     rows=st.integers(1, 1024),
     fp8=st.booleans(),
     slots=st.integers(1, 2000),
@@ -88,3 +88,8 @@ def test_plan_pieces_always_fit(batch, rows, fp8, slots, capacity):
     pieces = choose_plan_pieces(batch, rows, fp8, slots, capacity)
     assert 0 <= pieces <= min(MAX_PLAN_PIECES, max(1, slots))
     assert pieces == 0 or plan_workspace_bytes(batch, rows, pieces) <= capacity
+    assert batch + pieces <= 65535  # the decode grid's y spans the plan's items
+
+
+def test_no_plan_where_its_items_would_pass_the_grid_bound():
+    assert choose_plan_pieces(65535, 16, True, slots=264, workspace_capacity=BIG) == 0
