@@ -15,6 +15,9 @@
 // Tiles a split holds at least (unless its request is shorter): shorter splits cost more in merging
 // than they save.
 #define MLA_MIN_TILES_PER_SPLIT 4
+// One more split of a request costs its merge about a tile's work over this many splits (the split
+// models of launcher.py and plan.cuh).
+#define MLA_SPLITS_PER_MERGE_TILE 20
 // The most CTAs (per row block) a split plan spreads one call's work over.
 #define MLA_MAX_PLAN_PIECES 4096
 

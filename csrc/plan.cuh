@@ -16,6 +16,7 @@ namespace mla {
 constexpr int kPlanThreads = 1024;
 constexpr int kMinTilesPerSplit = MLA_MIN_TILES_PER_SPLIT;
 constexpr int kMaxPlanPieces = MLA_MAX_PLAN_PIECES;
+constexpr int kSplitsPerMergeTile = MLA_SPLITS_PER_MERGE_TILE;
 
 // Workspace bytes the plan takes, a multiple of 256 so that the partials after it stay aligned.
 inline int64_t plan_workspace_bytes(const PlanLayout& layout) {
@@ -48,6 +49,19 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* warp_totals, int
   return (warp > 0 ? warp_totals[warp - 1] : 0) + inclusive - v;
 }
 
+// The largest v over the block. scratch: blockDim / 32 ints.
+__device__ __forceinline__ int block_max(int v, int* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();  // an earlier use's reads of scratch are done
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  int best = 0;
+  for (int w = 0; w < warps; ++w) best = max(best, scratch[w]);
+  return best;
+}
+
 __device__ __forceinline__ int request_tiles(const DecodeParams& p, int b) {
   return (request_len(p, b) + kBlockN - 1) / kBlockN;
 }
@@ -59,13 +73,22 @@ __global__ void __launch_bounds__(kPlanThreads) mla_plan_kernel(const __grid_con
   pdl_wait();
   pdl_launch_dependents();
   const PlanLayout layout{p.batch, p.plan_pieces};
-  int tiles = 0;
-  for (int b = threadIdx.x; b < p.batch; b += blockDim.x) tiles += request_tiles(p, b);
+  int tiles = 0, longest = 0;
+  for (int b = threadIdx.x; b < p.batch; b += blockDim.x) {
+    const int t = request_tiles(p, b);
+    tiles += t;
+    longest = max(longest, t);
+  }
   int total = 0;
   block_exclusive_scan(tiles, warp_totals, total);
-  // At least kMinTilesPerSplit a split: shorter ones cost more in merging than they save. The
-  // bounds PlanLayout sizes the workspace by follow from target >= total / pieces.
-  const int target = max(kMinTilesPerSplit, (total + p.plan_pieces - 1) / p.plan_pieces);
+  longest = block_max(longest, warp_totals);
+  // The target: the batch's total over the pieces (one wave), but at least kMinTilesPerSplit (shorter
+  // splits cost more in merging than they save), and at least the length at which the longest
+  // request's splits cost as much again in merging (t + (longest / t) / kSplitsPerMergeTile is
+  // smallest at t = sqrt(longest / kSplitsPerMergeTile)). The bounds PlanLayout sizes the workspace
+  // by follow from target >= total / pieces.
+  const int merge_bound = static_cast<int>(ceilf(sqrtf(static_cast<float>(longest) / kSplitsPerMergeTile)));
+  const int target = max(max(kMinTilesPerSplit, merge_bound), (total + p.plan_pieces - 1) / p.plan_pieces);
   int items = 0, merged = 0, partials = 0;
   for (int base = 0; base < p.batch; base += blockDim.x) {
     const int b = base + threadIdx.x;

@@ -14,12 +14,13 @@ from .kernel_constants import (
     MAX_KV_SPLITS,
     MAX_PLAN_PIECES,
     MIN_TILES_PER_SPLIT,
+    SPLITS_PER_MERGE_TILE,
     TILE_SHAPES,
     TOKENS_PER_TILE,
 )
 
 FIXED_TILES_PER_CTA = 2.0  # pipeline fill + epilogue, in units of one tile's work
-MERGE_TILES_PER_SPLIT = 0.05  # the merge kernel's cost of one more split, in the same units
+MERGE_TILES_PER_SPLIT = 1 / SPLITS_PER_MERGE_TILE  # the merge kernel's cost of one more split, in the same units
 
 
 def tile_shape(rows: int, fp8: bool) -> tuple[int, int]:
