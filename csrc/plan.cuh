@@ -62,6 +62,15 @@ __device__ __forceinline__ int block_max(int v, int* scratch) {
   return best;
 }
 
+// The smallest t with t * t * kSplitsPerMergeTile >= longest: past that split length the longest
+// request's merge costs more than its splits save (integer, so the host can say the same).
+__device__ __forceinline__ int merge_bound(int longest) {
+  int t = static_cast<int>(sqrtf(static_cast<float>(longest) / kSplitsPerMergeTile));
+  while (static_cast<long long>(t) * t * kSplitsPerMergeTile < longest) ++t;
+  while (t > 0 && static_cast<long long>(t - 1) * (t - 1) * kSplitsPerMergeTile >= longest) --t;
+  return t;
+}
+
 __device__ __forceinline__ int request_tiles(const DecodeParams& p, int b) {
   return (request_len(p, b) + kBlockN - 1) / kBlockN;
 }
@@ -87,8 +96,7 @@ __global__ void __launch_bounds__(kPlanThreads) mla_plan_kernel(const __grid_con
   // request's splits cost as much again in merging (t + (longest / t) / kSplitsPerMergeTile is
   // smallest at t = sqrt(longest / kSplitsPerMergeTile)). The bounds PlanLayout sizes the workspace
   // by follow from target >= total / pieces.
-  const int merge_bound = static_cast<int>(ceilf(sqrtf(static_cast<float>(longest) / kSplitsPerMergeTile)));
-  const int target = max(max(kMinTilesPerSplit, merge_bound), (total + p.plan_pieces - 1) / p.plan_pieces);
+  const int target = max(max(kMinTilesPerSplit, merge_bound(longest)), (total + p.plan_pieces - 1) / p.plan_pieces);
   int items = 0, merged = 0, partials = 0;
   for (int base = 0; base < p.batch; base += blockDim.x) {
     const int b = base + threadIdx.x;

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from plan_oracle import expected_plan, plan_in_workspace
 
 import mla_backend.decode as decode_module
 from mla_backend import (
@@ -218,11 +219,27 @@ def test_explicit_split_counts_agree(workspace, monkeypatch, splits, dtype):
     run_and_check(problem, workspace, dtype, bmm1=0.11, bmm2=0.7)
 
 
-def planned_splits(workspace: torch.Tensor, batch: int) -> list[int]:
-    """The splits the last call's plan gave each request (csrc/params.h's PlanLayout: two counters,
-    then the first item and the split count of each request)."""
-    plan = workspace[: 4 * (2 + 2 * batch)].view(torch.int32)
-    return plan[2 + batch : 2 + 2 * batch].tolist()
+def plan_pieces_of(problem) -> int:
+    """The pieces the launcher plans ``problem`` over with this file's workspace."""
+    from mla_backend.launcher import choose_plan_pieces, resident_slots, tile_shape
+
+    batch, q_len, heads, _ = problem.query.shape
+    fp8 = problem.query.dtype == torch.float8_e4m3fn
+    slots = resident_slots(torch.cuda.current_device(), fp8, *tile_shape(q_len * heads, fp8))
+    return choose_plan_pieces(batch, q_len * heads, fp8, slots, WORKSPACE_BYTES)
+
+
+def assert_planned_as_the_oracle_says(problem, workspace) -> list[int]:
+    """The plan the last call left in the workspace, int for int against tests/plan_oracle.py; the
+    split count of each request."""
+    lengths, pieces = problem.seq_lens.tolist(), plan_pieces_of(problem)
+    max_len = problem.block_tables.shape[1] * problem.kv_cache.shape[-2]
+    assert pieces > 0
+    got, want = plan_in_workspace(workspace, len(lengths), pieces), expected_plan(lengths, pieces, max_len)
+    first_difference = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    assert got == want, f"the plan differs from the oracle's from int {first_difference}"
+    batch = len(lengths)
+    return want[2 + batch : 2 + 2 * batch]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
@@ -230,11 +247,11 @@ def planned_splits(workspace: torch.Tensor, batch: int) -> list[int]:
 def test_the_plan_cuts_a_long_request_among_short_ones(workspace, dtype, heads, q_len):
     """The split plan, made on the GPU from the real lengths (csrc/plan.cuh), cuts the long request into
     many more splits than the short ones: the merge takes requests of different split counts next to
-    requests written directly (the empty one, the one-token one)."""
+    requests written directly (the empty one, the one-token one). The plan is the oracle's."""
     lengths = [20000] + [300] * 12 + [0, q_len]
     problem = make_paged_problem(lengths, q_len, heads, 64, dtype, "cuda", seed=heads)
     run_and_check(problem, workspace, dtype)
-    splits = planned_splits(workspace, len(lengths))
+    splits = assert_planned_as_the_oracle_says(problem, workspace)
     assert splits[0] > 8 and splits[0] >= 4 * max(splits[1:13]) and splits[13:] == [1, 1], splits
 
 
@@ -247,7 +264,7 @@ def test_the_plan_scans_more_requests_than_its_block_has_threads(workspace):
         lengths[b] = 9000
     problem = make_paged_problem(lengths, 1, 16, 16, torch.float8_e4m3fn, "cuda", seed=5)
     run_and_check(problem, workspace, torch.float8_e4m3fn)
-    splits = planned_splits(workspace, len(lengths))
+    splits = assert_planned_as_the_oracle_says(problem, workspace)
     assert all(splits[b] > 1 for b in (0, 1023, 1024, 1499)) and max(splits[1:1023]) == 1, splits[:8]
 
 
