@@ -195,7 +195,7 @@ class MLADecodeBackend(AttentionBackend):
         return min(self.max_context_len + q_len, self.max_pages * self.page_size)
 
     def _graph_metadata(self, bs: int, q_len: int) -> DecodeMetadata:
-        # The bound covers any batch the graph replays, so its split plan holds for all of them.
+        # The bound covers any batch the graph replays (the kernels plan their splits from seq_lens).
         return DecodeMetadata(self.graph_block_tables[:bs], self.graph_seq_lens[:bs], self._length_bound(q_len), q_len)
 
     def _refill_graph_buffers(self, bs: int, req_pool_indices, seq_lens, q_len: int, verify: bool) -> None:
