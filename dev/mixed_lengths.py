@@ -6,7 +6,7 @@ Ours plans its split-KV on the host from the batch's longest request (every requ
 number of splits); FlashMLA's metadata kernel balances the batch's real lengths over the SMs. Each
 mixed batch is timed next to a batch of equal lengths holding the same number of tokens, so the
 ratio mixed / equal says what the imbalance costs each kernel. FP8, page 64, graph replay, median,
-KV copies rotated past L2 (tools/bench.py's methods).
+KV copies rotated past L2 (tools/bench.py's bench_lengths).
 """
 
 from __future__ import annotations
@@ -15,11 +15,7 @@ import random
 
 import torch
 
-from mla_backend.inputs import make_paged_problem
-from mla_backend.tools.bench import copies_past_l2, ours, time_graph
-from mla_backend.tools.peers import SM_SCALE, flashmla
-
-PAGE = 64
+from mla_backend.tools.bench import bench_lengths
 
 
 def mixes() -> dict[str, list[int]]:
@@ -40,16 +36,12 @@ def equal_counterpart(lengths: list[int]) -> list[int]:
 
 
 def time_both(lengths: list[int], heads: int, workspace: torch.Tensor) -> tuple[float, float]:
-    copies = copies_past_l2(sum(lengths) * 576)
-    problems = [
-        make_paged_problem(lengths, 1, heads, PAGE, torch.float8_e4m3fn, "cuda", seed=i, extra_pages=0)
-        for i in range(copies)
-    ]
-    ours_us = time_graph([ours(p, workspace) for p in problems])
-    flashmla_us = time_graph([flashmla(p, SM_SCALE) for p in problems])
-    del problems
-    torch.cuda.empty_cache()
-    return ours_us, flashmla_us
+    """(ours, FlashMLA) µs on one batch of ``lengths``."""
+    rows = {r.impl: r for r in bench_lengths(torch.float8_e4m3fn, heads, lengths, 1, workspace, peers=("flashmla",))}
+    for row in rows.values():
+        if row.us is None:
+            raise RuntimeError(f"{row.impl} failed: {row.note}")
+    return rows["mla_backend"].us, rows["flashmla"].us
 
 
 def main() -> None:

@@ -35,12 +35,13 @@ SHAPES += [(16, 64, 8192, 4), (20, 64, 8192, 2), (8, 64, 8192, 4)]
 def main(args: list[str]) -> int:
     mixes = mixed_lengths.mixes()
     workspace = torch.zeros(512 << 20, dtype=torch.uint8, device="cuda")
-    for heads, mix in (a.split(",") for a in args if not a.split(",")[1].isdigit()):
-        (row,) = bench_lengths(torch.float8_e4m3fn, int(heads), mixes[mix], 1, workspace, peers=())
-        print(f"H{heads} {mix} q1 {row.us:.1f}" if row.us is not None else f"H{heads} {mix} failed: {row.note}")
-    shapes = [tuple(int(x) for x in a.split(",")) for a in args if a.split(",")[1].isdigit()]
-    shapes = shapes or ([] if args else SHAPES)
-    for heads, batch, seq, *rest in shapes:
+    for fields in [a.split(",") for a in args] or SHAPES:
+        if not str(fields[1]).isdigit():  # heads,mix
+            heads, mix = fields
+            (row,) = bench_lengths(torch.float8_e4m3fn, int(heads), mixes[mix], 1, workspace, peers=())
+            print(f"H{heads} {mix} q1 {row.us:.1f}" if row.us is not None else f"H{heads} {mix} failed: {row.note}")
+            continue
+        heads, batch, seq, *rest = (int(x) for x in fields)
         q = rest[0] if rest else 1
         if len(rest) > 1:
             us, planned = time_planned(heads, batch, seq, q, rest[1], workspace), f" planned {rest[1] // 1024}k"
