@@ -250,8 +250,8 @@ MUTATIONS = [
     ),
     M(
         "mla_backend/launcher.py",
-        "pieces = min(MAX_PLAN_PIECES, max(1, slots // row_blocks))",
-        "pieces = min(MAX_PLAN_PIECES, max(1, slots))",
+        "max(1, slots // row_blocks), MAX_GRID_Y - batch",
+        "max(1, slots), MAX_GRID_Y - batch",
         "plan pieces ignore the row blocks",
     ),
     M(
