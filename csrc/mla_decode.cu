@@ -252,7 +252,8 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_ta
     // The plan (when planned) first, then the partials, sized for fp32 (FP8 problems store f16
     // partials and use the first half of them) and their LSE.
     const PlanLayout layout{p.batch, p.plan_pieces};
-    STD_TORCH_CHECK(plan_pieces == 0 || layout.max_items() <= kMaxGridY, "batch + plan_pieces must be <= ", kMaxGridY);
+    STD_TORCH_CHECK(plan_pieces == 0 || layout.max_items() <= kMaxGridY,
+                    "batch + the plan's cut waves x plan_pieces must be <= ", kMaxGridY);
     const int64_t plan_bytes = plan_pieces > 0 ? plan_workspace_bytes(layout) : 0;
     const int64_t partials = (plan_pieces > 0 ? layout.max_partials() : batch * num_splits) * rows;
     const int64_t need = plan_bytes + partials * (kDimV + 1) * static_cast<int64_t>(sizeof(float));

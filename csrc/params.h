@@ -59,19 +59,20 @@ struct DecodeParams {
 //   first_partial() + b    where request b's split partials start in the workspace (split requests only)
 //   items() + i            the request of item i, for i < max_items()
 //   merged() + k           the k-th request cut into several splits, for k < max_merged()
-// A request of count splits holds at most tiles / target + 1 of them and the target is at least the
-// total over pieces, so the items are at most batch + pieces, the split requests fewer than pieces
-// and their partials at most 2 pieces.
+// The plan keeps within these bounds (plan.cuh weighs only the targets that do): items at most
+// batch + cut waves x pieces, partials at most (cut waves + 1) x pieces, split requests at most half
+// that and the batch. One split a request always does.
 struct PlanLayout {
   int batch, pieces;
   __host__ __device__ int first_item() const { return 2; }
   __host__ __device__ int count() const { return 2 + batch; }
   __host__ __device__ int first_partial() const { return 2 + 2 * batch; }
   __host__ __device__ int items() const { return 2 + 3 * batch; }
-  __host__ __device__ int max_items() const { return batch + pieces; }
+  static constexpr int kCutWaves = MLA_PLAN_CUT_WAVES;
+  __host__ __device__ int max_items() const { return batch + kCutWaves * pieces; }
   __host__ __device__ int merged() const { return items() + max_items(); }
-  __host__ __device__ int max_merged() const { return batch < pieces ? batch : pieces; }
-  __host__ __device__ int max_partials() const { return 2 * pieces; }
+  __host__ __device__ int max_partials() const { return (kCutWaves + 1) * pieces; }
+  __host__ __device__ int max_merged() const { return batch < max_partials() / 2 ? batch : max_partials() / 2; }
   __host__ __device__ int ints() const { return merged() + max_merged(); }
 };
 

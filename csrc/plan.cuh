@@ -1,10 +1,12 @@
 // The split plan of one decode call, made on the GPU from the real seq_lens (so a CUDA graph replays
-// it for whatever lengths the step holds): a target of KV tiles per split from the batch's total
-// work over `plan_pieces` CTAs, then each request cut into as many splits as its own length needs.
+// it for whatever lengths the step holds): a target of KV tiles per split, chosen by a cost model of
+// the batch's work dealt to `plan_pieces` CTAs in waves (choose_target), then each request cut into as
+// many splits as its own length needs.
 // A long request among short ones then runs on many CTAs instead of the few that one split count for
 // the whole batch, planned from its longest request, gives it. Layout: params.h's PlanLayout.
 #pragma once
 
+#include <limits.h>
 #include <stdint.h>
 
 #include "merge_splits.cuh"
@@ -17,6 +19,7 @@ constexpr int kPlanThreads = 1024;
 constexpr int kMinTilesPerSplit = MLA_MIN_TILES_PER_SPLIT;
 constexpr int kMaxPlanPieces = MLA_MAX_PLAN_PIECES;
 constexpr int kSplitsPerMergeTile = MLA_SPLITS_PER_MERGE_TILE;
+constexpr int kFixedTilesPerCta = MLA_FIXED_TILES_PER_CTA;
 
 // Workspace bytes the plan takes, a multiple of 256 so that the partials after it stay aligned.
 inline int64_t plan_workspace_bytes(const PlanLayout& layout) {
@@ -62,17 +65,76 @@ __device__ __forceinline__ int block_max(int v, int* scratch) {
   return best;
 }
 
-// The smallest t with t * t * kSplitsPerMergeTile >= longest: past that split length the longest
-// request's merge costs more than its splits save (integer, so the host can say the same).
-__device__ __forceinline__ int merge_bound(int longest) {
-  int t = static_cast<int>(sqrtf(static_cast<float>(longest) / kSplitsPerMergeTile));
-  while (static_cast<long long>(t) * t * kSplitsPerMergeTile < longest) ++t;
-  while (t > 0 && static_cast<long long>(t - 1) * (t - 1) * kSplitsPerMergeTile >= longest) --t;
-  return t;
+// The split counts of the longest request the plan weighs: every count to 32, then steps of about a
+// sixteenth (32, 34, ..., 48, 51, ...), to kMaxSplits.
+__host__ __device__ constexpr int next_split_candidate(int k) { return k + (k / 16 > 1 ? k / 16 : 1); }
+
+constexpr int count_split_candidates() {
+  int n = 0;
+  for (int k = 1; k <= kMaxSplits; k = next_split_candidate(k)) ++n;
+  return n;
 }
+constexpr int kSplitCandidates = count_split_candidates();
 
 __device__ __forceinline__ int request_tiles(const DecodeParams& p, int b) {
   return (request_len(p, b) + kBlockN - 1) / kBlockN;
+}
+
+// The plan's cost of cutting the longest request into k splits, in twentieths of a tile's work: every
+// request is cut into splits of at most T = ceil(longest / k) tiles (items), dealt to `pieces` CTAs in
+// waves of T + kFixedTilesPerCta. The waves: enough for the work with every item's fixed cost, and
+// one per pieces items longer than half a wave (two of those never share a CTA's wave). The longest
+// request's merge adds a twentieth of a tile per split. LLONG_MAX where the plan would not fit the
+// bounds PlanLayout sizes the workspace by. Warp-wide: every lane returns it.
+__device__ __forceinline__ long long split_cost(const DecodeParams& p, int total, int longest, int k) {
+  const int lane = threadIdx.x & 31;
+  const int target = (longest + k - 1) / k, size = target + kFixedTilesPerCta;
+  int items = 0, long_items = 0, partials = 0;
+  for (int b = lane; b < p.batch; b += 32) {
+    const int tiles = request_tiles(p, b), splits = min(kMaxSplits, max(1, (tiles + target - 1) / target));
+    items += splits;
+    long_items += splits > 1 || 2 * (tiles + kFixedTilesPerCta) > size ? splits : 0;
+    partials += splits > 1 ? splits : 0;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    items += __shfl_xor_sync(0xffffffffu, items, o);
+    long_items += __shfl_xor_sync(0xffffffffu, long_items, o);
+    partials += __shfl_xor_sync(0xffffffffu, partials, o);
+  }
+  const PlanLayout layout{p.batch, p.plan_pieces};
+  // Split requests hold two partials or more, so within max_partials they are within max_merged too.
+  if (items > layout.max_items() || partials > layout.max_partials()) return LLONG_MAX;
+  const long long wave = static_cast<long long>(p.plan_pieces) * size;
+  const long long work_waves = (total + static_cast<long long>(kFixedTilesPerCta) * items + wave - 1) / wave;
+  const long long waves =
+      max(max(1LL, work_waves), static_cast<long long>((long_items + p.plan_pieces - 1) / p.plan_pieces));
+  return waves * size * kSplitsPerMergeTile + (k > 1 ? k : 0);
+}
+
+// The target of tiles per split: ceil(longest / k) for the candidate k of least cost (split_cost), the
+// fewest splits within 2% of it. One warp a candidate; at least kMinTilesPerSplit tiles a split.
+__device__ __forceinline__ int choose_target(const DecodeParams& p, int total, int longest) {
+  __shared__ long long costs[kSplitCandidates];
+  __shared__ int chosen;
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int most = max(1, min(kMaxSplits, longest / kMinTilesPerSplit));
+  int n = 0;
+  for (int k = 1; k <= kMaxSplits; k = next_split_candidate(k), ++n) {
+    if (n % warps != warp) continue;
+    const long long cost = k <= most ? split_cost(p, total, longest, k) : LLONG_MAX;
+    if ((threadIdx.x & 31) == 0) costs[n] = cost;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    long long best = LLONG_MAX;
+    for (int i = 0; i < kSplitCandidates; ++i) best = min(best, costs[i]);
+    int i = 0, k = 1;
+    while (costs[i] == LLONG_MAX || costs[i] * 50 > best * 51) ++i, k = next_split_candidate(k);
+    chosen = max(1, (longest + k - 1) / k);
+  }
+  __syncthreads();
+  return chosen;
 }
 
 // One block. Items go in request order, so a request's splits are consecutive items and its
@@ -91,12 +153,7 @@ __global__ void __launch_bounds__(kPlanThreads) mla_plan_kernel(const __grid_con
   int total = 0;
   block_exclusive_scan(tiles, warp_totals, total);
   longest = block_max(longest, warp_totals);
-  // The target: the batch's total over the pieces (one wave), but at least kMinTilesPerSplit (shorter
-  // splits cost more in merging than they save), and at least the length at which the longest
-  // request's splits cost as much again in merging (t + (longest / t) / kSplitsPerMergeTile is
-  // smallest at t = sqrt(longest / kSplitsPerMergeTile)). The bounds PlanLayout sizes the workspace
-  // by follow from target >= total / pieces.
-  const int target = max(max(kMinTilesPerSplit, merge_bound(longest)), (total + p.plan_pieces - 1) / p.plan_pieces);
+  const int target = choose_target(p, total, longest);
   int items = 0, merged = 0, partials = 0;
   for (int base = 0; base < p.batch; base += blockDim.x) {
     const int b = base + threadIdx.x;

@@ -10,16 +10,17 @@ import torch
 from .checks import DecodeProblem
 from .config import MLABackendConfig
 from .kernel_constants import (
+    FIXED_TILES_PER_CTA,
     LATENT_DIM,
     MAX_KV_SPLITS,
     MAX_PLAN_PIECES,
     MIN_TILES_PER_SPLIT,
+    PLAN_CUT_WAVES,
     SPLITS_PER_MERGE_TILE,
     TILE_SHAPES,
     TOKENS_PER_TILE,
 )
 
-FIXED_TILES_PER_CTA = 2.0  # pipeline fill + epilogue, in units of one tile's work
 MERGE_TILES_PER_SPLIT = 1 / SPLITS_PER_MERGE_TILE  # the merge kernel's cost of one more split, in the same units
 
 
@@ -49,9 +50,10 @@ MAX_GRID_Y = 65535  # CUDA's bound on grid.y
 def plan_workspace_bytes(batch: int, rows: int, pieces: int) -> int:
     """Bytes of workspace a split plan over ``pieces`` CTAs per row block needs (csrc/params.h's
     PlanLayout): the plan's ints, rounded to 256 bytes, then fp32 partials and their LSE for at most
-    2 x pieces splits (FP8 problems store f16 partials, so they use a little over half of it)."""
-    ints = 2 + 3 * batch + (batch + pieces) + min(batch, pieces)
-    return math.ceil(ints * 4 / 256) * 256 + 2 * pieces * rows * (LATENT_DIM + 1) * 4
+    (cut waves + 1) x pieces splits (FP8 problems store f16 partials, so they use a little over half of it)."""
+    partials = (PLAN_CUT_WAVES + 1) * pieces
+    ints = 2 + 3 * batch + (batch + PLAN_CUT_WAVES * pieces) + min(batch, partials // 2)
+    return math.ceil(ints * 4 / 256) * 256 + partials * rows * (LATENT_DIM + 1) * 4
 
 
 def choose_plan_pieces(batch: int, rows: int, fp8: bool, slots: int, workspace_capacity: int) -> int:
@@ -62,7 +64,8 @@ def choose_plan_pieces(batch: int, rows: int, fp8: bool, slots: int, workspace_c
     if batch == 0:
         return 0
     row_blocks = math.ceil(rows / tile_rows(rows, fp8))
-    pieces = max(0, min(MAX_PLAN_PIECES, max(1, slots // row_blocks), MAX_GRID_Y - batch))  # items span grid.y
+    items_room = (MAX_GRID_Y - batch) // PLAN_CUT_WAVES  # the plan's items span grid.y
+    pieces = max(0, min(MAX_PLAN_PIECES, max(1, slots // row_blocks), items_room))
     while pieces > 0 and plan_workspace_bytes(batch, rows, pieces) > workspace_capacity:
         pieces //= 2
     return pieces

@@ -5,22 +5,56 @@ from __future__ import annotations
 
 import torch
 
-from mla_backend.kernel_constants import MAX_KV_SPLITS, MIN_TILES_PER_SPLIT, SPLITS_PER_MERGE_TILE, TOKENS_PER_TILE
+from mla_backend.kernel_constants import (
+    FIXED_TILES_PER_CTA,
+    MAX_KV_SPLITS,
+    MIN_TILES_PER_SPLIT,
+    PLAN_CUT_WAVES,
+    SPLITS_PER_MERGE_TILE,
+    TOKENS_PER_TILE,
+)
 
 
-def smallest_merge_bound(longest: int) -> int:
-    t = 0
-    while t * t * SPLITS_PER_MERGE_TILE < longest:
-        t += 1
-    return t
+def split_candidates() -> list[int]:
+    """The longest request's split counts the plan weighs: every count to 32, then steps of k // 16."""
+    ks, k = [], 1
+    while k <= MAX_KV_SPLITS:
+        ks.append(k)
+        k += max(1, k // 16)
+    return ks
+
+
+def split_cost(tiles: list[int], pieces: int, k: int) -> int | None:
+    """Cutting the longest request into k: splits of at most ceil(longest / k) tiles dealt to the pieces
+    in waves (enough for the work with each split's fixed cost, and one per pieces splits longer than
+    half a wave), plus the longest request's merge; in twentieths of a tile. None where the plan would
+    not fit the layout's bounds."""
+    total, target, batch = sum(tiles), -(-max(tiles) // k), len(tiles)
+    size = target + FIXED_TILES_PER_CTA
+    counts = [min(MAX_KV_SPLITS, max(1, -(-t // target))) for t in tiles]
+    items, cut = sum(counts), [n for n in counts if n > 1]
+    if items > batch + PLAN_CUT_WAVES * pieces or sum(cut) > (PLAN_CUT_WAVES + 1) * pieces:
+        return None  # past the layout's bounds (split requests hold two partials or more: within them too)
+    long_items = sum(n for t, n in zip(tiles, counts) if n > 1 or 2 * (t + FIXED_TILES_PER_CTA) > size)
+    waves = max(1, -(-(total + FIXED_TILES_PER_CTA * items) // (pieces * size)), -(-long_items // pieces))
+    return waves * size * SPLITS_PER_MERGE_TILE + (k if k > 1 else 0)
+
+
+def choose_target(tiles: list[int], pieces: int) -> int:
+    """ceil(longest / k) for the fewest splits k within 2% of the least cost."""
+    longest = max(tiles)
+    most = max(1, min(MAX_KV_SPLITS, longest // MIN_TILES_PER_SPLIT))
+    costs = {k: split_cost(tiles, pieces, k) for k in split_candidates() if k <= most}
+    best = min(c for c in costs.values() if c is not None)
+    k = min(k for k, c in costs.items() if c is not None and c * 50 <= best * 51)
+    return max(1, -(-longest // k))
 
 
 def expected_plan(lengths: list[int], pieces: int, max_len: int) -> list[int]:
     """The plan's ints as the layout lays them out, up to the split requests' list."""
     batch = len(lengths)
     tiles = [-(-min(max(n, 0), max_len) // TOKENS_PER_TILE) for n in lengths]
-    total, longest = sum(tiles), max(tiles, default=0)
-    target = max(MIN_TILES_PER_SPLIT, smallest_merge_bound(longest), -(-total // pieces))
+    target = choose_target(tiles, pieces)
     counts = [min(MAX_KV_SPLITS, max(1, -(-t // target))) for t in tiles]
     first_item, first_partial, items, merged = [], [], [], []
     partials = 0
@@ -31,7 +65,7 @@ def expected_plan(lengths: list[int], pieces: int, max_len: int) -> list[int]:
         if count > 1:
             merged.append(b)
             partials += count
-    assert len(items) <= batch + pieces and len(merged) <= min(batch, pieces) and partials <= 2 * pieces
+    assert len(items) <= batch + PLAN_CUT_WAVES * pieces and partials <= (PLAN_CUT_WAVES + 1) * pieces
     return [len(items), len(merged), *first_item, *counts, *first_partial, *items, *merged]
 
 
@@ -40,5 +74,5 @@ def plan_in_workspace(workspace: torch.Tensor, batch: int, pieces: int) -> list[
     ints = workspace.view(torch.int32)
     n_items, n_merged = ints[:2].tolist()
     head = 2 + 3 * batch
-    merged_at = head + batch + pieces
+    merged_at = head + batch + PLAN_CUT_WAVES * pieces
     return ints[:head].tolist() + ints[head : head + n_items].tolist() + ints[merged_at : merged_at + n_merged].tolist()

@@ -62,11 +62,13 @@ def test_the_plan_spreads_a_call_over_one_wave_of_each_row_block():
     assert choose_plan_pieces(4, 16, True, slots=264, workspace_capacity=BIG) == 264
 
 
-def test_the_plan_workspace_holds_its_ints_then_partials_for_twice_the_pieces():
-    """Written out: 2 counters, 3 ints a request, an item per request and piece, the split requests
-    (fewer than the pieces), rounded to 256 bytes; then 2 x pieces x rows x (512 + 1) floats."""
-    ints = 2 + 3 * 5 + (5 + 40) + 5
-    assert plan_workspace_bytes(5, 32, 40) == -(-ints * 4 // 256) * 256 + 2 * 40 * 32 * 513 * 4
+def test_the_plan_workspace_holds_its_ints_then_partials_for_three_times_the_pieces():
+    """Written out: 2 counters, 3 ints a request, an item per request and two per piece, the split
+    requests (at most the batch), rounded to 256 bytes; then 3 x pieces x rows x (512 + 1) floats."""
+    ints = 2 + 3 * 5 + (5 + 2 * 40) + 5
+    assert plan_workspace_bytes(5, 32, 40) == -(-ints * 4 // 256) * 256 + 3 * 40 * 32 * 513 * 4
+    ints = 2 + 3 * 500 + (500 + 2 * 40) + 60  # split requests: at most half the partials
+    assert plan_workspace_bytes(500, 32, 40) == -(-ints * 4 // 256) * 256 + 3 * 40 * 32 * 513 * 4
 
 
 def test_the_plan_shrinks_to_the_workspace_and_is_left_out_without_one():
@@ -88,7 +90,7 @@ def test_plan_pieces_always_fit(batch, rows, fp8, slots, capacity):
     pieces = choose_plan_pieces(batch, rows, fp8, slots, capacity)
     assert 0 <= pieces <= min(MAX_PLAN_PIECES, max(1, slots))
     assert pieces == 0 or plan_workspace_bytes(batch, rows, pieces) <= capacity
-    assert pieces == 0 or batch + pieces <= 65535  # the decode grid's y spans the plan's items
+    assert pieces == 0 or batch + 2 * pieces <= 65535  # the decode grid's y spans the plan's items
 
 
 def test_no_plan_where_its_items_would_pass_the_grid_bound():
