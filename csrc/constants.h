@@ -18,12 +18,16 @@
 // One more split of a request costs its merge about a tile's work over this many splits (the split
 // models of launcher.py and plan.cuh).
 #define MLA_SPLITS_PER_MERGE_TILE 20
+// Splits of a request the merge takes one warp a row for (all splits in registers); more take blocks.
+#define MLA_FEW_SPLITS_MAX 8
 // A CTA's fixed cost (pipeline fill, epilogue) in tiles' work (the split models of launcher.py and plan.cuh).
 #define MLA_FIXED_TILES_PER_CTA 2
 // The most CTAs (per row block) a split plan spreads one call's work over.
 #define MLA_MAX_PLAN_PIECES 4096
 // Waves of pieces a plan may cut beyond one item a request (params.h's PlanLayout bounds).
+#ifndef MLA_PLAN_CUT_WAVES
 #define MLA_PLAN_CUT_WAVES 2
+#endif
 
 // The tile shapes built into the library, X(fp8, max_rows, row_groups, fragments_per_warp): a problem
 // takes the first entry of its dtype whose max_rows covers its rows (query tokens x heads). CTAs are

@@ -108,51 +108,27 @@ __device__ __forceinline__ void merge_slice(const DecodeParams& p, MergeShared& 
   }
 }
 
-// Without a plan: one block per (row, request, slice) of a call whose every request was split.
-// With one: a fixed grid of blocks takes the (request, row, slice) units of the requests the plan
-// cut into several splits, in turn (how many is known only on the GPU).
-template <bool HALF_PARTIALS>
-__global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const __grid_constant__ DecodeParams p) {
-  __shared__ MergeShared sh;
-  pdl_wait();
-  if (p.plan == nullptr) {
-    const int b = blockIdx.y;
-    merge_slice<HALF_PARTIALS>(p, sh, b, blockIdx.x, blockIdx.z, b * p.num_splits, p.num_splits);
-    return;
-  }
-  const PlanLayout layout{p.batch, p.plan_pieces};
-  const long long units = (long long)p.plan[1] * p.rows * kMergeSlices;
-  for (long long unit = blockIdx.x; unit < units; unit += gridDim.x) {
-    const int slice = static_cast<int>(unit % kMergeSlices), row = static_cast<int>(unit / kMergeSlices % p.rows);
-    const int b = p.plan[layout.merged() + static_cast<int>(unit / (kMergeSlices * p.rows))];
-    merge_slice<HALF_PARTIALS>(p, sh, b, row, slice, p.plan[layout.first_partial() + b], p.plan[layout.count() + b]);
-    __syncthreads();  // the next unit reuses the shared memory
-  }
-}
-
 // Few splits (large batches: the split plan gives each request a handful): one warp per row, all
 // 512 dims (16 per lane) and every split in registers, no shared memory or barriers. The kernel
 // above gives such a row four blocks of eight warps, mostly idle, and its barriers then dominate.
-constexpr int kFewSplitsMax = 8;
+constexpr int kFewSplitsMax = MLA_FEW_SPLITS_MAX;
 constexpr int kFewSplitsRowsPerBlock = 8;
 constexpr int kFewSplitsDimsPerLane = kDimV / 32;
 
+// One warp: row `row` of request b, `count` (<= kFewSplitsMax) partials from partial row block
+// `first_partial` on.
 template <bool HALF_PARTIALS>
-__global__ void __launch_bounds__(32 * kFewSplitsRowsPerBlock)
-    mla_merge_few_splits_kernel(const __grid_constant__ DecodeParams p) {
-  pdl_wait();
+__device__ __forceinline__ void merge_row_few(const DecodeParams& p, long long b, long long row,
+                                              long long first_partial, int count) {
   const int lane = threadIdx.x & 31;
-  const long long problem_row = (long long)blockIdx.x * kFewSplitsRowsPerBlock + (threadIdx.x >> 5);
-  if (problem_row >= (long long)p.batch * p.rows) return;
-  const long long b = problem_row / p.rows, row = problem_row % p.rows;
-  const long long first = b * p.num_splits * p.rows + row;
+  const long long first = first_partial * p.rows + row;
   const int dim = lane * kFewSplitsDimsPerLane;
 
   float lse[kFewSplitsMax];
   float best = -INFINITY;
 #pragma unroll
   for (int s = 0; s < kFewSplitsMax; ++s) {
-    lse[s] = s < p.num_splits ? p.part_lse[first + s * p.rows] : -INFINITY;
+    lse[s] = s < count ? p.part_lse[first + s * p.rows] : -INFINITY;
     best = fmaxf(best, lse[s]);
   }
   const float base = best == -INFINITY ? 0.f : best;
@@ -160,7 +136,7 @@ __global__ void __launch_bounds__(32 * kFewSplitsRowsPerBlock)
   float weight_sum = 0.f;
 #pragma unroll
   for (int s = 0; s < kFewSplitsMax; ++s) {
-    if (s >= p.num_splits) break;
+    if (s >= count) break;
     const float w = fast_exp2(lse[s] - base);  // empty splits: LSE -inf, weight 0, zeros written
     weight_sum += w;
     const long long at = (first + s * p.rows) * kDimV + dim;
@@ -199,6 +175,46 @@ __global__ void __launch_bounds__(32 * kFewSplitsRowsPerBlock)
                         pack2<false>(v[4] * scale, v[5] * scale), pack2<false>(v[6] * scale, v[7] * scale));
   }
   if (lane == 0 && p.lse != nullptr) p.lse[out_row] = weight_sum > 0.f ? (best + log2f(weight_sum)) * kLn2 : -INFINITY;
+}
+
+template <bool HALF_PARTIALS>
+__global__ void __launch_bounds__(32 * kFewSplitsRowsPerBlock)
+    mla_merge_few_splits_kernel(const __grid_constant__ DecodeParams p) {
+  pdl_wait();
+  const long long problem_row = (long long)blockIdx.x * kFewSplitsRowsPerBlock + (threadIdx.x >> 5);
+  if (problem_row >= (long long)p.batch * p.rows) return;
+  const long long b = problem_row / p.rows;
+  merge_row_few<HALF_PARTIALS>(p, b, problem_row % p.rows, b * p.num_splits, p.num_splits);
+}
+
+// Without a plan: one block per (row, request, slice) of a call whose every request was split.
+// With one, a fixed grid (how many requests the plan cut is known only on the GPU): its blocks take the
+// (request, row, slice) units of the requests cut into more than kFewSplitsMax splits in turn, then
+// its warps the rows of the requests cut into fewer, one warp a row as merge_row_few.
+template <bool HALF_PARTIALS>
+__global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const __grid_constant__ DecodeParams p) {
+  __shared__ MergeShared sh;
+  pdl_wait();
+  if (p.plan == nullptr) {
+    const int b = blockIdx.y;
+    merge_slice<HALF_PARTIALS>(p, sh, b, blockIdx.x, blockIdx.z, b * p.num_splits, p.num_splits);
+    return;
+  }
+  const PlanLayout layout{p.batch, p.plan_pieces};
+  const int many_at = layout.merged() + layout.max_merged() - 1;  // that list runs backwards
+  const long long units = (long long)p.plan[2] * p.rows * kMergeSlices;
+  for (long long unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const int slice = static_cast<int>(unit % kMergeSlices), row = static_cast<int>(unit / kMergeSlices % p.rows);
+    const int b = p.plan[many_at - static_cast<int>(unit / (kMergeSlices * p.rows))];
+    merge_slice<HALF_PARTIALS>(p, sh, b, row, slice, p.plan[layout.first_partial() + b], p.plan[layout.count() + b]);
+    __syncthreads();  // the next unit reuses the shared memory
+  }
+  const int warps = kMergeThreads / 32;
+  const long long rows = (long long)p.plan[1] * p.rows;
+  for (long long r = (long long)blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += (long long)gridDim.x * warps) {
+    const int b = p.plan[layout.merged() + static_cast<int>(r / p.rows)];
+    merge_row_few<HALF_PARTIALS>(p, b, r % p.rows, p.plan[layout.first_partial() + b], p.plan[layout.count() + b]);
+  }
 }
 
 }  // namespace mla

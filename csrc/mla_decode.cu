@@ -275,7 +275,7 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_ta
   if (p.plan != nullptr) launch(mla_plan_kernel, dim3(1), kPlanThreads, 0, stream, pdl, p);
   with_tile_shape(fp8, row_groups, rf, LaunchDecode{p, stream, pdl});
   if (p.plan != nullptr) {
-    // Enough blocks to fill the GPU; each takes merge units in turn (how many is known on the GPU).
+    // Enough blocks to fill the GPU; they take merge units in turn (how many is known on the GPU).
     const int64_t units = static_cast<int64_t>(PlanLayout{p.batch, p.plan_pieces}.max_merged()) * rows * kMergeSlices;
     const int64_t blocks = std::min<int64_t>(units, kMergeBlocksPerSm * multiprocessors(q.get_device_index()));
     launch(fp8 ? mla_merge_splits_kernel<true> : mla_merge_splits_kernel<false>, dim3(static_cast<unsigned>(blocks)),

@@ -53,21 +53,22 @@ struct DecodeParams {
 
 // The split plan in the workspace (int32), written by mla_plan_kernel from the real seq_lens:
 //   [0]                    items: (request, split) pairs, one decode CTA each (per row block)
-//   [1]                    requests cut into more than one split (the merge's work)
+//   [1], [2]               requests cut into 2..kFewSplitsMax splits, and into more (the merge's work)
 //   first_item() + b       the first item of request b (its items are consecutive)
 //   count() + b            the splits of request b
 //   first_partial() + b    where request b's split partials start in the workspace (split requests only)
 //   items() + i            the request of item i, for i < max_items()
-//   merged() + k           the k-th request cut into several splits, for k < max_merged()
+//   merged() + k           the k-th request cut into 2..kFewSplitsMax splits, k < [1]
+//   merged() + max_merged() - 1 - k   the k-th request cut into more, k < [2]
 // The plan keeps within these bounds (plan.cuh weighs only the targets that do): items at most
 // batch + cut waves x pieces, partials at most (cut waves + 1) x pieces, split requests at most half
 // that and the batch. One split a request always does.
 struct PlanLayout {
   int batch, pieces;
-  __host__ __device__ int first_item() const { return 2; }
-  __host__ __device__ int count() const { return 2 + batch; }
-  __host__ __device__ int first_partial() const { return 2 + 2 * batch; }
-  __host__ __device__ int items() const { return 2 + 3 * batch; }
+  __host__ __device__ int first_item() const { return 3; }
+  __host__ __device__ int count() const { return 3 + batch; }
+  __host__ __device__ int first_partial() const { return 3 + 2 * batch; }
+  __host__ __device__ int items() const { return 3 + 3 * batch; }
   static constexpr int kCutWaves = MLA_PLAN_CUT_WAVES;
   __host__ __device__ int max_items() const { return batch + kCutWaves * pieces; }
   __host__ __device__ int merged() const { return items() + max_items(); }

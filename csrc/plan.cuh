@@ -85,22 +85,18 @@ __device__ __forceinline__ int request_tiles(const DecodeParams& p, int b) {
 // waves of T + kFixedTilesPerCta. The waves: enough for the work with every item's fixed cost, and
 // one per pieces items longer than half a wave (two of those never share a CTA's wave). The longest
 // request's merge adds a twentieth of a tile per split. LLONG_MAX where the plan would not fit the
-// bounds PlanLayout sizes the workspace by. Warp-wide: every lane returns it.
-__device__ __forceinline__ long long split_cost(const DecodeParams& p, int total, int longest, int k) {
-  const int lane = threadIdx.x & 31;
+// bounds PlanLayout sizes the workspace by. One thread a candidate: `tiles` holds the first
+// kPlanThreads requests' tiles (the rest are read again).
+__device__ __forceinline__ long long split_cost(const DecodeParams& p, const int* tiles, int total, int longest,
+                                                int k) {
   const int target = (longest + k - 1) / k, size = target + kFixedTilesPerCta;
   int items = 0, long_items = 0, partials = 0;
-  for (int b = lane; b < p.batch; b += 32) {
-    const int tiles = request_tiles(p, b), splits = min(kMaxSplits, max(1, (tiles + target - 1) / target));
+  for (int b = 0; b < p.batch; ++b) {
+    const int t = b < kPlanThreads ? tiles[b] : request_tiles(p, b);
+    const int splits = min(kMaxSplits, max(1, (t + target - 1) / target));
     items += splits;
-    long_items += splits > 1 || 2 * (tiles + kFixedTilesPerCta) > size ? splits : 0;
+    long_items += splits > 1 || 2 * (t + kFixedTilesPerCta) > size ? splits : 0;
     partials += splits > 1 ? splits : 0;
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    items += __shfl_xor_sync(0xffffffffu, items, o);
-    long_items += __shfl_xor_sync(0xffffffffu, long_items, o);
-    partials += __shfl_xor_sync(0xffffffffu, partials, o);
   }
   const PlanLayout layout{p.batch, p.plan_pieces};
   // Split requests hold two partials or more, so within max_partials they are within max_merged too.
@@ -113,25 +109,33 @@ __device__ __forceinline__ long long split_cost(const DecodeParams& p, int total
 }
 
 // The target of tiles per split: ceil(longest / k) for the candidate k of least cost (split_cost), the
-// fewest splits within 2% of it. One warp a candidate; at least kMinTilesPerSplit tiles a split.
-__device__ __forceinline__ int choose_target(const DecodeParams& p, int total, int longest) {
-  __shared__ long long costs[kSplitCandidates];
+// fewest splits within 2% of it. At least kMinTilesPerSplit tiles a split.
+__device__ __forceinline__ int choose_target(const DecodeParams& p, const int* tiles, int total, int longest) {
+  static_assert(kSplitCandidates <= 96 && kPlanThreads >= 96, "warp 0 weighs three candidates a lane");
+  __shared__ long long costs[96];
   __shared__ int chosen;
-  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int most = max(1, min(kMaxSplits, longest / kMinTilesPerSplit));
-  int n = 0;
-  for (int k = 1; k <= kMaxSplits; k = next_split_candidate(k), ++n) {
-    if (n % warps != warp) continue;
-    const long long cost = k <= most ? split_cost(p, total, longest, k) : LLONG_MAX;
-    if ((threadIdx.x & 31) == 0) costs[n] = cost;
+  if (threadIdx.x < 96) {
+    int k = 1;
+    for (int i = 0; i < static_cast<int>(threadIdx.x); ++i) k = next_split_candidate(k);
+    costs[threadIdx.x] =
+        threadIdx.x < kSplitCandidates && k <= most ? split_cost(p, tiles, total, longest, k) : LLONG_MAX;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    long long best = LLONG_MAX;
-    for (int i = 0; i < kSplitCandidates; ++i) best = min(best, costs[i]);
-    int i = 0, k = 1;
-    while (costs[i] == LLONG_MAX || costs[i] * 50 > best * 51) ++i, k = next_split_candidate(k);
-    chosen = max(1, (longest + k - 1) / k);
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    long long best = min(min(costs[lane], costs[lane + 32]), costs[lane + 64]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) best = min(best, __shfl_xor_sync(0xffffffffu, best, o));
+    auto fits = [&](int i) { return costs[i] != LLONG_MAX && costs[i] * 50 <= best * 51; };
+    int first = fits(lane) ? lane : fits(lane + 32) ? lane + 32 : fits(lane + 64) ? lane + 64 : 96;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) first = min(first, __shfl_xor_sync(0xffffffffu, first, o));
+    if (lane == 0) {
+      int k = 1;
+      for (int i = 0; i < first; ++i) k = next_split_candidate(k);
+      chosen = max(1, (longest + k - 1) / k);
+    }
   }
   __syncthreads();
   return chosen;
@@ -141,42 +145,49 @@ __device__ __forceinline__ int choose_target(const DecodeParams& p, int total, i
 // partials consecutive rows of the workspace.
 __global__ void __launch_bounds__(kPlanThreads) mla_plan_kernel(const __grid_constant__ DecodeParams p) {
   __shared__ int warp_totals[kPlanThreads / 32];
+  __shared__ int first_tiles[kPlanThreads];  // the first kPlanThreads requests' tiles
   pdl_wait();
   pdl_launch_dependents();
   const PlanLayout layout{p.batch, p.plan_pieces};
   int tiles = 0, longest = 0;
   for (int b = threadIdx.x; b < p.batch; b += blockDim.x) {
     const int t = request_tiles(p, b);
+    if (b < kPlanThreads) first_tiles[b] = t;
     tiles += t;
     longest = max(longest, t);
   }
   int total = 0;
-  block_exclusive_scan(tiles, warp_totals, total);
+  block_exclusive_scan(tiles, warp_totals, total);  // its barriers publish first_tiles
   longest = block_max(longest, warp_totals);
-  const int target = choose_target(p, total, longest);
-  int items = 0, merged = 0, partials = 0;
+  const int target = choose_target(p, first_tiles, total, longest);
+  int items = 0, few = 0, many = 0, partials = 0;
   for (int base = 0; base < p.batch; base += blockDim.x) {
     const int b = base + threadIdx.x;
-    const int splits = b < p.batch ? min(kMaxSplits, max(1, (request_tiles(p, b) + target - 1) / target)) : 0;
-    const bool cut = splits > 1;
-    int chunk_items = 0, chunk_merged = 0, chunk_partials = 0;
+    const int t = b < kPlanThreads ? first_tiles[b] : b < p.batch ? request_tiles(p, b) : 0;
+    const int splits = b < p.batch ? min(kMaxSplits, max(1, (t + target - 1) / target)) : 0;
+    const bool cut = splits > 1, cut_few = cut && splits <= kFewSplitsMax;
+    int chunk_items = 0, chunk_few = 0, chunk_many = 0, chunk_partials = 0;
     const int first = items + block_exclusive_scan(splits, warp_totals, chunk_items);
-    const int merge_at = merged + block_exclusive_scan(cut ? 1 : 0, warp_totals, chunk_merged);
+    const int few_at = few + block_exclusive_scan(cut_few ? 1 : 0, warp_totals, chunk_few);
+    const int many_at = many + block_exclusive_scan(cut && !cut_few ? 1 : 0, warp_totals, chunk_many);
     const int first_partial = partials + block_exclusive_scan(cut ? splits : 0, warp_totals, chunk_partials);
     if (b < p.batch) {
       p.plan[layout.first_item() + b] = first;
       p.plan[layout.count() + b] = splits;
       p.plan[layout.first_partial() + b] = first_partial;
       for (int s = 0; s < splits; ++s) p.plan[layout.items() + first + s] = b;
-      if (cut) p.plan[layout.merged() + merge_at] = b;
+      if (cut_few) p.plan[layout.merged() + few_at] = b;
+      if (cut && !cut_few) p.plan[layout.merged() + layout.max_merged() - 1 - many_at] = b;
     }
     items += chunk_items;
-    merged += chunk_merged;
+    few += chunk_few;
+    many += chunk_many;
     partials += chunk_partials;
   }
   if (threadIdx.x == 0) {
     p.plan[0] = items;
-    p.plan[1] = merged;
+    p.plan[1] = few;
+    p.plan[2] = many;
   }
 }
 

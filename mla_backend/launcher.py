@@ -52,7 +52,7 @@ def plan_workspace_bytes(batch: int, rows: int, pieces: int) -> int:
     PlanLayout): the plan's ints, rounded to 256 bytes, then fp32 partials and their LSE for at most
     (cut waves + 1) x pieces splits (FP8 problems store f16 partials, so they use a little over half of it)."""
     partials = (PLAN_CUT_WAVES + 1) * pieces
-    ints = 2 + 3 * batch + (batch + PLAN_CUT_WAVES * pieces) + min(batch, partials // 2)
+    ints = 3 + 3 * batch + (batch + PLAN_CUT_WAVES * pieces) + min(batch, partials // 2)
     return math.ceil(ints * 4 / 256) * 256 + partials * rows * (LATENT_DIM + 1) * 4
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from mla_backend.kernel_constants import (
+    FEW_SPLITS_MAX,
     FIXED_TILES_PER_CTA,
     MAX_KV_SPLITS,
     MIN_TILES_PER_SPLIT,
@@ -56,23 +57,31 @@ def expected_plan(lengths: list[int], pieces: int, max_len: int) -> list[int]:
     tiles = [-(-min(max(n, 0), max_len) // TOKENS_PER_TILE) for n in lengths]
     target = choose_target(tiles, pieces)
     counts = [min(MAX_KV_SPLITS, max(1, -(-t // target))) for t in tiles]
-    first_item, first_partial, items, merged = [], [], [], []
+    first_item, first_partial, items, few, many = [], [], [], [], []
     partials = 0
     for b, count in enumerate(counts):
         first_item.append(len(items))
         first_partial.append(partials)
         items += [b] * count
         if count > 1:
-            merged.append(b)
+            (few if count <= FEW_SPLITS_MAX else many).append(b)
             partials += count
     assert len(items) <= batch + PLAN_CUT_WAVES * pieces and partials <= (PLAN_CUT_WAVES + 1) * pieces
-    return [len(items), len(merged), *first_item, *counts, *first_partial, *items, *merged]
+    return [len(items), len(few), len(many), *first_item, *counts, *first_partial, *items, *few, *many]
 
 
 def plan_in_workspace(workspace: torch.Tensor, batch: int, pieces: int) -> list[int]:
-    """The same ints read back from the workspace the last planned call used."""
+    """The same ints read back from the workspace the last planned call used (the list of requests cut
+    into many splits runs backwards from the end of the layout)."""
     ints = workspace.view(torch.int32)
-    n_items, n_merged = ints[:2].tolist()
-    head = 2 + 3 * batch
+    n_items, n_few, n_many = ints[:3].tolist()
+    head = 3 + 3 * batch
     merged_at = head + batch + PLAN_CUT_WAVES * pieces
-    return ints[:head].tolist() + ints[head : head + n_items].tolist() + ints[merged_at : merged_at + n_merged].tolist()
+    end = merged_at + min(batch, (PLAN_CUT_WAVES + 1) * pieces // 2)
+    many = ints[end - n_many : end].flip(0).tolist()
+    return (
+        ints[:head].tolist()
+        + ints[head : head + n_items].tolist()
+        + ints[merged_at : merged_at + n_few].tolist()
+        + many
+    )

@@ -239,7 +239,7 @@ def assert_planned_as_the_oracle_says(problem, workspace) -> list[int]:
     first_difference = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
     assert got == want, f"the plan differs from the oracle's from int {first_difference}"
     batch = len(lengths)
-    return want[2 + batch : 2 + 2 * batch]
+    return want[3 + batch : 3 + 2 * batch]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])

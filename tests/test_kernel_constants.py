@@ -22,6 +22,7 @@ def test_python_takes_its_constants_from_the_kernel_header():
         "PLAN_CUT_WAVES": launcher.PLAN_CUT_WAVES,
         "SPLITS_PER_MERGE_TILE": round(1 / launcher.MERGE_TILES_PER_SPLIT),
         "FIXED_TILES_PER_CTA": launcher.FIXED_TILES_PER_CTA,
+        "FEW_SPLITS_MAX": 8,
     }
     assert config.MLABackendConfig.model_fields["num_kv_splits"].metadata[1].le == constants["MAX_KV_SPLITS"]
     assert shapes.MAX_HEADS * shapes.MAX_Q_LEN <= constants["MAX_ROWS"]
