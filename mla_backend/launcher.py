@@ -45,6 +45,10 @@ def workspace_bytes(batch: int, rows: int, num_splits: int) -> int:
 
 
 MAX_GRID_Y = 65535  # CUDA's bound on grid.y
+# Requests a call holds at least for the GPU's split plan: the plan's kernel and its item lookup add
+# about 7 us a call (H100, docs/performance.md), which batches this large repay once their lengths
+# differ; smaller ones keep one split count for the batch, planned on the host.
+PLAN_MIN_BATCH = 32
 
 
 def plan_workspace_bytes(batch: int, rows: int, pieces: int) -> int:
@@ -58,10 +62,10 @@ def plan_workspace_bytes(batch: int, rows: int, pieces: int) -> int:
 
 def choose_plan_pieces(batch: int, rows: int, fp8: bool, slots: int, workspace_capacity: int) -> int:
     """CTAs per row block the kernels' split plan (csrc/plan.cuh) spreads a call's work over: one wave
-    of the GPU's resident CTAs, as many as the workspace holds; 0 (no plan: one split a request)
-    where it holds none. The plan itself is made on the GPU from the real seq_lens, so a captured
-    CUDA graph replays it for any lengths."""
-    if batch == 0:
+    of the GPU's resident CTAs, as many as the workspace holds; 0 (no plan: the host's split count)
+    where it holds none or the batch is under PLAN_MIN_BATCH. The plan itself is made on the GPU from
+    the real seq_lens, so a captured CUDA graph replays it for any lengths."""
+    if batch < PLAN_MIN_BATCH:
         return 0
     row_blocks = math.ceil(rows / tile_rows(rows, fp8))
     items_room = (MAX_GRID_Y - batch) // PLAN_CUT_WAVES  # the plan's items span grid.y

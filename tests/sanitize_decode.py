@@ -17,10 +17,11 @@ for splits, dtype, heads, q_len, lengths, split_query in [
     (4, torch.float8_e4m3fn, 128, 1, [700, 0, 33], True),
     (2, torch.float8_e4m3fn, 16, 4, [90, 5], False),  # 64 rows: two-fragment tiles with the causal mask
     (3, torch.float8_e4m3fn, 16, 2, [260, 7, 0], True),  # 32 rows: the warp-specialized tile on SM120
-    # The GPU's plan (csrc/plan.cuh): one long request cut into splits beside short and empty ones
-    (None, torch.float8_e4m3fn, 16, 1, [3000, 10, 0, 200, 1], False),
-    (None, torch.bfloat16, 128, 1, [2000, 64, 1], True),
-    (None, torch.float8_e4m3fn, 8, 2, [1500, 33, 0], False),
+    # The GPU's plan (csrc/plan.cuh, batches of 32 or more): long requests cut into splits beside
+    # short and empty ones
+    (None, torch.float8_e4m3fn, 16, 1, [3000, 10, 0, 200, 1] * 7, False),
+    (None, torch.bfloat16, 128, 1, [2000, 64, 1, 40] * 8, True),
+    (None, torch.float8_e4m3fn, 8, 2, [1500, 33, 0, 7] * 8, False),
 ]:
     # from_sources keeps the environment's settings (MLA_BACKEND_FP8_QK picks the SM120 Q layout)
     config = MLABackendConfig.from_sources({"num_kv_splits": splits})

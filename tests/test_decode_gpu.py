@@ -248,11 +248,11 @@ def test_the_plan_cuts_a_long_request_among_short_ones(workspace, dtype, heads, 
     """The split plan, made on the GPU from the real lengths (csrc/plan.cuh), cuts the long request into
     many more splits than the short ones: the merge takes requests of different split counts next to
     requests written directly (the empty one, the one-token one). The plan is the oracle's."""
-    lengths = [20000] + [300] * 12 + [0, q_len]
+    lengths = [20000] + [300] * 30 + [0, q_len]  # 33 requests: the plan's smallest batches and more
     problem = make_paged_problem(lengths, q_len, heads, 64, dtype, "cuda", seed=heads)
     run_and_check(problem, workspace, dtype)
     splits = assert_planned_as_the_oracle_says(problem, workspace)
-    assert splits[0] > 8 and splits[0] >= 4 * max(splits[1:13]) and splits[13:] == [1, 1], splits
+    assert splits[0] > 8 and splits[0] >= 4 * max(splits[1:31]) and splits[31:] == [1, 1], splits
 
 
 def test_the_plan_scans_more_requests_than_its_block_has_threads(workspace):

@@ -58,8 +58,13 @@ def test_split_choice_is_always_feasible(batch, rows, fp8, max_seq_len, slots, c
 
 def test_the_plan_spreads_a_call_over_one_wave_of_each_row_block():
     # 128 FP8 rows run as four 32-row tiles: 264 resident CTAs give each row block 66.
-    assert choose_plan_pieces(4, 128, True, slots=264, workspace_capacity=BIG) == 66
-    assert choose_plan_pieces(4, 16, True, slots=264, workspace_capacity=BIG) == 264
+    assert choose_plan_pieces(32, 128, True, slots=264, workspace_capacity=BIG) == 66
+    assert choose_plan_pieces(32, 16, True, slots=264, workspace_capacity=BIG) == 264
+
+
+def test_smaller_batches_keep_the_host_split_count():
+    assert choose_plan_pieces(31, 16, True, slots=264, workspace_capacity=BIG) == 0
+    assert choose_plan_pieces(1, 128, True, slots=264, workspace_capacity=BIG) == 0
 
 
 def test_the_plan_workspace_holds_its_ints_then_partials_for_three_times_the_pieces():
@@ -72,9 +77,9 @@ def test_the_plan_workspace_holds_its_ints_then_partials_for_three_times_the_pie
 
 
 def test_the_plan_shrinks_to_the_workspace_and_is_left_out_without_one():
-    fits_16 = plan_workspace_bytes(4, 128, 16)
-    assert choose_plan_pieces(4, 128, True, slots=264, workspace_capacity=fits_16) == 16
-    assert choose_plan_pieces(4, 128, True, slots=264, workspace_capacity=0) == 0
+    fits_16 = plan_workspace_bytes(40, 128, 16)
+    assert choose_plan_pieces(40, 128, True, slots=264, workspace_capacity=fits_16) == 16
+    assert choose_plan_pieces(40, 128, True, slots=264, workspace_capacity=0) == 0
     assert choose_plan_pieces(0, 128, True, slots=264, workspace_capacity=BIG) == 0
 
 
@@ -88,6 +93,7 @@ def test_the_plan_shrinks_to_the_workspace_and_is_left_out_without_one():
 )
 def test_plan_pieces_always_fit(batch, rows, fp8, slots, capacity):
     pieces = choose_plan_pieces(batch, rows, fp8, slots, capacity)
+    assert pieces == 0 or batch >= 32
     assert 0 <= pieces <= min(MAX_PLAN_PIECES, max(1, slots))
     assert pieces == 0 or plan_workspace_bytes(batch, rows, pieces) <= capacity
     assert pieces == 0 or batch + 2 * pieces <= 65535  # the decode grid's y spans the plan's items
