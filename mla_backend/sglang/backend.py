@@ -195,7 +195,8 @@ class MLADecodeBackend(AttentionBackend):
         return min(self.max_context_len + q_len, self.max_pages * self.page_size)
 
     def _graph_metadata(self, bs: int, q_len: int) -> DecodeMetadata:
-        # The bound covers any batch the graph replays (the kernels plan their splits from seq_lens).
+        # The bound covers any batch the graph replays, so a split count planned from it holds for all
+        # of them (calls of 32 requests or more plan their splits on the GPU from seq_lens).
         return DecodeMetadata(self.graph_block_tables[:bs], self.graph_seq_lens[:bs], self._length_bound(q_len), q_len)
 
     def _refill_graph_buffers(self, bs: int, req_pool_indices, seq_lens, q_len: int, verify: bool) -> None:

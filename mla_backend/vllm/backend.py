@@ -243,7 +243,8 @@ class RoutedDecodeMetadata(MLACommonDecodeMetadata):
 
 class MLABackendMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
     # Decode metadata is vLLM's own block_table / seq_lens (persistent buffers) plus max_seq_len;
-    # the kernels plan their split-KV on the GPU from seq_lens at every call, so graphs replay.
+    # calls of 32 requests or more plan their split-KV on the GPU from seq_lens at every replay, smaller
+    # ones by a host-side function of batch, heads and max_seq_len, so graphs replay.
     # Where FlashMLA serves decode, its plan is built here per batch, as vLLM's FLASHMLA builds it.
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
     query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.UNIFORM
