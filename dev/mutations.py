@@ -250,15 +250,21 @@ MUTATIONS = [
     ),
     M(
         "mla_backend/launcher.py",
-        "max(1, slots // row_blocks), MAX_GRID_Y - batch",
-        "max(1, slots), MAX_GRID_Y - batch",
+        "max(1, slots // row_blocks), items_room",
+        "max(1, slots), items_room",
         "plan pieces ignore the row blocks",
     ),
     M(
         "mla_backend/launcher.py",
-        "return math.ceil(ints * 4 / 256) * 256 + 2 * pieces * rows * (LATENT_DIM + 1) * 4",
-        "return math.ceil(ints * 4 / 256) * 256 + pieces * rows * (LATENT_DIM + 1) * 4",
+        "partials = (PLAN_CUT_WAVES + 1) * pieces",
+        "partials = pieces",
         "plan workspace holds partials for one split a piece",
+    ),
+    M(
+        "mla_backend/launcher.py",
+        "    if batch < PLAN_MIN_BATCH:\n        return 0\n    row_blocks",
+        "    if batch == 0:\n        return 0\n    row_blocks",
+        "small batches planned on the GPU",
     ),
     M(
         "mla_backend/launcher.py",
