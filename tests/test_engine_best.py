@@ -110,6 +110,7 @@ def test_the_shipped_table_covers_the_measured_grid():
     for entry in table["entries"]:
         assert isinstance(entry["flashmla_correct"], bool) and entry["speedup"] >= 0
         assert len(entry["times_us"]) == len(route_table.BATCHES) * len(route_table.CONTEXTS)
+        assert [name for name, _, _ in entry["mixed_us"]] == list(route_table.MIXES)
 
 
 def test_the_shipped_table_routes_an_h100_as_the_readme_says():
