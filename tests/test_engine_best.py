@@ -110,19 +110,22 @@ def test_the_shipped_table_covers_the_measured_grid():
     for entry in table["entries"]:
         assert isinstance(entry["flashmla_correct"], bool) and entry["speedup"] >= 0
         assert len(entry["times_us"]) == len(route_table.BATCHES) * len(route_table.CONTEXTS)
+        assert [name for name, _, _ in entry["mixed_us"]] == list(route_table.MIXES)
+    assert table["grid"]["mixes"] == route_table.MIXES
+    assert all(len(set(lengths)) > 1 for lengths in route_table.MIXES.values())  # unequal, as named
 
 
 def test_the_shipped_table_routes_an_h100_as_the_readme_says():
     """choose() reading the installed sm90_routes.json (no table passed), for every measured class:
-    FlashMLA for FP8 except 16 heads with one query token; for BF16 at 64 heads and more, at 32 heads
-    with draft tokens and at 16 heads with three."""
+    FlashMLA for every FP8 class; for BF16 at 64 heads and more, at 32 heads with draft tokens and at
+    16 heads with three."""
     flashmla_bf16 = {(64, 1), (64, 2), (64, 4), (128, 1), (128, 2), (128, 4), (32, 2), (32, 4), (16, 4)}
     for fp8 in (True, False):
         for heads in route_table.HEADS:
             for q_len in route_table.Q_LENS:
                 shape = engine_best.ShapeClass(heads, q_len, 64, fp8)
                 best = engine_best.choose(MLABackendConfig(), BUNDLED, (9, 0), shape, available=AVAILABLE)
-                want = (heads, q_len) != (16, 1) if fp8 else (heads, q_len) in flashmla_bf16
+                want = fp8 or (heads, q_len) in flashmla_bf16
                 assert best.use_flashmla == want, (fp8, heads, q_len, best.reason)
                 assert "NVIDIA H100" in best.reason and f"measured at {heads} heads, {q_len} query" in best.reason
 

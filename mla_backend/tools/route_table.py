@@ -1,11 +1,12 @@
 """`python -m mla_backend bench --route-table`: the table `auto` routes decode by on SM90.
 
 Per shape class (KV dtype, heads, query tokens per request; page 64), the bundled kernels against
-vLLM's FlashMLA over a batch x context grid, in one process (CUDA-graph replay, median, KV beyond
-L2: bench.bench_shape), and FlashMLA's output and LSE checked against the float64 reference on the
+vLLM's FlashMLA over a batch x context grid of equal lengths and over batches of unequal lengths as
+a server holds them (MIXES), in one process (CUDA-graph replay, median, KV beyond L2:
+bench.bench_lengths), and FlashMLA's output and LSE checked against the float64 reference on the
 (dequantised) inputs, within FlashMLA's own bar (flashmla.ROW_ERROR_TOLERANCE). speedup = geometric
-mean over the grid of our time / FlashMLA's. ``--write`` stores the table as the installed
-package's mla_backend/vllm/sm90_routes.json.
+mean over the grid and the mixes of our time / FlashMLA's. ``--write`` stores the table as the
+installed package's mla_backend/vllm/sm90_routes.json.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import random
 from pathlib import Path
 
 import torch
@@ -20,13 +22,20 @@ import torch
 from ..inputs import make_paged_problem
 from ..reference import LSE_ABS_TOLERANCE, LSE_REL_TOLERANCE, mla_decode_reference
 from ..vllm import engine_best
-from .bench import bench_shape
+from .bench import bench_lengths, bench_shape
 from .peers import SM_SCALE, flashmla
 
 HEADS = (16, 32, 64, 128)
 Q_LENS = (1, 2, 4)
 BATCHES = (1, 8, 32, 128)
 CONTEXTS = (4096, 16384)
+# Batches of unequal lengths as a server holds them: one long request among short ones, and lengths
+# drawn log-uniform from 512 to 16k (one seeded generator for all 32).
+_LENGTHS = random.Random(0)
+MIXES = {
+    "1 x 16k + 31 x 1k": [16384] + [1024] * 31,
+    "32 log-uniform 512..16k": [int(2 ** _LENGTHS.uniform(9, 14)) for _ in range(32)],
+}
 CHECK_LENGTHS = [300, 1500, 4000]  # every query row sees hundreds of keys
 DTYPES = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}
 FLASHMLA_BAR = engine_best.flashmla.ROW_ERROR_TOLERANCE
@@ -57,6 +66,13 @@ def measure_class(kv: str, heads: int, q_len: int, workspace: torch.Tensor) -> d
             ours, theirs = rows.get("mla_backend"), rows.get("flashmla")
             times.append([batch, context, ours, theirs])
             ratios.append(ours / theirs if ours and theirs else 0.0)  # a refused shape counts against FlashMLA
+    mixed_times = []
+    for name, lengths in MIXES.items():
+        measured = bench_lengths(dtype, heads, lengths, q_len, workspace, peers=("flashmla",))
+        rows = {r.impl: r.us for r in measured}
+        ours, theirs = rows.get("mla_backend"), rows.get("flashmla")
+        mixed_times.append([name, ours, theirs])
+        ratios.append(ours / theirs if ours and theirs else 0.0)
     speedup = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if all(ratios) else 0.0
     return dict(
         kv=kv,
@@ -67,6 +83,7 @@ def measure_class(kv: str, heads: int, q_len: int, workspace: torch.Tensor) -> d
         flashmla_row_error=row_error,
         flashmla_lse_excess=lse_excess,
         times_us=times,
+        mixed_us=mixed_times,
     )
 
 
@@ -98,7 +115,7 @@ def main(out_prefix: str, write: bool = False) -> int:
         date=datetime.date.today().isoformat(),
         torch=torch.__version__,
         vllm=vllm.__version__,
-        grid=dict(batches=BATCHES, contexts=CONTEXTS, page_size=64),
+        grid=dict(batches=BATCHES, contexts=CONTEXTS, page_size=64, mixes=MIXES),
         entries=entries,
     )
     text = json.dumps(table, indent=1) + "\n"
