@@ -89,7 +89,7 @@ __device__ __forceinline__ int request_tiles(const DecodeParams& p, int b) {
 // kPlanThreads requests' tiles (the rest are read again).
 __device__ __forceinline__ long long split_cost(const DecodeParams& p, const int* tiles, int total, int longest,
                                                 int k) {
-  const int target = (longest + k - 1) / k, size = target + kFixedTilesPerCta;
+  const int target = max(1, (longest + k - 1) / k), size = target + kFixedTilesPerCta;  // a batch of empties
   int items = 0, long_items = 0, partials = 0;
   for (int b = 0; b < p.batch; ++b) {
     const int t = b < kPlanThreads ? tiles[b] : request_tiles(p, b);

@@ -30,7 +30,7 @@ def split_cost(tiles: list[int], pieces: int, k: int) -> int | None:
     in waves (enough for the work with each split's fixed cost, and one per pieces splits longer than
     half a wave), plus the longest request's merge; in twentieths of a tile. None where the plan would
     not fit the layout's bounds."""
-    total, target, batch = sum(tiles), -(-max(tiles) // k), len(tiles)
+    total, target, batch = sum(tiles), max(1, -(-max(tiles) // k)), len(tiles)
     size = target + FIXED_TILES_PER_CTA
     counts = [min(MAX_KV_SPLITS, max(1, -(-t // target))) for t in tiles]
     items, cut = sum(counts), [n for n in counts if n > 1]

@@ -22,6 +22,7 @@ for splits, dtype, heads, q_len, lengths, split_query in [
     (None, torch.float8_e4m3fn, 16, 1, [3000, 10, 0, 200, 1] * 7, False),
     (None, torch.bfloat16, 128, 1, [2000, 64, 1, 40] * 8, True),
     (None, torch.float8_e4m3fn, 8, 2, [1500, 33, 0, 7] * 8, False),
+    (None, torch.float8_e4m3fn, 16, 1, [0] * 32, False),  # a padded batch: no tile at all
 ]:
     # from_sources keeps the environment's settings (MLA_BACKEND_FP8_QK picks the SM120 Q layout)
     config = MLABackendConfig.from_sources({"num_kv_splits": splits})

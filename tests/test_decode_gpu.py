@@ -255,6 +255,16 @@ def test_the_plan_cuts_a_long_request_among_short_ones(workspace, dtype, heads, 
     assert splits[0] > 8 and splits[0] >= 4 * max(splits[1:31]) and splits[31:] == [1, 1], splits
 
 
+@pytest.mark.parametrize("lengths", [[0] * 40, [1] * 40, [0] * 39 + [5000]], ids=["empty", "one-token", "one-long"])
+def test_the_plan_of_a_batch_of_empty_or_tiny_requests(workspace, lengths):
+    """Padded graph batches: every request empty (no tile at all, the longest is 0), or one token each,
+    or empties beside one long request. The plan is the oracle's and the rows are right."""
+    problem = make_paged_problem(lengths, 1, 16, 64, torch.float8_e4m3fn, "cuda", seed=len(set(lengths)))
+    run_and_check(problem, workspace, torch.float8_e4m3fn)
+    splits = assert_planned_as_the_oracle_says(problem, workspace)
+    assert splits[:39] == [1] * 39 and (splits[39] > 1) == (lengths[39] > 32), splits
+
+
 def test_the_plan_scans_more_requests_than_its_block_has_threads(workspace):
     """Over 1024 requests the plan kernel scans the batch in chunks; a few long requests among them,
     one at each end of a chunk."""

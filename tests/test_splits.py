@@ -101,3 +101,35 @@ def test_plan_pieces_always_fit(batch, rows, fp8, slots, capacity):
 
 def test_no_plan_where_its_items_would_pass_the_grid_bound():
     assert choose_plan_pieces(65535, 16, True, slots=264, workspace_capacity=BIG) == 0
+
+
+def plan_counts(lengths: list[int], pieces: int) -> list[int]:
+    """The split count of each request in the GPU's plan, as tests/plan_oracle.py writes its rules."""
+    from plan_oracle import expected_plan
+
+    batch = len(lengths)
+    return expected_plan(lengths, pieces, 1 << 30)[3 + batch : 3 + 2 * batch]
+
+
+def test_the_plan_keeps_an_equal_batch_that_fills_a_wave_whole():
+    # 64 requests of 256 tiles over 66 CTAs: one wave uncut. A target of the batch's tiles over the
+    # pieces (248) cut every request into 248 + 8 and ran a second wave.
+    assert plan_counts([8192] * 64, 66) == [1] * 64
+
+
+def test_the_plan_cuts_a_long_request_among_short_ones_into_many():
+    counts = plan_counts([32768] + [1024] * 31, 396)
+    assert counts[0] >= 64 and max(counts[1:]) <= 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 1 << 17), min_size=1, max_size=300),
+    pieces=st.integers(1, 1200),
+)
+def test_the_plan_stays_within_its_layout(lengths, pieces):
+    """Whatever the lengths, the plan's items, partials and split requests fit the layout the launcher
+    sizes the workspace for (expected_plan asserts the bounds), and every request keeps 1..256 splits."""
+    counts = plan_counts(lengths, pieces)
+    assert all(1 <= c <= MAX_KV_SPLITS for c in counts)
+    assert all(c == 1 for n, c in zip(lengths, counts) if n <= 32)  # one tile is never cut
