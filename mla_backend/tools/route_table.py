@@ -22,7 +22,7 @@ import torch
 from ..inputs import make_paged_problem
 from ..reference import LSE_ABS_TOLERANCE, LSE_REL_TOLERANCE, mla_decode_reference
 from ..vllm import engine_best
-from .bench import bench_lengths, bench_shape
+from .bench import bench_lengths
 from .peers import SM_SCALE, flashmla
 
 HEADS = (16, 32, 64, 128)
@@ -55,24 +55,23 @@ def flashmla_errors(dtype: torch.dtype, heads: int, q_len: int) -> tuple[float, 
     return row_error, lse_excess
 
 
+def ours_and_flashmla(dtype: torch.dtype, heads: int, lengths: list[int], q_len: int, workspace) -> tuple:
+    """(our µs, FlashMLA's µs) on one batch of context ``lengths``; None for a side that refused it."""
+    rows = {r.impl: r.us for r in bench_lengths(dtype, heads, lengths, q_len, workspace, peers=("flashmla",))}
+    return rows.get("mla_backend"), rows.get("flashmla")
+
+
 def measure_class(kv: str, heads: int, q_len: int, workspace: torch.Tensor) -> dict:
     dtype = DTYPES[kv]
     row_error, lse_excess = flashmla_errors(dtype, heads, q_len)
-    times, ratios = [], []
-    for batch in BATCHES:
-        for context in CONTEXTS:
-            measured = bench_shape(dtype, heads, batch, context, q_len, workspace, peers=("flashmla",))
-            rows = {r.impl: r.us for r in measured}
-            ours, theirs = rows.get("mla_backend"), rows.get("flashmla")
-            times.append([batch, context, ours, theirs])
-            ratios.append(ours / theirs if ours and theirs else 0.0)  # a refused shape counts against FlashMLA
-    mixed_times = []
-    for name, lengths in MIXES.items():
-        measured = bench_lengths(dtype, heads, lengths, q_len, workspace, peers=("flashmla",))
-        rows = {r.impl: r.us for r in measured}
-        ours, theirs = rows.get("mla_backend"), rows.get("flashmla")
-        mixed_times.append([name, ours, theirs])
-        ratios.append(ours / theirs if ours and theirs else 0.0)
+    times = [
+        [batch, context, *ours_and_flashmla(dtype, heads, [context] * batch, q_len, workspace)]
+        for batch in BATCHES
+        for context in CONTEXTS
+    ]
+    mixed_times = [[name, *ours_and_flashmla(dtype, heads, mix, q_len, workspace)] for name, mix in MIXES.items()]
+    # A refused shape counts against FlashMLA.
+    ratios = [ours / theirs if ours and theirs else 0.0 for *_, ours, theirs in times + mixed_times]
     speedup = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if all(ratios) else 0.0
     return dict(
         kv=kv,
