@@ -25,9 +25,7 @@
 // The most CTAs (per row block) a split plan spreads one call's work over.
 #define MLA_MAX_PLAN_PIECES 4096
 // Waves of pieces a plan may cut beyond one item a request (params.h's PlanLayout bounds).
-#ifndef MLA_PLAN_CUT_WAVES
 #define MLA_PLAN_CUT_WAVES 2
-#endif
 
 // The tile shapes built into the library, X(fp8, max_rows, row_groups, fragments_per_warp): a problem
 // takes the first entry of its dtype whose max_rows covers its rows (query tokens x heads). CTAs are

@@ -80,6 +80,14 @@ __device__ __forceinline__ int request_tiles(const DecodeParams& p, int b) {
   return (request_len(p, b) + kBlockN - 1) / kBlockN;
 }
 
+// Tiles a split of the longest request cut into k: at least one (a batch of empties has no tile).
+__device__ __forceinline__ int split_length(int longest, int k) { return max(1, (longest + k - 1) / k); }
+
+// The splits of a request of `tiles` tiles at `target` tiles a split.
+__device__ __forceinline__ int request_splits(int tiles, int target) {
+  return min(kMaxSplits, max(1, (tiles + target - 1) / target));
+}
+
 // The plan's cost of cutting the longest request into k splits, in twentieths of a tile's work: every
 // request is cut into splits of at most T = ceil(longest / k) tiles (items), dealt to `pieces` CTAs in
 // waves of T + kFixedTilesPerCta. The waves: enough for the work with every item's fixed cost, and
@@ -89,11 +97,11 @@ __device__ __forceinline__ int request_tiles(const DecodeParams& p, int b) {
 // kPlanThreads requests' tiles (the rest are read again).
 __device__ __forceinline__ long long split_cost(const DecodeParams& p, const int* tiles, int total, int longest,
                                                 int k) {
-  const int target = max(1, (longest + k - 1) / k), size = target + kFixedTilesPerCta;  // a batch of empties
+  const int target = split_length(longest, k), size = target + kFixedTilesPerCta;
   int items = 0, long_items = 0, partials = 0;
   for (int b = 0; b < p.batch; ++b) {
     const int t = b < kPlanThreads ? tiles[b] : request_tiles(p, b);
-    const int splits = min(kMaxSplits, max(1, (t + target - 1) / target));
+    const int splits = request_splits(t, target);
     items += splits;
     long_items += splits > 1 || 2 * (t + kFixedTilesPerCta) > size ? splits : 0;
     partials += splits > 1 ? splits : 0;
@@ -134,7 +142,7 @@ __device__ __forceinline__ int choose_target(const DecodeParams& p, const int* t
     if (lane == 0) {
       int k = 1;
       for (int i = 0; i < first; ++i) k = next_split_candidate(k);
-      chosen = max(1, (longest + k - 1) / k);
+      chosen = split_length(longest, k);
     }
   }
   __syncthreads();
@@ -164,7 +172,7 @@ __global__ void __launch_bounds__(kPlanThreads) mla_plan_kernel(const __grid_con
   for (int base = 0; base < p.batch; base += blockDim.x) {
     const int b = base + threadIdx.x;
     const int t = b < kPlanThreads ? first_tiles[b] : b < p.batch ? request_tiles(p, b) : 0;
-    const int splits = b < p.batch ? min(kMaxSplits, max(1, (t + target - 1) / target)) : 0;
+    const int splits = b < p.batch ? request_splits(t, target) : 0;
     const bool cut = splits > 1, cut_few = cut && splits <= kFewSplitsMax;
     int chunk_items = 0, chunk_few = 0, chunk_many = 0, chunk_partials = 0;
     const int first = items + block_exclusive_scan(splits, warp_totals, chunk_items);

@@ -25,14 +25,24 @@ def split_candidates() -> list[int]:
     return ks
 
 
+def split_length(longest: int, k: int) -> int:
+    """Tiles a split of the longest request cut into k: at least one (a batch of empties has none)."""
+    return max(1, -(-longest // k))
+
+
+def request_splits(tiles: int, target: int) -> int:
+    """The splits of a request of ``tiles`` tiles at ``target`` tiles a split."""
+    return min(MAX_KV_SPLITS, max(1, -(-tiles // target)))
+
+
 def split_cost(tiles: list[int], pieces: int, k: int) -> int | None:
     """Cutting the longest request into k: splits of at most ceil(longest / k) tiles dealt to the pieces
     in waves (enough for the work with each split's fixed cost, and one per pieces splits longer than
     half a wave), plus the longest request's merge; in twentieths of a tile. None where the plan would
     not fit the layout's bounds."""
-    total, target, batch = sum(tiles), max(1, -(-max(tiles) // k)), len(tiles)
+    total, target, batch = sum(tiles), split_length(max(tiles), k), len(tiles)
     size = target + FIXED_TILES_PER_CTA
-    counts = [min(MAX_KV_SPLITS, max(1, -(-t // target))) for t in tiles]
+    counts = [request_splits(t, target) for t in tiles]
     items, cut = sum(counts), [n for n in counts if n > 1]
     if items > batch + PLAN_CUT_WAVES * pieces or sum(cut) > (PLAN_CUT_WAVES + 1) * pieces:
         return None  # past the layout's bounds (split requests hold two partials or more: within them too)
@@ -48,7 +58,7 @@ def choose_target(tiles: list[int], pieces: int) -> int:
     costs = {k: split_cost(tiles, pieces, k) for k in split_candidates() if k <= most}
     best = min(c for c in costs.values() if c is not None)
     k = min(k for k, c in costs.items() if c is not None and c * 50 <= best * 51)
-    return max(1, -(-longest // k))
+    return split_length(longest, k)
 
 
 def expected_plan(lengths: list[int], pieces: int, max_len: int) -> list[int]:
@@ -56,7 +66,7 @@ def expected_plan(lengths: list[int], pieces: int, max_len: int) -> list[int]:
     batch = len(lengths)
     tiles = [-(-min(max(n, 0), max_len) // TOKENS_PER_TILE) for n in lengths]
     target = choose_target(tiles, pieces)
-    counts = [min(MAX_KV_SPLITS, max(1, -(-t // target))) for t in tiles]
+    counts = [request_splits(t, target) for t in tiles]
     first_item, first_partial, items, few, many = [], [], [], [], []
     partials = 0
     for b, count in enumerate(counts):
