@@ -80,6 +80,11 @@ def expected_plan(lengths: list[int], pieces: int, max_len: int) -> list[int]:
     return [len(items), len(few), len(many), *first_item, *counts, *first_partial, *items, *few, *many]
 
 
+def counts_in(plan: list[int], batch: int) -> list[int]:
+    """The split count of each request, from a plan's ints as the layout lays them out."""
+    return plan[3 + batch : 3 + 2 * batch]
+
+
 def plan_in_workspace(workspace: torch.Tensor, batch: int, pieces: int) -> list[int]:
     """The same ints read back from the workspace the last planned call used (the list of requests cut
     into many splits runs backwards from the end of the layout)."""
