@@ -184,10 +184,23 @@ void check_kv_part(const Tensor& t, const Tensor& q, int64_t dim, const char* na
 }
 
 // Stable boxing passes tensors by value (reference-counted handles).
+// A step's plan made by `plan` (below) and read by every layer's call: int32, PlanLayout{batch, pieces}.
+int* step_plan_ints(const std::optional<Tensor>& plan, const Tensor& q, int64_t batch, int64_t pieces) {
+  if (!plan.has_value()) return nullptr;
+  STD_TORCH_CHECK(pieces > 0, "a step plan needs plan_pieces > 0");
+  STD_TORCH_CHECK(plan->is_cuda() && plan->get_device_index() == q.get_device_index() &&
+                      plan->scalar_type() == ScalarType::Int && plan->is_contiguous(),
+                  "plan: contiguous int32 tensor on the query's device");
+  const PlanLayout layout{static_cast<int>(batch), static_cast<int>(pieces)};
+  STD_TORCH_CHECK(plan->numel() >= layout.ints(), "plan: ", layout.ints(), " ints for batch ", batch, " and ", pieces,
+                  " pieces, got ", plan->numel());
+  return static_cast<int*>(plan->data_ptr());
+}
+
 void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_tables, Tensor seq_lens, Tensor out,
             std::optional<Tensor> lse, Tensor workspace, int64_t max_seq_len, int64_t num_splits, int64_t plan_pieces,
-            int64_t row_groups, int64_t rf, double bmm1, std::optional<Tensor> bmm1_tensor, double bmm2,
-            std::optional<Tensor> bmm2_tensor, bool pdl) {
+            std::optional<Tensor> plan, int64_t row_groups, int64_t rf, double bmm1, std::optional<Tensor> bmm1_tensor,
+            double bmm2, std::optional<Tensor> bmm2_tensor, bool pdl) {
   check_q_part(q_nope, kDimV, "q_nope");
   check_q_part(q_pe, kRopeDim, "q_pe");
   STD_TORCH_CHECK(q_pe.scalar_type() == q_nope.scalar_type() && q_pe.size(0) == q_nope.size(0) &&
@@ -248,13 +261,14 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_ta
   p.max_seq_len =
       static_cast<int>(std::clamp<int64_t>(max_seq_len, 0, static_cast<int64_t>(p.max_pages) << p.page_shift));
   p.plan_pieces = static_cast<int>(plan_pieces);
+  int* const step_plan = step_plan_ints(plan, q, batch, plan_pieces);
   if (plan_pieces > 0 || num_splits > 1) {
-    // The plan (when planned) first, then the partials, sized for fp32 (FP8 problems store f16
-    // partials and use the first half of them) and their LSE.
+    // The plan (when planned in this call) first, then the partials, sized for fp32 (FP8 problems
+    // store f16 partials and use the first half of them) and their LSE.
     const PlanLayout layout{p.batch, p.plan_pieces};
     STD_TORCH_CHECK(plan_pieces == 0 || layout.max_items() <= kMaxGridY,
                     "batch + the plan's cut waves x plan_pieces must be <= ", kMaxGridY);
-    const int64_t plan_bytes = plan_pieces > 0 ? plan_workspace_bytes(layout) : 0;
+    const int64_t plan_bytes = plan_pieces > 0 && step_plan == nullptr ? plan_workspace_bytes(layout) : 0;
     const int64_t partials = (plan_pieces > 0 ? layout.max_partials() : batch * num_splits) * rows;
     const int64_t need = plan_bytes + partials * (kDimV + 1) * static_cast<int64_t>(sizeof(float));
     STD_TORCH_CHECK(workspace.is_cuda() && workspace.is_contiguous() &&
@@ -262,7 +276,7 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_ta
                     "workspace too small: need ", need, " bytes for ",
                     plan_pieces > 0 ? "the split plan" : "the KV splits");
     uint8_t* base = static_cast<uint8_t*>(workspace.data_ptr());
-    if (plan_pieces > 0) p.plan = reinterpret_cast<int*>(base);
+    if (plan_pieces > 0) p.plan = step_plan != nullptr ? step_plan : reinterpret_cast<int*>(base);
     p.part_o = base + plan_bytes;
     p.part_lse = reinterpret_cast<float*>(base + plan_bytes) + partials * kDimV;
   }
@@ -272,7 +286,7 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_ta
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(q.get_device_index(), &current_stream));
   const cudaStream_t stream = static_cast<cudaStream_t>(current_stream);
   if (batch == 0) return;
-  if (p.plan != nullptr) launch(mla_plan_kernel, dim3(1), kPlanThreads, 0, stream, pdl, p);
+  if (p.plan != nullptr && step_plan == nullptr) launch(mla_plan_kernel, dim3(1), kPlanThreads, 0, stream, pdl, p);
   with_tile_shape(fp8, row_groups, rf, LaunchDecode{p, stream, pdl});
   if (p.plan != nullptr) {
     // Enough blocks to fill the GPU; they take merge units in turn (how many is known on the GPU).
@@ -290,6 +304,35 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_ta
   }
 }
 
+// A decode step's split plan, made once for all its layers' calls (`decode`'s plan argument): what a
+// planned call would make itself, from the same seq_lens and block-table width. A plan stays correct
+// for other lengths (each split's tiles come from the request's length when it runs), only less even.
+void plan(Tensor seq_lens, Tensor plan, int64_t max_pages, int64_t page_size, int64_t plan_pieces) {
+  STD_TORCH_CHECK(seq_lens.is_cuda() && seq_lens.scalar_type() == ScalarType::Int && seq_lens.is_contiguous() &&
+                      seq_lens.dim() == 1,
+                  "seq_lens: contiguous int32 [B] CUDA tensor");
+  STD_TORCH_CHECK(plan_pieces > 0 && plan_pieces <= kMaxPlanPieces, "plan_pieces must be 1..", kMaxPlanPieces);
+  STD_TORCH_CHECK(page_size >= 16 && (page_size & (page_size - 1)) == 0, "page size must be a power of two >= 16");
+  STD_TORCH_CHECK(max_pages >= 0 && (max_pages << __builtin_ctzll(page_size)) <= INT_MAX,
+                  "max_pages x page_size must fit int32");
+  const int64_t batch = seq_lens.size(0);
+  const PlanLayout layout{static_cast<int>(batch), static_cast<int>(plan_pieces)};
+  STD_TORCH_CHECK(layout.max_items() <= kMaxGridY, "batch + the plan's cut waves x plan_pieces must be <= ", kMaxGridY);
+  DecodeParams p = {};
+  p.seq_lens = static_cast<const int*>(seq_lens.data_ptr());
+  p.batch = static_cast<int>(batch);
+  p.max_pages = static_cast<int>(max_pages);
+  p.page_shift = __builtin_ctzll(page_size);
+  p.plan_pieces = static_cast<int>(plan_pieces);
+  p.plan = step_plan_ints(plan, seq_lens, batch, plan_pieces);
+  const torch::stable::accelerator::DeviceGuard guard(seq_lens.get_device_index());
+  void* current_stream = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(seq_lens.get_device_index(), &current_stream));
+  if (batch == 0) return;
+  // No programmatic launch: whatever follows on the stream sees the whole plan.
+  launch(mla_plan_kernel, dim3(1), kPlanThreads, 0, static_cast<cudaStream_t>(current_stream), false, p);
+}
+
 }  // namespace
 }  // namespace mla
 
@@ -298,13 +341,16 @@ STABLE_TORCH_LIBRARY(mla_backend, m) {
       "decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_tables, Tensor seq_lens, Tensor(a!) "
       "out, Tensor(b!)? "
       "lse, "
-      "Tensor(c!) workspace, int max_seq_len, int num_splits, int plan_pieces, int row_groups, int rf, float bmm1, "
-      "Tensor? bmm1_tensor, "
-      "float bmm2, Tensor? bmm2_tensor, bool pdl) -> ()");
+      "Tensor(c!) workspace, int max_seq_len, int num_splits, int plan_pieces, Tensor? plan, int row_groups, int rf, "
+      "float bmm1, Tensor? bmm1_tensor, float bmm2, Tensor? bmm2_tensor, bool pdl) -> ()");
+  m.def("plan(Tensor seq_lens, Tensor(a!) plan, int max_pages, int page_size, int plan_pieces) -> ()");
   m.def("ctas_per_sm(bool fp8, int row_groups, int rf) -> int");
 }
 
-STABLE_TORCH_LIBRARY_IMPL(mla_backend, CUDA, m) { m.impl("decode", TORCH_BOX(&mla::decode)); }
+STABLE_TORCH_LIBRARY_IMPL(mla_backend, CUDA, m) {
+  m.impl("decode", TORCH_BOX(&mla::decode));
+  m.impl("plan", TORCH_BOX(&mla::plan));
+}
 
 // No tensor arguments: the dispatcher finds this kernel under CompositeExplicitAutograd.
 STABLE_TORCH_LIBRARY_IMPL(mla_backend, CompositeExplicitAutograd, m) {

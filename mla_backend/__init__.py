@@ -1,7 +1,8 @@
 """mla_backend: fast MLA (DeepSeek-V3/R1) decode for vLLM, SM120 first.
 
 FlashInfer's MLA decode functions are here under their own names, signatures and conventions, so
-switching is a change of import; ``mla_decode`` is the package's own op (natural-log LSE).
+switching is a change of import; ``mla_decode`` is the package's own op (natural-log LSE), and
+``plan_decode`` plans a step's split-KV once for all its layers' calls.
 """
 
 from .config import BackendUnavailableError, MLABackendConfig, Resolution, resolve_backend
@@ -11,17 +12,22 @@ from .flashinfer_api import (
     trtllm_batch_decode_with_kv_cache_mla,
     xqa_batch_decode_with_kv_cache_mla,
 )
+from .launcher import DecodePlan
 from .reference import mla_decode_reference
+from .step_plan import plan_buffer, plan_decode
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BackendUnavailableError",
+    "DecodePlan",
     "MLABackendConfig",
     "Resolution",
     "batch_mla_paged_attention",
     "mla_decode",
     "mla_decode_reference",
+    "plan_buffer",
+    "plan_decode",
     "resolve_backend",
     "trtllm_batch_decode_with_kv_cache_mla",
     "xqa_batch_decode_with_kv_cache_mla",

@@ -6,6 +6,7 @@ Sources, later ones win: defaults < environment (``MLA_BACKEND``, ``MLA_BACKEND_
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from collections.abc import Mapping
@@ -132,6 +133,12 @@ class MLABackendConfig(BaseModel):
         if not isinstance(section, Mapping):
             raise ValueError(f'additional_config["mla_backend"] must be a JSON object, got {type(section).__name__}')
         return cls.from_sources(section, environ)
+
+
+@functools.lru_cache(maxsize=1)
+def default_config() -> MLABackendConfig:
+    """The process-wide settings, read once from the environment."""
+    return MLABackendConfig.from_sources()
 
 
 def _parse_env(var: str, raw: str) -> Any:

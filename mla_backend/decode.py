@@ -8,14 +8,15 @@ FlashInfer's names, signatures and conventions (base-2 LSE) are in ``flashinfer_
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 
 from .checks import DecodeProblem, check_decode_inputs, check_page_ids
-from .config import BackendName, BackendUnavailableError, MLABackendConfig, resolve_backend
+from .config import BackendName, BackendUnavailableError, MLABackendConfig, default_config, resolve_backend
+from .launcher import DecodePlan
 from .reference import mla_decode_reference
+from .step_plan import check_plan
 
 Scale = float | torch.Tensor
 # One [B, q_len, H, 576] tensor (FlashInfer's form), or the (q_nope [.., 512], q_pe [.., 64]) pair
@@ -27,12 +28,6 @@ KVCache = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 LN2 = math.log(2.0)
 
 
-@functools.lru_cache(maxsize=1)
-def default_config() -> MLABackendConfig:
-    """The process-wide settings, read once from the environment."""
-    return MLABackendConfig.from_sources()
-
-
 def _decode(
     problem: DecodeProblem,
     workspace_buffer,
@@ -40,8 +35,10 @@ def _decode(
     kernel: str,
     enable_pdl: bool | None,
     lse: torch.Tensor | None,
+    plan: DecodePlan | None = None,
 ) -> None:
-    """Fill problem.out and, when given, lse ([B, q_len, H] fp32, natural log)."""
+    """Fill problem.out and, when given, lse ([B, q_len, H] fp32, natural log). ``plan`` (checked)
+    serves the bundled kernels; the reference and trtllm-gen need none."""
     if problem.device.type == "cpu":
         check_page_ids(problem)
         out, reference_lse = mla_decode_reference(
@@ -61,7 +58,7 @@ def _decode(
     if kernel == "bundled":
         from .launcher import launch_decode
 
-        launch_decode(problem, workspace_buffer, config, enable_pdl, lse)
+        launch_decode(problem, workspace_buffer, config, enable_pdl, lse, plan)
         return
     assert kernel == "trtllm-gen", kernel
     _run_flashinfer_trtllm_gen(problem, workspace_buffer, enable_pdl, lse)
@@ -139,6 +136,7 @@ def mla_decode(
     backend: BackendName = "auto",
     config: MLABackendConfig | None = None,
     qk_nope_head_dim: int = 128,
+    plan: DecodePlan | None = None,
 ):
     """Paged MLA decode; returns ``out``, or ``(out, lse)`` with ``return_lse=True``.
 
@@ -148,7 +146,8 @@ def mla_decode(
     [B * q_len, H]) buffer to fill and return; the LSE is the natural log, -inf for a row that sees
     no key. ``backend`` overrides the configured one ("auto" keeps it); ``config`` replaces the
     settings read from the environment. ``qk_nope_head_dim`` is the model's pre-absorption nope dim,
-    which only FlashInfer's trtllm-gen route takes.
+    which only FlashInfer's trtllm-gen route takes. ``plan``: the step's split plan from
+    ``step_plan.plan_decode`` for this batch and workspace (without one, the call plans its own).
     """
     problem = check_decode_inputs(
         query,
@@ -166,6 +165,8 @@ def mla_decode(
     if lse is not None:
         check_lse_buffer(lse, [rows, (problem.batch * problem.q_len, problem.heads)], problem.device)
     config, kernel = resolve_kernel(problem, config or default_config(), backend)
+    if plan is not None:
+        check_plan(plan, problem, workspace_buffer, config)
     wanted = lse is not None or return_lse
     lse_rows = None
     if wanted:
@@ -174,7 +175,7 @@ def mla_decode(
             if lse is not None and lse.is_contiguous()
             else torch.empty(rows, dtype=torch.float32, device=problem.device)
         )
-    _decode(problem, workspace_buffer, config, kernel, enable_pdl, lse_rows)
+    _decode(problem, workspace_buffer, config, kernel, enable_pdl, lse_rows, plan)
     if lse is not None and lse_rows is not None and lse_rows.data_ptr() != lse.data_ptr():
         lse.copy_(lse_rows.view(lse.shape))
     result_out = problem.out_given if problem.out_given is not None else problem.out

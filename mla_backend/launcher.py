@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -45,34 +46,90 @@ def workspace_bytes(batch: int, rows: int, num_splits: int) -> int:
 
 
 MAX_GRID_Y = 65535  # CUDA's bound on grid.y
-# Requests a call holds at least for the GPU's split plan: the plan's kernel and its item lookup add
-# about 7 us a call (H100, docs/performance.md), which batches this large repay once their lengths
-# differ; smaller ones keep one split count for the batch, planned on the host.
+# Requests a call holds at least for the GPU's split plan made inside the call: the plan's kernel and
+# its item lookup add about 7 us a call (H100, docs/performance.md), which batches this large repay
+# once their lengths differ; smaller ones keep one split count for the batch, planned on the host.
 PLAN_MIN_BATCH = 32
+# The same for a plan made once per engine step (step_plan.py), which every layer's call reads.
+STEP_PLAN_MIN_BATCH = 1
+
+
+def plan_ints(batch: int, pieces: int) -> int:
+    """int32 entries of a split plan (csrc/params.h's PlanLayout.ints())."""
+    partials = (PLAN_CUT_WAVES + 1) * pieces
+    return 3 + 3 * batch + (batch + PLAN_CUT_WAVES * pieces) + min(batch, partials // 2)
+
+
+def plan_partials_bytes(rows: int, pieces: int) -> int:
+    """Workspace bytes a plan's split partials take: fp32 outputs and their LSE for at most
+    (cut waves + 1) x pieces splits (FP8 problems store f16 partials, a little over half of it)."""
+    return (PLAN_CUT_WAVES + 1) * pieces * rows * (LATENT_DIM + 1) * 4
 
 
 def plan_workspace_bytes(batch: int, rows: int, pieces: int) -> int:
-    """Bytes of workspace a split plan over ``pieces`` CTAs per row block needs (csrc/params.h's
-    PlanLayout): the plan's ints, rounded to 256 bytes, then fp32 partials and their LSE for at most
-    (cut waves + 1) x pieces splits (FP8 problems store f16 partials, so they use a little over half of it)."""
-    partials = (PLAN_CUT_WAVES + 1) * pieces
-    ints = 3 + 3 * batch + (batch + PLAN_CUT_WAVES * pieces) + min(batch, partials // 2)
-    return math.ceil(ints * 4 / 256) * 256 + partials * rows * (LATENT_DIM + 1) * 4
+    """Workspace bytes a call that plans itself needs (csrc/params.h's PlanLayout): the plan's ints,
+    rounded to 256 bytes, then the partials."""
+    return math.ceil(plan_ints(batch, pieces) * 4 / 256) * 256 + plan_partials_bytes(rows, pieces)
 
 
-def choose_plan_pieces(batch: int, rows: int, fp8: bool, slots: int, workspace_capacity: int) -> int:
+def choose_plan_pieces(
+    batch: int, rows: int, fp8: bool, slots: int, workspace_capacity: int, *, step_plan: bool = False
+) -> int:
     """CTAs per row block the kernels' split plan (csrc/plan.cuh) spreads a call's work over: one wave
     of the GPU's resident CTAs, as many as the workspace holds; 0 (no plan: the host's split count)
-    where it holds none or the batch is under PLAN_MIN_BATCH. The plan itself is made on the GPU from
+    where it holds none or the batch is under PLAN_MIN_BATCH (STEP_PLAN_MIN_BATCH for a plan made
+    once per step, whose ints live outside the workspace). The plan itself is made on the GPU from
     the real seq_lens, so a captured CUDA graph replays it for any lengths."""
-    if batch < PLAN_MIN_BATCH:
+    if batch < (STEP_PLAN_MIN_BATCH if step_plan else PLAN_MIN_BATCH):
         return 0
     row_blocks = math.ceil(rows / tile_rows(rows, fp8))
     items_room = (MAX_GRID_Y - batch) // PLAN_CUT_WAVES  # the plan's items span grid.y
     pieces = max(0, min(MAX_PLAN_PIECES, max(1, slots // row_blocks), items_room))
-    while pieces > 0 and plan_workspace_bytes(batch, rows, pieces) > workspace_capacity:
+    need = plan_partials_bytes if step_plan else functools.partial(plan_workspace_bytes, batch)
+    while pieces > 0 and need(rows, pieces) > workspace_capacity:
         pieces //= 2
     return pieces
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """A decode step's split plan, made on the GPU (launch_plan) and read by each of its calls.
+    ``ints``: int32 plan entries for ``batch`` requests over ``pieces`` CTAs per row block, sized for
+    problems of ``rows`` query rows (q_len x heads) of the ``fp8`` or bf16 kernels."""
+
+    ints: torch.Tensor
+    batch: int
+    rows: int
+    fp8: bool
+    pieces: int
+
+
+def launch_plan(
+    seq_lens: torch.Tensor,
+    max_pages: int,
+    page_size: int,
+    rows: int,
+    fp8: bool,
+    buffer: torch.Tensor,
+    capacity: int,
+    config: MLABackendConfig,
+) -> DecodePlan | None:
+    """Plan a step of validated inputs into ``buffer`` (int32, at least plan_ints(batch, MAX_PLAN_PIECES)):
+    None where its calls keep the host's split count (too small a batch, no room for partials in
+    ``capacity`` bytes of workspace)."""
+    from .jit import ensure_loaded
+
+    device = seq_lens.device
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    ensure_loaded(index, config.cache_dir, config.kernel_variant)
+    batch = seq_lens.shape[0]
+    slots = resident_slots(index, fp8, *tile_shape(rows, fp8))
+    pieces = choose_plan_pieces(batch, rows, fp8, slots, capacity, step_plan=True)
+    if pieces == 0:
+        return None
+    ints = buffer[: plan_ints(batch, pieces)]
+    torch.ops.mla_backend.plan(seq_lens, ints, max_pages, page_size, pieces)
+    return DecodePlan(ints, batch, rows, fp8, pieces)
 
 
 @functools.cache
@@ -116,9 +173,11 @@ def launch_decode(
     config: MLABackendConfig,
     enable_pdl: bool | None,
     lse: torch.Tensor | None,
+    plan: DecodePlan | None = None,
 ) -> None:
     """Launch the kernel for a validated problem; fills ``problem.out`` and, when given, ``lse``
-    (contiguous fp32 [B, q_len, H], natural log)."""
+    (contiguous fp32 [B, q_len, H], natural log). ``plan``: the step's split plan, checked against
+    the problem (step_plan.check_plan), in place of one made here."""
     from .jit import ensure_loaded
 
     device = problem.device
@@ -129,7 +188,9 @@ def launch_decode(
     row_groups, rf = tile_shape(rows, fp8)
     capacity = 0 if workspace is None else workspace.numel() * workspace.element_size()
     pieces = 0
-    if config.num_kv_splits is not None:
+    if plan is not None:
+        splits, pieces = 1, plan.pieces
+    elif config.num_kv_splits is not None:
         splits = config.num_kv_splits
         need = workspace_bytes(problem.batch, rows, splits)
         if need > capacity:
@@ -163,6 +224,7 @@ def launch_decode(
         problem.max_seq_len,
         splits,
         pieces,
+        None if plan is None else plan.ints,
         row_groups,
         rf,
         bmm1,

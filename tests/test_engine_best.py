@@ -14,6 +14,8 @@ from vllm.v1.attention.ops import flashmla as vllm_flashmla_ops
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 from mla_backend.config import MLABackendConfig, Resolution
+from mla_backend.kernel_constants import MAX_PLAN_PIECES
+from mla_backend.launcher import plan_ints
 from mla_backend.tools import route_table
 from mla_backend.vllm import backend, engine_best, flashmla
 
@@ -210,6 +212,77 @@ def test_builder_makes_flashmla_plan_buffers_for_every_batch_a_graph_can_replay(
         assert scheduler.splits_buffer.shape == (config.scheduler_config.max_num_seqs + 1,)
     else:
         assert scheduler.tile_buffer is None and scheduler.splits_buffer is None
+
+
+def make_builder(tmp_path, monkeypatch, block_size=64, detected=(9, 0), kv="fp8"):
+    """The builder's own __init__ (vLLM's MLA builder under it) where `auto` keeps the bundled kernels."""
+    model = small_deepseek_model_config(tmp_path)
+    config = VllmConfig(model_config=model, device_config=DeviceConfig(device="cuda"))
+    config.cache_config.cache_dtype = kv
+    text = model.hf_text_config
+    layer = SimpleNamespace(
+        prefill_backend=SimpleNamespace(clone=lambda: "prefill backend"),
+        q_lora_rank=text.q_lora_rank,
+        kv_lora_rank=text.kv_lora_rank,
+        qk_nope_head_dim=text.qk_nope_head_dim,
+        qk_rope_head_dim=text.qk_rope_head_dim,
+        v_head_dim=text.v_head_dim,
+    )
+    config.compilation_config.static_forward_context["model.layers.0.self_attn.attn"] = layer
+    monkeypatch.setattr(backend, "choose_engine_best", lambda vllm_config, shape: engine_best.EngineBest(False, "test"))
+    monkeypatch.setattr(backend, "detected_capability", lambda: detected)
+    monkeypatch.setattr(backend.current_platform, "num_compute_units", lambda *args: 132)
+    spec = MLAAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+    with set_current_vllm_config(config):
+        builder = backend.MLABackendMetadataBuilder(
+            spec, ["model.layers.0.self_attn.attn"], config, torch.device("cpu")
+        )
+    return builder, config
+
+
+def test_builder_keeps_a_plan_buffer_for_the_largest_step_where_the_bundled_kernels_serve(tmp_path, monkeypatch):
+    """One buffer, made before any graph is captured, holds the plan of any step up to max_num_seqs
+    requests (vLLM captures no larger graph), so every captured graph reads the plan at one address."""
+    builder, config = make_builder(tmp_path, monkeypatch)
+    assert builder.flashmla_scheduler is None
+    assert builder.plan_shape is not None and (builder.plan_shape.heads, builder.plan_shape.kv_fp8) == (16, True)
+    assert builder.plan_buffer.dtype == torch.int32
+    assert builder.plan_buffer.numel() == plan_ints(config.scheduler_config.max_num_seqs, MAX_PLAN_PIECES)
+
+
+@pytest.mark.parametrize("block_size, detected", [(256, (9, 0)), (64, (8, 0))], ids=["kernel-pages", "fallback"])
+def test_builder_plans_nothing_where_the_bundled_kernels_do_not_read_the_pages(
+    tmp_path, monkeypatch, block_size, detected
+):
+    """vLLM cuts a block size the kernels do not read into kernel pages (those calls plan for
+    themselves); vLLM's Triton MLA, where it serves, needs no plan."""
+    builder, _ = make_builder(tmp_path, monkeypatch, block_size, detected)
+    assert builder.plan_shape is None and builder.plan_buffer is None
+    assert type(build_decode(builder)) is MLACommonDecodeMetadata
+
+
+@pytest.mark.parametrize("kv_fp8", [True, False])
+def test_builder_plans_each_step_once_for_every_layer(kv_fp8, monkeypatch):
+    """The step's plan is made from vLLM's decode seq_lens and block table, for the engine's heads (all
+    of them under DCP, which gathers them), the step's query tokens and the workspace forward_mqa
+    passes, into the builder's buffer; every layer reads it off the metadata."""
+    builder = object.__new__(backend.MLABackendMetadataBuilder)
+    builder.plan_shape = engine_best.ShapeClass(heads=32, q_len=2, page_size=64, kv_fp8=kv_fp8, dcp=2)
+    builder.plan_buffer = torch.zeros(10, dtype=torch.int32)
+    builder.plan_config = MLABackendConfig()
+    builder.device = torch.device("cpu")
+    workspace = torch.zeros(8, dtype=torch.uint8)
+    monkeypatch.setattr(backend, "decode_workspace", lambda device: workspace)
+    calls = []
+    monkeypatch.setattr(backend, "plan_decode", lambda *args, **kwargs: calls.append((args, kwargs)) or "the plan")
+    decode = build_decode(builder, requests=3, q_len=2)
+    assert isinstance(decode, backend.RoutedDecodeMetadata) and decode.plan == "the plan"
+    ((args, kwargs),) = calls
+    assert args[0] is decode.seq_lens and args[1] is decode.block_table and args[2] == 64
+    assert kwargs["heads"] == 32 and kwargs["q_len"] == 2
+    assert kwargs["kv_dtype"] == (torch.float8_e4m3fn if kv_fp8 else torch.bfloat16)
+    assert kwargs["workspace_buffer"] is workspace and kwargs["buffer"] is builder.plan_buffer
+    assert kwargs["config"] is builder.plan_config
 
 
 def test_builder_plans_each_batch_for_flashmla_where_it_serves():

@@ -6,7 +6,14 @@ from hypothesis import strategies as st
 
 from mla_backend.config import MAX_KV_SPLITS
 from mla_backend.kernel_constants import MAX_PLAN_PIECES
-from mla_backend.launcher import choose_num_splits, choose_plan_pieces, plan_workspace_bytes, workspace_bytes
+from mla_backend.launcher import (
+    STEP_PLAN_MIN_BATCH,
+    choose_num_splits,
+    choose_plan_pieces,
+    plan_partials_bytes,
+    plan_workspace_bytes,
+    workspace_bytes,
+)
 
 BIG = 1 << 40
 
@@ -97,6 +104,34 @@ def test_plan_pieces_always_fit(batch, rows, fp8, slots, capacity):
     assert 0 <= pieces <= min(MAX_PLAN_PIECES, max(1, slots))
     assert pieces == 0 or plan_workspace_bytes(batch, rows, pieces) <= capacity
     assert pieces == 0 or batch + 2 * pieces <= 65535  # the decode grid's y spans the plan's items
+
+
+def test_a_step_plan_serves_small_batches_and_sizes_the_workspace_for_partials_alone():
+    """A plan made once a step keeps its ints outside the workspace and has no kernel on each call's
+    path, so it is made for batches the in-call plan leaves to the host's split count."""
+    assert choose_plan_pieces(1, 16, True, slots=264, workspace_capacity=BIG, step_plan=True) == 264
+    assert choose_plan_pieces(31, 128, True, slots=264, workspace_capacity=BIG, step_plan=True) == 66
+    assert choose_plan_pieces(0, 16, True, slots=264, workspace_capacity=BIG, step_plan=True) == 0
+    assert plan_partials_bytes(32, 40) == 3 * 40 * 32 * 513 * 4
+    exact = plan_partials_bytes(128, 16)  # too small for the in-call plan's ints beside them
+    assert choose_plan_pieces(40, 128, True, slots=264, workspace_capacity=exact, step_plan=True) == 16
+    assert choose_plan_pieces(40, 128, True, slots=264, workspace_capacity=exact) == 8
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    batch=st.integers(0, 70000),
+    rows=st.integers(1, 1024),
+    fp8=st.booleans(),
+    slots=st.integers(1, 2000),
+    capacity=st.integers(0, 1 << 32),
+)
+def test_step_plan_pieces_always_fit(batch, rows, fp8, slots, capacity):
+    pieces = choose_plan_pieces(batch, rows, fp8, slots, capacity, step_plan=True)
+    assert pieces == 0 or batch >= max(1, STEP_PLAN_MIN_BATCH)
+    assert 0 <= pieces <= min(MAX_PLAN_PIECES, max(1, slots))
+    assert pieces == 0 or plan_partials_bytes(rows, pieces) <= capacity
+    assert pieces == 0 or batch + 2 * pieces <= 65535
 
 
 def test_no_plan_where_its_items_would_pass_the_grid_bound():

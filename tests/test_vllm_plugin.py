@@ -425,6 +425,27 @@ def test_forward_mqa_matches_the_reference(dtype, q_len, monkeypatch):
     assert_rounded_from(out, lse, want, want_lse)
 
 
+def test_forward_mqa_hands_the_steps_plan_to_the_op(monkeypatch):
+    """Every layer's call reads the plan the builder made once for the step (None: the call plans)."""
+    monkeypatch.setattr(backend, "detected_capability", lambda: (9, 0))
+    plans = []
+    real_op = backend.mla_decode
+    monkeypatch.setattr(
+        backend,
+        "mla_decode",
+        lambda *args, plan, **kwargs: plans.append(plan) or real_op(*args, plan=None, **kwargs),
+    )
+    impl = make_impl("auto")
+    problem = make_paged_problem([37, 130], 1, 16, 16, seed=2)
+    q = problem.query.reshape(2, 16, 576)
+    for plan in ("the step's plan", None):
+        metadata = decode_metadata(problem, 2)
+        metadata.decode.plan = plan
+        impl.forward_mqa(q, problem.kv_cache, metadata, SimpleNamespace())
+    impl.forward_mqa(q, problem.kv_cache, decode_metadata(problem, 2), SimpleNamespace())  # vLLM's own metadata
+    assert plans == ["the step's plan", None, None]
+
+
 @pytest.mark.parametrize("aligned", [True, False], ids=["in-place", "misaligned"])
 def test_bf16_query_pair_goes_to_the_kernel_as_a_pair_when_it_can(aligned, monkeypatch):
     monkeypatch.setattr(backend, "detected_capability", lambda: (9, 0))

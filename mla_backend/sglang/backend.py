@@ -7,6 +7,8 @@ calls the op, which reads SGLang's MLA pool in place: ``[slots, 1, 576]`` viewed
 CUDA graphs: the page table and lengths live in buffers allocated once; the graph records the ops
 that refill them, so a replay sees the batch of the step (SGLang >= 0.5.16 records
 ``init_forward_metadata_in_graph``; the older capture/replay hooks refill them before each replay).
+The first layer's call of a step plans the split-KV of all its layers (step_plan.py), into a buffer
+of the graph's under graphs, so each replay plans once and its layers read the plan.
 
 FP8 caches hold K / k_scale (k_scale is the layer's, 1.0 when it has none); the query is cast to
 e4m3 as it is, so logits = q'.k' * (k_scale * scaling) and out = P.v' * k_scale.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from pydantic import ValidationError
@@ -25,6 +27,8 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from .. import shapes
 from ..config import BackendUnavailableError, MLABackendConfig, Resolution, format_validation_error, resolve_backend
 from ..decode import mla_decode
+from ..launcher import DecodePlan
+from ..step_plan import plan_buffer, plan_decode
 from . import NAME
 
 logger = logging.getLogger("mla_backend")
@@ -39,6 +43,8 @@ class DecodeMetadata:
     seq_lens: torch.Tensor  # int32 [B]: KV length including this step's query tokens
     max_seq_len: int  # host bound on seq_lens (plans the splits; fixed for a captured graph)
     q_len: int  # query tokens per request (1, or the verified draft tokens)
+    plan_buffer: torch.Tensor | None = None  # where a graph's step plan lives (None: eager, a new one)
+    plans: dict[int, DecodePlan | None] = field(default_factory=dict)  # the step's split plans, by heads
 
 
 def page_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, page_size: int, pages: int) -> torch.Tensor:
@@ -149,6 +155,8 @@ class MLADecodeBackend(AttentionBackend):
         self.forward_metadata: DecodeMetadata | None = None
         self.graph_block_tables: torch.Tensor | None = None
         self.graph_seq_lens: torch.Tensor | None = None
+        self.graph_plan_buffer: torch.Tensor | None = None
+        self.planning_layer: int | None = None  # the layer each forward reaches first
 
     # -- metadata ----------------------------------------------------------------------------
     def _query_tokens(self, forward_batch) -> int:
@@ -186,6 +194,7 @@ class MLADecodeBackend(AttentionBackend):
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs) -> None:
         self.graph_block_tables = torch.zeros(max_bs, self.max_pages, dtype=torch.int32, device=self.device)
         self.graph_seq_lens = torch.ones(max_bs, dtype=torch.int32, device=self.device)
+        self.graph_plan_buffer = plan_buffer(max_bs, self.device)
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return 1
@@ -195,9 +204,11 @@ class MLADecodeBackend(AttentionBackend):
         return min(self.max_context_len + q_len, self.max_pages * self.page_size)
 
     def _graph_metadata(self, bs: int, q_len: int) -> DecodeMetadata:
-        # The bound covers any batch the graph replays, so a split count planned from it holds for all
-        # of them (calls of 32 requests or more plan their splits on the GPU from seq_lens).
-        return DecodeMetadata(self.graph_block_tables[:bs], self.graph_seq_lens[:bs], self._length_bound(q_len), q_len)
+        # The step's first call plans the splits on the GPU from the graph's seq_lens, into a buffer
+        # made once, so the plan is made again at every replay.
+        bound = self._length_bound(q_len)
+        tables, lens = self.graph_block_tables[:bs], self.graph_seq_lens[:bs]
+        return DecodeMetadata(tables, lens, bound, q_len, self.graph_plan_buffer)
 
     def _refill_graph_buffers(self, bs: int, req_pool_indices, seq_lens, q_len: int, verify: bool) -> None:
         self.graph_block_tables[:bs].copy_(
@@ -263,6 +274,28 @@ class MLADecodeBackend(AttentionBackend):
             return k_scale * layer.scaling, k_scale
         return layer.scaling, 1.0
 
+    def _step_plan(self, meta: DecodeMetadata, layer) -> DecodePlan | None:
+        """The split plan of this step, made by its first layer's call (so a captured forward holds
+        the plan kernel once, and each replay plans again) and read by the others."""
+        if self.planning_layer is None:
+            self.planning_layer = layer.layer_id
+        if layer.layer_id == self.planning_layer:
+            meta.plans.clear()
+        heads = layer.tp_q_head_num
+        if heads not in meta.plans:
+            meta.plans[heads] = plan_decode(
+                meta.seq_lens,
+                meta.block_tables,
+                self.page_size,
+                heads=heads,
+                q_len=meta.q_len,
+                kv_dtype=torch.float8_e4m3fn if self.fp8 else torch.bfloat16,
+                workspace_buffer=self.workspace,
+                buffer=meta.plan_buffer,
+                config=self.config.model_copy(update={"backend": self.route.backend}),
+            )
+        return meta.plans[heads]
+
     def _attend(self, q, q_rope, layer, forward_batch):
         meta = self.forward_metadata
         query = self._query_parts(q, q_rope, layer, meta)
@@ -281,6 +314,7 @@ class MLADecodeBackend(AttentionBackend):
             backend=self.route.backend,
             config=self.config,
             qk_nope_head_dim=self.qk_nope_head_dim,
+            plan=self._step_plan(meta, layer),
         )
         return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 

@@ -37,6 +37,8 @@ from .. import shapes
 from ..checks import query_layout_problem
 from ..config import BackendUnavailableError, MLABackendConfig, Resolution, format_validation_error, resolve_backend
 from ..decode import mla_decode
+from ..launcher import DecodePlan
+from ..step_plan import plan_buffer, plan_decode
 from . import compat, engine_best, fallback, flashmla
 from .drafter import drafter_hint
 
@@ -239,22 +241,27 @@ def model_problem(vllm_config: VllmConfig) -> str | None:
 @dataclass
 class RoutedDecodeMetadata(MLACommonDecodeMetadata):
     flashmla: flashmla.Schedule | None = None  # FlashMLA's plan where it serves this engine's decode
+    plan: DecodePlan | None = None  # the bundled kernels' split plan of this step, read by every layer
 
 
 class MLABackendMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
-    # Decode metadata is vLLM's own block_table / seq_lens (persistent buffers) plus max_seq_len;
-    # calls of 32 requests or more plan their split-KV on the GPU from seq_lens at every replay, smaller
-    # ones by a host-side function of batch, heads and max_seq_len, so graphs replay.
-    # Where FlashMLA serves decode, its plan is built here per batch, as vLLM's FLASHMLA builds it.
+    # Decode metadata is vLLM's own block_table / seq_lens (persistent buffers) plus max_seq_len, and
+    # the step's split-KV plan: made here once a step on the GPU from seq_lens, into a buffer made once,
+    # so a full CUDA graph replays with the plan written before its replay (vLLM hands builders the
+    # graph's padded batch). Where FlashMLA serves decode, its plan is built here per batch instead,
+    # as vLLM's FLASHMLA builds it.
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
     query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.UNIFORM
+    flashmla_scheduler: flashmla.Scheduler | None = None
+    plan_shape: engine_best.ShapeClass | None = None  # the engine's decode where the bundled kernels serve it
+    plan_buffer: torch.Tensor | None = None
+    plan_config: MLABackendConfig | None = None
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         reserve_decode_workspace(vllm_config, self.num_heads, self.mla_dims.kv_lora_rank)
         if hint := drafter_hint(vllm_config):
             announce_drafter(hint)
-        self.flashmla_scheduler: flashmla.Scheduler | None = None
         shape = engine_shape(vllm_config, kv_cache_spec.block_size, self.num_heads)
         best = choose_engine_best(vllm_config, shape)
         if best.candidate:
@@ -269,15 +276,36 @@ class MLABackendMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                 else None
             )
             self.flashmla_scheduler = flashmla.Scheduler(shape.heads, shape.kv_fp8, graph_buffers, self.device)
+        bundled = not best.use_flashmla and engine_route(vllm_config, detected_capability()).kernel == "bundled"
+        # A block size the kernels do not read is cut into kernel pages by vLLM: those calls plan themselves.
+        if bundled and shape.page_size in shapes.PAGE_SIZES:
+            self.plan_shape = shape
+            # vLLM captures graphs of at most max_num_seqs requests, and no step decodes more.
+            self.plan_buffer = plan_buffer(vllm_config.scheduler_config.max_num_seqs, self.device)
+            self.plan_config = plugin_config(vllm_config)
 
     def _build_decode(self, **kwargs) -> MLACommonDecodeMetadata:
         # vLLM passes keywords only; the set differs between releases (0.33 adds max_query_len).
         decode = super()._build_decode(**kwargs)
-        if self.flashmla_scheduler is None:
-            return decode
         requests = kwargs["block_table_tensor"].shape[0]
-        schedule = self.flashmla_scheduler(kwargs["seq_lens_device"], kwargs["num_decode_tokens"] // requests)
-        return RoutedDecodeMetadata(decode.block_table, decode.seq_lens, decode.dcp_tot_seq_lens, schedule)
+        q_len = kwargs["num_decode_tokens"] // max(1, requests)
+        if self.flashmla_scheduler is not None:
+            schedule = self.flashmla_scheduler(kwargs["seq_lens_device"], q_len)
+            return RoutedDecodeMetadata(decode.block_table, decode.seq_lens, decode.dcp_tot_seq_lens, schedule)
+        if self.plan_shape is None or requests == 0:
+            return decode
+        plan = plan_decode(
+            decode.seq_lens,
+            decode.block_table,
+            self.plan_shape.page_size,
+            heads=self.plan_shape.heads,
+            q_len=q_len,
+            kv_dtype=torch.float8_e4m3fn if self.plan_shape.kv_fp8 else torch.bfloat16,
+            workspace_buffer=decode_workspace(self.device),
+            buffer=self.plan_buffer,
+            config=self.plan_config,
+        )
+        return RoutedDecodeMetadata(decode.block_table, decode.seq_lens, decode.dcp_tot_seq_lens, plan=plan)
 
 
 def reserve_decode_workspace(vllm_config: VllmConfig, local_heads: int, kv_lora_rank: int) -> None:
@@ -433,6 +461,7 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
             return_lse=return_lse,
             config=self.config,
             qk_nope_head_dim=self.qk_nope_head_dim,
+            plan=getattr(decode, "plan", None),
         )
         out, lse = result if return_lse else (result, None)
         return out.view(tokens, heads, -1), (lse.view(tokens, heads) if lse is not None else None)

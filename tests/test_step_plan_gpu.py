@@ -1,0 +1,185 @@
+"""A step's split plan (mla_backend.step_plan), made once and read by many calls, on the GPU: the plan
+is the oracle's, every call that reads it matches the float64 reference, a plan made from other
+lengths stays correct, and a CUDA graph replays with the plan written before each replay."""
+
+import math
+
+import pytest
+import torch
+from plan_oracle import counts_in, expected_plan, plan_in_workspace
+
+from mla_backend import MLABackendConfig, mla_decode, mla_decode_reference, plan_buffer, plan_decode
+from mla_backend.inputs import make_paged_problem
+from mla_backend.launcher import PLAN_MIN_BATCH, choose_plan_pieces, resident_slots, tile_shape
+from mla_backend.reference import ROW_ERROR_TOLERANCE
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+WORKSPACE_BYTES = 256 << 20
+BMM1, BMM2 = 1 / math.sqrt(192), 1.3
+CONFIG = MLABackendConfig.from_sources({"backend": "xqa"})  # ours, where auto may route elsewhere
+DTYPES = [torch.bfloat16, torch.float8_e4m3fn]
+
+
+@pytest.fixture(scope="module")
+def workspace():
+    return torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+
+
+def make_plan(problem, workspace, buffer=None):
+    batch, q_len, heads, _ = problem.query.shape
+    return plan_decode(
+        problem.seq_lens,
+        problem.block_tables,
+        problem.kv_cache.shape[-2],
+        heads=heads,
+        q_len=q_len,
+        kv_dtype=problem.kv_cache.dtype,
+        workspace_buffer=workspace,
+        buffer=buffer,
+        config=CONFIG,
+    )
+
+
+def decode_with(problem, workspace, plan):
+    """The op on a NaN-poisoned out, with ``plan``; (out, lse)."""
+    batch, q_len, heads, _ = problem.query.shape
+    out = torch.full((batch, q_len, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((batch, q_len, heads), float("nan"), dtype=torch.float32, device="cuda")
+    mla_decode(
+        problem.query,
+        problem.kv_cache,
+        workspace,
+        problem.block_tables,
+        problem.seq_lens,
+        problem.max_seq_len,
+        out=out,
+        lse=lse,
+        bmm1_scale=BMM1,
+        bmm2_scale=BMM2,
+        config=CONFIG,
+        plan=plan,
+    )
+    return out, lse
+
+
+def assert_matches_reference(out, lse, problem):
+    """Every row within the dtype's tolerance of float64 on the dequantised inputs, rows that see no
+    key zero, LSE -inf exactly there and within 1e-3 elsewhere."""
+    want, want_lse = mla_decode_reference(
+        problem.query, problem.kv_cache, problem.block_tables, problem.seq_lens, BMM1, BMM2
+    )
+    assert not torch.isnan(out).any(), "unwritten (NaN-poisoned) output"
+    scale = want.norm(dim=-1)
+    seen = scale > 0
+    assert torch.all(out[~seen] == 0), "rows that see no key must be zero"
+    rel = (out.double() - want).norm(dim=-1)[seen] / scale[seen]
+    assert rel.numel() == 0 or rel.max() <= ROW_ERROR_TOLERANCE[problem.query.dtype], f"row rel err {rel.max():.3e}"
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isneginf(lse), ~finite)
+    assert not finite.any() or (lse[finite].double() - want_lse[finite]).abs().max() <= 1e-3
+
+
+def expected_pieces(problem) -> int:
+    batch, q_len, heads, _ = problem.query.shape
+    fp8 = problem.query.dtype == torch.float8_e4m3fn
+    slots = resident_slots(torch.cuda.current_device(), fp8, *tile_shape(q_len * heads, fp8))
+    return choose_plan_pieces(batch, q_len * heads, fp8, slots, WORKSPACE_BYTES, step_plan=True)
+
+
+def assert_plan_is_the_oracles(plan, problem) -> list[int]:
+    lengths = problem.seq_lens.tolist()
+    assert plan.pieces == expected_pieces(problem) > 0
+    max_len = problem.block_tables.shape[1] * problem.kv_cache.shape[-2]
+    got = plan_in_workspace(plan.ints, len(lengths), plan.pieces)
+    assert got == expected_plan(lengths, plan.pieces, max_len)
+    return counts_in(got, len(lengths))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
+@pytest.mark.parametrize("heads, q_len", [(16, 1), (128, 1), (20, 2), (8, 4)])
+@pytest.mark.parametrize(
+    "lengths",
+    [[20000, 300, 0, 2], [20000] + [300] * 30 + [0, 4], [4096] * 8, [1]],
+    ids=["small-mixed", "33-mixed", "equal-8", "one-token"],
+)
+def test_calls_reading_one_step_plan_match_the_reference(workspace, dtype, heads, q_len, lengths):
+    """The plan of small batches too (which a call would not plan for itself), int for int the
+    oracle's; three layers' calls, each its own query and cache over the step's lengths, read it."""
+    layers = [make_paged_problem(lengths, q_len, heads, 64, dtype, "cuda", seed=s) for s in range(3)]
+    plan = make_plan(layers[0], workspace)
+    splits = assert_plan_is_the_oracles(plan, layers[0])
+    if lengths[0] == 20000:
+        assert splits[0] > 1 and splits[0] >= 4 * max(splits[1:-2], default=1), splits
+    for layer in layers:
+        assert_matches_reference(*decode_with(layer, workspace, plan), layer)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
+def test_a_plan_made_from_other_lengths_stays_correct(workspace, dtype):
+    """Each split's tiles come from its request's length when the decode runs: a plan made before the
+    lengths changed (in place, as an engine's persistent buffer changes) only balances worse."""
+    problem = make_paged_problem([9000, 9000, 64, 700, 1], 1, 16, 64, dtype, "cuda", seed=3)
+    plan = make_plan(problem, workspace)
+    assert counts_in(plan_in_workspace(plan.ints, 5, plan.pieces), 5)[:2] != [1, 1]
+    problem.seq_lens.copy_(torch.tensor([1, 8999, 9000, 0, 700], dtype=torch.int32))
+    assert_matches_reference(*decode_with(problem, workspace, plan), problem)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
+def test_a_graph_replays_with_the_plan_written_before_each_replay(workspace, dtype):
+    """The engines' order: capture with a plan in a fixed buffer; then each step writes new lengths,
+    plans again into that buffer outside the graph, and replays."""
+    batch = PLAN_MIN_BATCH // 2  # under the in-call plan's threshold: only the step plan cuts here
+    problem = make_paged_problem([6000] * batch, 1, 16, 64, dtype, "cuda", seed=7)
+    buffer = plan_buffer(batch, "cuda")
+    out = torch.empty(batch, 1, 16, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(batch, 1, 16, dtype=torch.float32, device="cuda")
+
+    def step():
+        mla_decode(
+            problem.query,
+            problem.kv_cache,
+            workspace,
+            problem.block_tables,
+            problem.seq_lens,
+            problem.max_seq_len,
+            out=out,
+            lse=lse,
+            bmm1_scale=BMM1,
+            bmm2_scale=BMM2,
+            config=CONFIG,
+            plan=plan,
+        )
+
+    plan = make_plan(problem, workspace, buffer)
+    step()  # loads the kernels and sets their attributes outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    gen = torch.Generator().manual_seed(11)
+    for lengths in ([6000] + [40] * (batch - 1), [0] * batch, torch.randint(0, 6001, (batch,), generator=gen).tolist()):
+        problem.seq_lens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        replanned = make_plan(problem, workspace, buffer)
+        assert replanned.ints.data_ptr() == buffer.data_ptr() and replanned.pieces == plan.pieces
+        assert_plan_is_the_oracles(replanned, problem)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        graph.replay()
+        assert_matches_reference(out, lse, problem)
+
+
+def test_a_plan_for_another_call_is_refused_before_launch(workspace):
+    problem = make_paged_problem([3000, 20], 1, 16, 64, torch.float8_e4m3fn, "cuda", seed=1)
+    plan = make_plan(problem, workspace)
+    other_heads = make_paged_problem([3000, 20], 1, 32, 64, torch.float8_e4m3fn, "cuda", seed=1)
+    with pytest.raises(ValueError, match="plan was made for batch 2, 16 rows"):
+        decode_with(other_heads, workspace, plan)
+    other_dtype = make_paged_problem([3000, 20], 1, 16, 64, torch.bfloat16, "cuda", seed=1)
+    with pytest.raises(ValueError, match="fp8; this call has batch 2, 16 rows, bf16"):
+        decode_with(other_dtype, workspace, plan)
+    with pytest.raises(ValueError, match="split partials need"):
+        decode_with(problem, workspace[:1024], plan)
