@@ -256,15 +256,27 @@ MUTATIONS = [
     ),
     M(
         "mla_backend/launcher.py",
-        "partials = (PLAN_CUT_WAVES + 1) * pieces",
-        "partials = pieces",
+        "return (PLAN_CUT_WAVES + 1) * pieces * rows",
+        "return pieces * rows",
         "plan workspace holds partials for one split a piece",
     ),
     M(
         "mla_backend/launcher.py",
-        "    if batch < PLAN_MIN_BATCH:\n        return 0\n    row_blocks",
-        "    if batch == 0:\n        return 0\n    row_blocks",
+        "(STEP_PLAN_MIN_BATCH if step_plan else PLAN_MIN_BATCH)",
+        "(STEP_PLAN_MIN_BATCH if step_plan else 1)",
         "small batches planned on the GPU",
+    ),
+    M(
+        "mla_backend/step_plan.py",
+        "(plan.batch, plan.rows, plan.fp8) == (problem.batch, rows, fp8)",
+        "(plan.batch, plan.fp8) == (problem.batch, fp8)",
+        "a step plan for other heads accepted",
+    ),
+    M(
+        "mla_backend/vllm/backend.py",
+        'plan=getattr(decode, "plan", None),',
+        "plan=None,",
+        "vLLM's layers ignore the step's plan",
     ),
     M(
         "mla_backend/launcher.py",

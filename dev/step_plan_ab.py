@@ -25,8 +25,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import mixed_lengths  # noqa: E402  (dev/'s batches of unequal lengths)
 
 CONFIG = MLABackendConfig.from_sources({"backend": "xqa"})
-SHAPES = ["16,1,32768", "16,1,4096", "128,1,32768", "128,8,4096", "16,8,16384", "16,16,8192", "8,32,8192,4"]
-SHAPES += ["16,4,mix", "16,16,mix", "128,16,mix"]
+SHAPES = ["16,1,32768", "16,1,4096", "128,1,32768", "16,2,16384", "16,4,16384", "128,4,8192", "128,8,4096"]
+SHAPES += ["16,8,16384", "16,16,8192", "8,16,8192,4", "20,16,8192,2"]
+SHAPES += ["16,2,mix", "16,4,mix", "16,8,mix", "16,16,mix", "128,4,mix", "128,16,mix"]
 SHAPES += ["16,32,16384", "128,64,8192", "16,128,16384", "16,64,8192,4", "20,64,8192,2", "8,64,8192,4"]
 SHAPES += ["16,one_long", "128,one_long", "16,log_uniform", "128,log_uniform"]
 

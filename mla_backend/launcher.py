@@ -54,10 +54,16 @@ PLAN_MIN_BATCH = 32
 STEP_PLAN_MIN_BATCH = 1
 
 
+PLAN_RECORD_INTS = 4  # a plan's item and merge records: 16 bytes each
+
+
 def plan_ints(batch: int, pieces: int) -> int:
-    """int32 entries of a split plan (csrc/params.h's PlanLayout.ints())."""
+    """int32 entries of a split plan (csrc/params.h's PlanLayout.ints()): a header of four, a record
+    per item (at most batch + cut waves x pieces), a record per split request (at most the batch and
+    half the partials)."""
     partials = (PLAN_CUT_WAVES + 1) * pieces
-    return 3 + 3 * batch + (batch + PLAN_CUT_WAVES * pieces) + min(batch, partials // 2)
+    records = (batch + PLAN_CUT_WAVES * pieces) + min(batch, partials // 2)
+    return PLAN_RECORD_INTS * (1 + records)
 
 
 def plan_partials_bytes(rows: int, pieces: int) -> int:

@@ -5,7 +5,13 @@ Exits non-zero if any result is wrong, so the sanitizer run also checks correctn
 
 import torch
 
-from mla_backend import MLABackendConfig, mla_decode_reference, xqa_batch_decode_with_kv_cache_mla
+from mla_backend import (
+    MLABackendConfig,
+    mla_decode,
+    mla_decode_reference,
+    plan_decode,
+    xqa_batch_decode_with_kv_cache_mla,
+)
 from mla_backend.inputs import make_paged_problem
 
 workspace = torch.zeros(64 << 20, dtype=torch.uint8, device="cuda")
@@ -38,5 +44,27 @@ for splits, dtype, heads, q_len, lengths, split_query in [
     want, _ = mla_decode_reference(p.query, p.kv_cache, p.block_tables, p.seq_lens, 0.07, 1.0)
     err = ((out.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
     worst = max(worst, err)
+# A step's plan made once (step_plan.py) and read by two calls, for small batches as well.
+for dtype, heads, q_len, lengths in [
+    (torch.float8_e4m3fn, 16, 1, [3000, 10, 0, 200]),
+    (torch.bfloat16, 128, 2, [2000, 64, 1, 40] * 9),
+    (torch.float8_e4m3fn, 20, 2, [0, 0]),
+]:
+    config = MLABackendConfig.from_sources({"backend": "xqa"})
+    layers = [make_paged_problem(lengths, q_len, heads, 16, dtype, "cuda", seed=s) for s in range(2)]
+    plan = plan_decode(
+        layers[0].seq_lens, layers[0].block_tables, 16, heads=heads, q_len=q_len, kv_dtype=dtype,
+        workspace_buffer=workspace, config=config,
+    )  # fmt: skip
+    assert plan is not None
+    for p in layers:
+        out = mla_decode(
+            p.query, p.kv_cache, workspace, p.block_tables, p.seq_lens, p.max_seq_len, bmm1_scale=0.07,
+            config=config, plan=plan,
+        )  # fmt: skip
+        want, _ = mla_decode_reference(p.query, p.kv_cache, p.block_tables, p.seq_lens, 0.07, 1.0)
+        err = ((out.double() - want).norm() / want.norm().clamp_min(1e-30)).item() if want.norm() > 0 else 0.0
+        assert not out.isnan().any()
+        worst = max(worst, err)
 print(f"sanitize sweep ({MLABackendConfig.from_sources().kernel_variant}): worst relative error {worst:.2e}")
 raise SystemExit(0 if worst < 2e-2 else 1)

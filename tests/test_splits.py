@@ -75,11 +75,12 @@ def test_smaller_batches_keep_the_host_split_count():
 
 
 def test_the_plan_workspace_holds_its_ints_then_partials_for_three_times_the_pieces():
-    """Written out: 3 counters, 3 ints a request, an item per request and two per piece, the split
-    requests (at most the batch), rounded to 256 bytes; then 3 x pieces x rows x (512 + 1) floats."""
-    ints = 3 + 3 * 5 + (5 + 2 * 40) + 5
+    """Written out: a header of 4 ints, a 4-int record per item (one per request and two per piece)
+    and per split request (at most the batch), rounded to 256 bytes; then 3 x pieces x rows x
+    (512 + 1) floats."""
+    ints = 4 + 4 * (5 + 2 * 40) + 4 * 5
     assert plan_workspace_bytes(5, 32, 40) == -(-ints * 4 // 256) * 256 + 3 * 40 * 32 * 513 * 4
-    ints = 3 + 3 * 500 + (500 + 2 * 40) + 60  # split requests: at most half the partials
+    ints = 4 + 4 * (500 + 2 * 40) + 4 * 60  # split requests: at most half the partials
     assert plan_workspace_bytes(500, 32, 40) == -(-ints * 4 // 256) * 256 + 3 * 40 * 32 * 513 * 4
 
 
