@@ -201,19 +201,19 @@ __global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const _
     return;
   }
   const PlanLayout layout{p.batch, p.plan_pieces};
-  const int4* const merged = reinterpret_cast<const int4*>(p.plan + layout.merged());  // {b, first, splits, 0}
+  const int many_at = layout.merged() + layout.max_merged() - 1;  // that list runs backwards
   const long long units = (long long)p.plan[2] * p.rows * kMergeSlices;
   for (long long unit = blockIdx.x; unit < units; unit += gridDim.x) {
     const int slice = static_cast<int>(unit % kMergeSlices), row = static_cast<int>(unit / kMergeSlices % p.rows);
-    const int4 r = merged[layout.max_merged() - 1 - static_cast<int>(unit / (kMergeSlices * p.rows))];  // backwards
-    merge_slice<HALF_PARTIALS>(p, sh, r.x, row, slice, r.y, r.z);
+    const int b = p.plan[many_at - static_cast<int>(unit / (kMergeSlices * p.rows))];
+    merge_slice<HALF_PARTIALS>(p, sh, b, row, slice, p.plan[layout.first_partial() + b], p.plan[layout.count() + b]);
     __syncthreads();  // the next unit reuses the shared memory
   }
   const int warps = kMergeThreads / 32;
   const long long rows = (long long)p.plan[1] * p.rows;
   for (long long r = (long long)blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += (long long)gridDim.x * warps) {
-    const int4 m = merged[r / p.rows];
-    merge_row_few<HALF_PARTIALS>(p, m.x, r % p.rows, m.y, m.z);
+    const int b = p.plan[layout.merged() + static_cast<int>(r / p.rows)];
+    merge_row_few<HALF_PARTIALS>(p, b, r % p.rows, p.plan[layout.first_partial() + b], p.plan[layout.count() + b]);
   }
 }
 

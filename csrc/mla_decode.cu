@@ -191,7 +191,6 @@ int* step_plan_ints(const std::optional<Tensor>& plan, const Tensor& q, int64_t 
   STD_TORCH_CHECK(plan->is_cuda() && plan->get_device_index() == q.get_device_index() &&
                       plan->scalar_type() == ScalarType::Int && plan->is_contiguous(),
                   "plan: contiguous int32 tensor on the query's device");
-  STD_TORCH_CHECK(reinterpret_cast<uintptr_t>(plan->data_ptr()) % 16 == 0, "plan: start must be 16-byte aligned");
   const PlanLayout layout{static_cast<int>(batch), static_cast<int>(pieces)};
   STD_TORCH_CHECK(plan->numel() >= layout.ints(), "plan: ", layout.ints(), " ints for batch ", batch, " and ", pieces,
                   " pieces, got ", plan->numel());

@@ -51,27 +51,30 @@ struct DecodeParams {
   int plan_pieces;  // the plan's target of splits per row block of the whole batch
 };
 
-// The split plan (int32, 16-byte aligned), written by mla_plan_kernel from the real seq_lens:
-//   [0]                 items: (request, split) pairs, one decode CTA each (per row block)
-//   [1], [2]            requests cut into 2..kFewSplitsMax splits, and into more (the merge's work); [3] 0
-//   records() + 4 i     item i < max_items(): {request, split, splits, first partial}, the request -1
-//                       past the items: one 16-byte load tells a decode CTA all it needs
-//   merged() + 4 k      the k-th request cut into 2..kFewSplitsMax splits, k < [1]: {request, first
-//                       partial, splits, 0}; the k-th cut into more at merged() + 4 (max_merged() - 1 - k)
-// A request's splits are consecutive items and its partials consecutive row blocks of the partials.
+// The split plan in the workspace (int32), written by mla_plan_kernel from the real seq_lens:
+//   [0]                    items: (request, split) pairs, one decode CTA each (per row block)
+//   [1], [2]               requests cut into 2..kFewSplitsMax splits, and into more (the merge's work)
+//   first_item() + b       the first item of request b (its items are consecutive)
+//   count() + b            the splits of request b
+//   first_partial() + b    where request b's split partials start in the workspace (split requests only)
+//   items() + i            the request of item i, for i < max_items()
+//   merged() + k           the k-th request cut into 2..kFewSplitsMax splits, k < [1]
+//   merged() + max_merged() - 1 - k   the k-th request cut into more, k < [2]
 // The plan keeps within these bounds (plan.cuh weighs only the targets that do): items at most
 // batch + cut waves x pieces, partials at most (cut waves + 1) x pieces, split requests at most half
 // that and the batch. One split a request always does.
 struct PlanLayout {
   int batch, pieces;
+  __host__ __device__ int first_item() const { return 3; }
+  __host__ __device__ int count() const { return 3 + batch; }
+  __host__ __device__ int first_partial() const { return 3 + 2 * batch; }
+  __host__ __device__ int items() const { return 3 + 3 * batch; }
   static constexpr int kCutWaves = MLA_PLAN_CUT_WAVES;
-  static constexpr int kRecordInts = 4;
   __host__ __device__ int max_items() const { return batch + kCutWaves * pieces; }
+  __host__ __device__ int merged() const { return items() + max_items(); }
   __host__ __device__ int max_partials() const { return (kCutWaves + 1) * pieces; }
   __host__ __device__ int max_merged() const { return batch < max_partials() / 2 ? batch : max_partials() / 2; }
-  __host__ __device__ static constexpr int records() { return kRecordInts; }
-  __host__ __device__ int merged() const { return records() + kRecordInts * max_items(); }
-  __host__ __device__ int ints() const { return merged() + kRecordInts * max_merged(); }
+  __host__ __device__ int ints() const { return merged() + max_merged(); }
 };
 
 // What one decode CTA computes: split `split` of the `splits` of request b, whose split partials
@@ -81,16 +84,19 @@ struct WorkItem {
   bool valid;  // false: a CTA past the plan's items, which returns at once
 };
 
-// The work item of this CTA: from the plan (grid.y over items: one record) or, without one, from
-// grid.z (request) and grid.y (split). Reads the plan: after pdl_wait.
+// The work item of this CTA: from the plan (grid.y over items) or, without one, from grid.z (request)
+// and grid.y (split). Reads the plan: after pdl_wait.
 __device__ __forceinline__ WorkItem work_item(const DecodeParams& p) {
   if (p.plan == nullptr) {
     const int b = blockIdx.z;
     return {b, static_cast<int>(blockIdx.y), p.num_splits, b * p.num_splits, true};
   }
-  const int4 r = *reinterpret_cast<const int4*>(p.plan + PlanLayout::records() +
-                                                PlanLayout::kRecordInts * static_cast<int>(blockIdx.y));
-  return {max(r.x, 0), r.y, max(r.z, 1), r.w, r.x >= 0};
+  const PlanLayout layout{p.batch, p.plan_pieces};
+  const int item = blockIdx.y;
+  if (item >= p.plan[0]) return {0, 0, 1, 0, false};
+  const int b = p.plan[layout.items() + item];
+  return {b, item - p.plan[layout.first_item() + b], p.plan[layout.count() + b], p.plan[layout.first_partial() + b],
+          true};
 }
 
 // KV tiles per split of a request of `len` tokens cut into `splits` (spread evenly).

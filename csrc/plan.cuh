@@ -169,8 +169,6 @@ __global__ void __launch_bounds__(kPlanThreads) mla_plan_kernel(const __grid_con
   longest = block_max(longest, warp_totals);
   const int target = choose_target(p, first_tiles, total, longest);
   int items = 0, few = 0, many = 0, partials = 0;
-  int4* const records = reinterpret_cast<int4*>(p.plan + PlanLayout::records());
-  int4* const merged = reinterpret_cast<int4*>(p.plan + layout.merged());
   for (int base = 0; base < p.batch; base += blockDim.x) {
     const int b = base + threadIdx.x;
     const int t = b < kPlanThreads ? first_tiles[b] : b < p.batch ? request_tiles(p, b) : 0;
@@ -182,19 +180,23 @@ __global__ void __launch_bounds__(kPlanThreads) mla_plan_kernel(const __grid_con
     const int many_at = many + block_exclusive_scan(cut && !cut_few ? 1 : 0, warp_totals, chunk_many);
     const int first_partial = partials + block_exclusive_scan(cut ? splits : 0, warp_totals, chunk_partials);
     if (b < p.batch) {
-      for (int s = 0; s < splits; ++s) records[first + s] = make_int4(b, s, splits, first_partial);
-      const int4 merge = make_int4(b, first_partial, splits, 0);
-      if (cut_few) merged[few_at] = merge;
-      if (cut && !cut_few) merged[layout.max_merged() - 1 - many_at] = merge;
+      p.plan[layout.first_item() + b] = first;
+      p.plan[layout.count() + b] = splits;
+      p.plan[layout.first_partial() + b] = first_partial;
+      for (int s = 0; s < splits; ++s) p.plan[layout.items() + first + s] = b;
+      if (cut_few) p.plan[layout.merged() + few_at] = b;
+      if (cut && !cut_few) p.plan[layout.merged() + layout.max_merged() - 1 - many_at] = b;
     }
     items += chunk_items;
     few += chunk_few;
     many += chunk_many;
     partials += chunk_partials;
   }
-  // The CTAs of the grid past the plan's items find a record that sends them home.
-  for (int i = items + threadIdx.x; i < layout.max_items(); i += blockDim.x) records[i] = make_int4(-1, 0, 0, 0);
-  if (threadIdx.x == 0) reinterpret_cast<int4*>(p.plan)[0] = make_int4(items, few, many, 0);
+  if (threadIdx.x == 0) {
+    p.plan[0] = items;
+    p.plan[1] = few;
+    p.plan[2] = many;
+  }
 }
 
 }  // namespace mla

@@ -50,20 +50,18 @@ MAX_GRID_Y = 65535  # CUDA's bound on grid.y
 # its item lookup add about 7 us a call (H100, docs/performance.md), which batches this large repay
 # once their lengths differ; smaller ones keep one split count for the batch, planned on the host.
 PLAN_MIN_BATCH = 32
-# The same for a plan made once per engine step (step_plan.py), which every layer's call reads.
-STEP_PLAN_MIN_BATCH = 1
-
-
-PLAN_RECORD_INTS = 4  # a plan's item and merge records: 16 bytes each
+# The same for a plan made once per engine step (step_plan.py), which every layer's call reads: from
+# 4 requests it gains where lengths differ (2.1-5.5x with one 32k request among 1k ones) and costs
+# equal batches 0-5%. A planned grid spans more CTAs than the items need (the plan is made on the
+# GPU), and the H100 then places a few of its first CTAs two to an SM: one or two requests, split
+# over a hundred CTAs, run up to 25% slower than with the host's count (docs/performance.md).
+STEP_PLAN_MIN_BATCH = 4
 
 
 def plan_ints(batch: int, pieces: int) -> int:
-    """int32 entries of a split plan (csrc/params.h's PlanLayout.ints()): a header of four, a record
-    per item (at most batch + cut waves x pieces), a record per split request (at most the batch and
-    half the partials)."""
+    """int32 entries of a split plan (csrc/params.h's PlanLayout.ints())."""
     partials = (PLAN_CUT_WAVES + 1) * pieces
-    records = (batch + PLAN_CUT_WAVES * pieces) + min(batch, partials // 2)
-    return PLAN_RECORD_INTS * (1 + records)
+    return 3 + 3 * batch + (batch + PLAN_CUT_WAVES * pieces) + min(batch, partials // 2)
 
 
 def plan_partials_bytes(rows: int, pieces: int) -> int:

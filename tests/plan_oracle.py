@@ -62,43 +62,41 @@ def choose_target(tiles: list[int], pieces: int) -> int:
 
 
 def expected_plan(lengths: list[int], pieces: int, max_len: int) -> list[int]:
-    """The plan's ints as the layout lays them out: the header, a record per item slot of the grid
-    ({request, split, splits, first partial}, request -1 past the items), then the records of the
-    requests cut into few splits and of those cut into many ({request, first partial, splits, 0}),
-    each list in its own order."""
+    """The plan's ints as the layout lays them out, up to the split requests' list."""
     batch = len(lengths)
     tiles = [-(-min(max(n, 0), max_len) // TOKENS_PER_TILE) for n in lengths]
     target = choose_target(tiles, pieces)
     counts = [request_splits(t, target) for t in tiles]
-    items, few, many = [], [], []
+    first_item, first_partial, items, few, many = [], [], [], [], []
     partials = 0
     for b, count in enumerate(counts):
-        first = partials  # the running count of partials, as the kernel's scan leaves it
-        items += [[b, s, count, first] for s in range(count)]
+        first_item.append(len(items))
+        first_partial.append(partials)
+        items += [b] * count
         if count > 1:
-            (few if count <= FEW_SPLITS_MAX else many).append([b, first, count, 0])
+            (few if count <= FEW_SPLITS_MAX else many).append(b)
             partials += count
-    max_items = batch + PLAN_CUT_WAVES * pieces
-    assert len(items) <= max_items and partials <= (PLAN_CUT_WAVES + 1) * pieces
-    slots = items + [[-1, 0, 0, 0]] * (max_items - len(items))
-    return [len(items), len(few), len(many), 0, *(x for r in slots + few + many for x in r)]
+    assert len(items) <= batch + PLAN_CUT_WAVES * pieces and partials <= (PLAN_CUT_WAVES + 1) * pieces
+    return [len(items), len(few), len(many), *first_item, *counts, *first_partial, *items, *few, *many]
 
 
 def counts_in(plan: list[int], batch: int) -> list[int]:
     """The split count of each request, from a plan's ints as the layout lays them out."""
-    counts = [0] * batch
-    for at in range(4, 4 + 4 * plan[0], 4):
-        counts[plan[at]] = plan[at + 2]
-    return counts
+    return plan[3 + batch : 3 + 2 * batch]
 
 
 def plan_in_workspace(workspace: torch.Tensor, batch: int, pieces: int) -> list[int]:
-    """The same ints read back from a plan's memory (the workspace of a call that planned itself, or a
-    step plan's ints); the list of requests cut into many splits runs backwards from the end."""
+    """The same ints read back from the workspace the last planned call used (the list of requests cut
+    into many splits runs backwards from the end of the layout)."""
     ints = workspace.view(torch.int32)
-    n_items, n_few, n_many, _ = ints[:4].tolist()
-    max_items = batch + PLAN_CUT_WAVES * pieces
-    merged_at = 4 + 4 * max_items
-    end = merged_at + 4 * min(batch, (PLAN_CUT_WAVES + 1) * pieces // 2)
-    many = ints[end - 4 * n_many : end].view(-1, 4).flip(0).reshape(-1).tolist()
-    return ints[:merged_at].tolist() + ints[merged_at : merged_at + 4 * n_few].tolist() + many
+    n_items, n_few, n_many = ints[:3].tolist()
+    head = 3 + 3 * batch
+    merged_at = head + batch + PLAN_CUT_WAVES * pieces
+    end = merged_at + min(batch, (PLAN_CUT_WAVES + 1) * pieces // 2)
+    many = ints[end - n_many : end].flip(0).tolist()
+    return (
+        ints[:head].tolist()
+        + ints[head : head + n_items].tolist()
+        + ints[merged_at : merged_at + n_few].tolist()
+        + many
+    )

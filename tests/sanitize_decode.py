@@ -44,11 +44,11 @@ for splits, dtype, heads, q_len, lengths, split_query in [
     want, _ = mla_decode_reference(p.query, p.kv_cache, p.block_tables, p.seq_lens, 0.07, 1.0)
     err = ((out.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
     worst = max(worst, err)
-# A step's plan made once (step_plan.py) and read by two calls, for small batches as well.
+# A step's plan made once (step_plan.py) and read by two calls, for batches under 32 as well.
 for dtype, heads, q_len, lengths in [
     (torch.float8_e4m3fn, 16, 1, [3000, 10, 0, 200]),
     (torch.bfloat16, 128, 2, [2000, 64, 1, 40] * 9),
-    (torch.float8_e4m3fn, 20, 2, [0, 0]),
+    (torch.float8_e4m3fn, 20, 2, [0, 0, 0, 0]),
 ]:
     config = MLABackendConfig.from_sources({"backend": "xqa"})
     layers = [make_paged_problem(lengths, q_len, heads, 16, dtype, "cuda", seed=s) for s in range(2)]

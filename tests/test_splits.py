@@ -75,12 +75,11 @@ def test_smaller_batches_keep_the_host_split_count():
 
 
 def test_the_plan_workspace_holds_its_ints_then_partials_for_three_times_the_pieces():
-    """Written out: a header of 4 ints, a 4-int record per item (one per request and two per piece)
-    and per split request (at most the batch), rounded to 256 bytes; then 3 x pieces x rows x
-    (512 + 1) floats."""
-    ints = 4 + 4 * (5 + 2 * 40) + 4 * 5
+    """Written out: 3 counters, 3 ints a request, an item per request and two per piece, the split
+    requests (at most the batch), rounded to 256 bytes; then 3 x pieces x rows x (512 + 1) floats."""
+    ints = 3 + 3 * 5 + (5 + 2 * 40) + 5
     assert plan_workspace_bytes(5, 32, 40) == -(-ints * 4 // 256) * 256 + 3 * 40 * 32 * 513 * 4
-    ints = 4 + 4 * (500 + 2 * 40) + 4 * 60  # split requests: at most half the partials
+    ints = 3 + 3 * 500 + (500 + 2 * 40) + 60  # split requests: at most half the partials
     assert plan_workspace_bytes(500, 32, 40) == -(-ints * 4 // 256) * 256 + 3 * 40 * 32 * 513 * 4
 
 
@@ -109,9 +108,10 @@ def test_plan_pieces_always_fit(batch, rows, fp8, slots, capacity):
 
 def test_a_step_plan_serves_small_batches_and_sizes_the_workspace_for_partials_alone():
     """A plan made once a step keeps its ints outside the workspace and has no kernel on each call's
-    path, so it is made for batches the in-call plan leaves to the host's split count."""
-    assert choose_plan_pieces(1, 16, True, slots=264, workspace_capacity=BIG, step_plan=True) == 264
+    path, so it is made for batches of 4 to 31, which the in-call plan leaves to the host's count."""
+    assert choose_plan_pieces(4, 16, True, slots=264, workspace_capacity=BIG, step_plan=True) == 264
     assert choose_plan_pieces(31, 128, True, slots=264, workspace_capacity=BIG, step_plan=True) == 66
+    assert choose_plan_pieces(3, 16, True, slots=264, workspace_capacity=BIG, step_plan=True) == 0
     assert choose_plan_pieces(0, 16, True, slots=264, workspace_capacity=BIG, step_plan=True) == 0
     assert plan_partials_bytes(32, 40) == 3 * 40 * 32 * 513 * 4
     exact = plan_partials_bytes(128, 16)  # too small for the in-call plan's ints beside them

@@ -103,7 +103,7 @@ def assert_plan_is_the_oracles(plan, problem) -> list[int]:
 @pytest.mark.parametrize("heads, q_len", [(16, 1), (128, 1), (20, 2), (8, 4)])
 @pytest.mark.parametrize(
     "lengths",
-    [[20000, 300, 0, 2], [20000] + [300] * 30 + [0, 4], [4096] * 8, [1]],
+    [[20000, 300, 0, 2], [20000] + [300] * 30 + [0, 4], [4096] * 8, [1, 1, 0, 1]],
     ids=["small-mixed", "33-mixed", "equal-8", "one-token"],
 )
 def test_calls_reading_one_step_plan_match_the_reference(workspace, dtype, heads, q_len, lengths):
@@ -174,14 +174,23 @@ def test_a_graph_replays_with_the_plan_written_before_each_replay(workspace, dty
         assert_matches_reference(out, lse, problem)
 
 
+def test_steps_of_fewer_requests_keep_the_hosts_split_count(workspace):
+    """One to three requests: no plan (launcher.STEP_PLAN_MIN_BATCH), and the calls split as before."""
+    for lengths in ([30000], [30000, 1000, 5]):
+        problem = make_paged_problem(lengths, 1, 16, 64, torch.float8_e4m3fn, "cuda", seed=len(lengths))
+        assert make_plan(problem, workspace) is None
+        assert_matches_reference(*decode_with(problem, workspace, None), problem)
+
+
 def test_a_plan_for_another_call_is_refused_before_launch(workspace):
-    problem = make_paged_problem([3000, 20], 1, 16, 64, torch.float8_e4m3fn, "cuda", seed=1)
+    lengths = [3000, 20, 7, 1]
+    problem = make_paged_problem(lengths, 1, 16, 64, torch.float8_e4m3fn, "cuda", seed=1)
     plan = make_plan(problem, workspace)
-    other_heads = make_paged_problem([3000, 20], 1, 32, 64, torch.float8_e4m3fn, "cuda", seed=1)
-    with pytest.raises(ValueError, match="plan was made for batch 2, 16 rows"):
+    other_heads = make_paged_problem(lengths, 1, 32, 64, torch.float8_e4m3fn, "cuda", seed=1)
+    with pytest.raises(ValueError, match="plan was made for batch 4, 16 rows"):
         decode_with(other_heads, workspace, plan)
-    other_dtype = make_paged_problem([3000, 20], 1, 16, 64, torch.bfloat16, "cuda", seed=1)
-    with pytest.raises(ValueError, match="fp8; this call has batch 2, 16 rows, bf16"):
+    other_dtype = make_paged_problem(lengths, 1, 16, 64, torch.bfloat16, "cuda", seed=1)
+    with pytest.raises(ValueError, match="fp8; this call has batch 4, 16 rows, bf16"):
         decode_with(other_dtype, workspace, plan)
     with pytest.raises(ValueError, match="split partials need"):
         decode_with(problem, workspace[:1024], plan)
