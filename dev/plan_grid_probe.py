@@ -20,17 +20,7 @@ CASES = [(16, [32768]), (128, [32768]), (16, [32768, 1024]), (16, [4096])]
 
 def timed(problems, workspace, config, plan=None) -> float:
     def call(p):
-        return lambda: mla_decode(
-            p.query,
-            p.kv_cache,
-            workspace,
-            p.block_tables,
-            p.seq_lens,
-            p.max_seq_len,
-            bmm1_scale=SM_SCALE,
-            config=config,
-            plan=plan,
-        )
+        return lambda: mla_decode(*p.decode_args(workspace), bmm1_scale=SM_SCALE, config=config, plan=plan)
 
     return time_graph([call(p) for p in problems])
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from mla_backend import MLABackendConfig, mla_decode, plan_decode
+from mla_backend import MLABackendConfig, mla_decode
 from mla_backend.inputs import make_paged_problem
 from mla_backend.tools.bench import SM_SCALE, copies_past_l2, ours, time_graph
 
@@ -44,34 +44,11 @@ def lengths_of(fields: list[str]) -> tuple[int, list[int], int]:
 
 
 def step_call(problem, workspace, plan):
-    def call():
-        mla_decode(
-            problem.query,
-            problem.kv_cache,
-            workspace,
-            problem.block_tables,
-            problem.seq_lens,
-            problem.max_seq_len,
-            bmm1_scale=SM_SCALE,
-            config=CONFIG,
-            plan=plan,
-        )
-
-    return call
+    return lambda: mla_decode(*problem.decode_args(workspace), bmm1_scale=SM_SCALE, config=CONFIG, plan=plan)
 
 
 def make_plan(problem, workspace):
-    batch, q_len, heads, _ = problem.query.shape
-    return plan_decode(
-        problem.seq_lens,
-        problem.block_tables,
-        64,
-        heads=heads,
-        q_len=q_len,
-        kv_dtype=problem.kv_cache.dtype,
-        workspace_buffer=workspace,
-        config=CONFIG,
-    )
+    return problem.step_plan(workspace, CONFIG)
 
 
 def main(args: list[str]) -> int:

@@ -23,6 +23,27 @@ class PagedProblem:
     seq_lens: torch.Tensor
     max_seq_len: int
 
+    def decode_args(self, workspace: torch.Tensor | None) -> tuple:
+        """``mla_decode``'s positional arguments for this problem."""
+        return (self.query, self.kv_cache, workspace, self.block_tables, self.seq_lens, self.max_seq_len)
+
+    def step_plan(self, workspace: torch.Tensor | None, config=None, buffer: torch.Tensor | None = None):
+        """``plan_decode`` for this problem's step (None where its calls plan for themselves)."""
+        from .step_plan import plan_decode
+
+        _, q_len, heads, _ = self.query.shape
+        return plan_decode(
+            self.seq_lens,
+            self.block_tables,
+            self.kv_cache.shape[-2],
+            heads=heads,
+            q_len=q_len,
+            kv_dtype=self.kv_cache.dtype,
+            workspace_buffer=workspace,
+            buffer=buffer,
+            config=config,
+        )
+
 
 # Elements drawn per step on the GPU: the float32 scratch stays small and is allocated after the
 # result, so the result sits where a plain allocation of its size would (kernel times depend on it).

@@ -9,7 +9,6 @@ from mla_backend import (
     MLABackendConfig,
     mla_decode,
     mla_decode_reference,
-    plan_decode,
     xqa_batch_decode_with_kv_cache_mla,
 )
 from mla_backend.inputs import make_paged_problem
@@ -52,16 +51,10 @@ for dtype, heads, q_len, lengths in [
 ]:
     config = MLABackendConfig.from_sources({"backend": "xqa"})
     layers = [make_paged_problem(lengths, q_len, heads, 16, dtype, "cuda", seed=s) for s in range(2)]
-    plan = plan_decode(
-        layers[0].seq_lens, layers[0].block_tables, 16, heads=heads, q_len=q_len, kv_dtype=dtype,
-        workspace_buffer=workspace, config=config,
-    )  # fmt: skip
+    plan = layers[0].step_plan(workspace, config)
     assert plan is not None
     for p in layers:
-        out = mla_decode(
-            p.query, p.kv_cache, workspace, p.block_tables, p.seq_lens, p.max_seq_len, bmm1_scale=0.07,
-            config=config, plan=plan,
-        )  # fmt: skip
+        out = mla_decode(*p.decode_args(workspace), bmm1_scale=0.07, config=config, plan=plan)
         want, _ = mla_decode_reference(p.query, p.kv_cache, p.block_tables, p.seq_lens, 0.07, 1.0)
         err = ((out.double() - want).norm() / want.norm().clamp_min(1e-30)).item() if want.norm() > 0 else 0.0
         assert not out.isnan().any()

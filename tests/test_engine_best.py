@@ -177,15 +177,14 @@ def build_decode(builder, requests=3, q_len=2):
     return builder._build_decode(**{k: v for k, v in values.items() if k in accepted})
 
 
-@pytest.mark.parametrize("graphs", [CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.PIECEWISE])
-@pytest.mark.parametrize("kv", ["fp8", "auto"])
-def test_builder_makes_flashmla_plan_buffers_for_every_batch_a_graph_can_replay(tmp_path, kv, graphs, monkeypatch):
-    """The builder's own __init__ (vLLM's MLA builder under it), where `auto` gives decode to FlashMLA:
-    under full CUDA graphs the fp8 plan's buffers hold one tile row per SM and one split entry per
-    request of the largest batch (max_num_seqs), since a captured graph replays any smaller batch."""
+def make_builder(
+    tmp_path, monkeypatch, block_size=64, detected=(9, 0), kv="fp8", use_flashmla=False, graphs=None
+) -> tuple:
+    """The builder's own __init__ (vLLM's MLA builder under it), with `auto`'s choice of FlashMLA set."""
     model = small_deepseek_model_config(tmp_path)
     config = VllmConfig(model_config=model, device_config=DeviceConfig(device="cuda"))
-    config.compilation_config.cudagraph_mode = graphs
+    if graphs is not None:
+        config.compilation_config.cudagraph_mode = graphs
     config.cache_config.cache_dtype = kv
     text = model.hf_text_config
     # What vLLM's MLA builders read off the attention layer (0.26: the prefill backend; 0.33: the dims).
@@ -198,38 +197,8 @@ def test_builder_makes_flashmla_plan_buffers_for_every_batch_a_graph_can_replay(
         v_head_dim=text.v_head_dim,
     )
     config.compilation_config.static_forward_context["model.layers.0.self_attn.attn"] = layer
-    monkeypatch.setattr(backend, "choose_engine_best", lambda vllm_config, shape: engine_best.EngineBest(True, "test"))
-    monkeypatch.setattr(backend.current_platform, "num_compute_units", lambda *args: 132)
-    spec = MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
-    with set_current_vllm_config(config):
-        builder = backend.MLABackendMetadataBuilder(
-            spec, ["model.layers.0.self_attn.attn"], config, torch.device("cpu")
-        )
-    scheduler = builder.flashmla_scheduler
-    assert scheduler is not None and scheduler.heads == 16 and scheduler.kv_fp8 == (kv == "fp8")
-    if kv == "fp8" and graphs.has_full_cudagraphs():
-        assert scheduler.tile_buffer.shape == (132, flashmla.TILE_METADATA_WIDTH)
-        assert scheduler.splits_buffer.shape == (config.scheduler_config.max_num_seqs + 1,)
-    else:
-        assert scheduler.tile_buffer is None and scheduler.splits_buffer is None
-
-
-def make_builder(tmp_path, monkeypatch, block_size=64, detected=(9, 0), kv="fp8"):
-    """The builder's own __init__ (vLLM's MLA builder under it) where `auto` keeps the bundled kernels."""
-    model = small_deepseek_model_config(tmp_path)
-    config = VllmConfig(model_config=model, device_config=DeviceConfig(device="cuda"))
-    config.cache_config.cache_dtype = kv
-    text = model.hf_text_config
-    layer = SimpleNamespace(
-        prefill_backend=SimpleNamespace(clone=lambda: "prefill backend"),
-        q_lora_rank=text.q_lora_rank,
-        kv_lora_rank=text.kv_lora_rank,
-        qk_nope_head_dim=text.qk_nope_head_dim,
-        qk_rope_head_dim=text.qk_rope_head_dim,
-        v_head_dim=text.v_head_dim,
-    )
-    config.compilation_config.static_forward_context["model.layers.0.self_attn.attn"] = layer
-    monkeypatch.setattr(backend, "choose_engine_best", lambda vllm_config, shape: engine_best.EngineBest(False, "test"))
+    best = engine_best.EngineBest(use_flashmla, "test")
+    monkeypatch.setattr(backend, "choose_engine_best", lambda vllm_config, shape: best)
     monkeypatch.setattr(backend, "detected_capability", lambda: detected)
     monkeypatch.setattr(backend.current_platform, "num_compute_units", lambda *args: 132)
     spec = MLAAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
@@ -238,6 +207,23 @@ def make_builder(tmp_path, monkeypatch, block_size=64, detected=(9, 0), kv="fp8"
             spec, ["model.layers.0.self_attn.attn"], config, torch.device("cpu")
         )
     return builder, config
+
+
+@pytest.mark.parametrize("graphs", [CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.PIECEWISE])
+@pytest.mark.parametrize("kv", ["fp8", "auto"])
+def test_builder_makes_flashmla_plan_buffers_for_every_batch_a_graph_can_replay(tmp_path, kv, graphs, monkeypatch):
+    """Where `auto` gives decode to FlashMLA: under full CUDA graphs the fp8 plan's buffers hold one
+    tile row per SM and one split entry per request of the largest batch (max_num_seqs), since a
+    captured graph replays any smaller batch."""
+    builder, config = make_builder(tmp_path, monkeypatch, kv=kv, use_flashmla=True, graphs=graphs)
+    scheduler = builder.flashmla_scheduler
+    assert scheduler is not None and scheduler.heads == 16 and scheduler.kv_fp8 == (kv == "fp8")
+    assert builder.plan_buffer is None  # FlashMLA plans for itself
+    if kv == "fp8" and graphs.has_full_cudagraphs():
+        assert scheduler.tile_buffer.shape == (132, flashmla.TILE_METADATA_WIDTH)
+        assert scheduler.splits_buffer.shape == (config.scheduler_config.max_num_seqs + 1,)
+    else:
+        assert scheduler.tile_buffer is None and scheduler.splits_buffer is None
 
 
 def test_builder_keeps_a_plan_buffer_for_the_largest_step_where_the_bundled_kernels_serve(tmp_path, monkeypatch):

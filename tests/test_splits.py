@@ -90,22 +90,6 @@ def test_the_plan_shrinks_to_the_workspace_and_is_left_out_without_one():
     assert choose_plan_pieces(0, 128, True, slots=264, workspace_capacity=BIG) == 0
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    batch=st.integers(0, 70000),
-    rows=st.integers(1, 1024),
-    fp8=st.booleans(),
-    slots=st.integers(1, 2000),
-    capacity=st.integers(0, 1 << 32),
-)
-def test_plan_pieces_always_fit(batch, rows, fp8, slots, capacity):
-    pieces = choose_plan_pieces(batch, rows, fp8, slots, capacity)
-    assert pieces == 0 or batch >= 32
-    assert 0 <= pieces <= min(MAX_PLAN_PIECES, max(1, slots))
-    assert pieces == 0 or plan_workspace_bytes(batch, rows, pieces) <= capacity
-    assert pieces == 0 or batch + 2 * pieces <= 65535  # the decode grid's y spans the plan's items
-
-
 def test_a_step_plan_serves_small_batches_and_sizes_the_workspace_for_partials_alone():
     """A plan made once a step keeps its ints outside the workspace and has no kernel on each call's
     path, so it is made for batches of 4 to 31, which the in-call plan leaves to the host's count."""
@@ -126,13 +110,17 @@ def test_a_step_plan_serves_small_batches_and_sizes_the_workspace_for_partials_a
     fp8=st.booleans(),
     slots=st.integers(1, 2000),
     capacity=st.integers(0, 1 << 32),
+    step_plan=st.booleans(),
 )
-def test_step_plan_pieces_always_fit(batch, rows, fp8, slots, capacity):
-    pieces = choose_plan_pieces(batch, rows, fp8, slots, capacity, step_plan=True)
-    assert pieces == 0 or batch >= max(1, STEP_PLAN_MIN_BATCH)
+def test_plan_pieces_always_fit(batch, rows, fp8, slots, capacity, step_plan):
+    """Plans made in the call and once a step: only for batches past their threshold, within the
+    piece bound, the workspace (the step plan's ints live outside it) and the grid's y bound."""
+    pieces = choose_plan_pieces(batch, rows, fp8, slots, capacity, step_plan=step_plan)
+    assert pieces == 0 or batch >= (max(1, STEP_PLAN_MIN_BATCH) if step_plan else 32)
     assert 0 <= pieces <= min(MAX_PLAN_PIECES, max(1, slots))
-    assert pieces == 0 or plan_partials_bytes(rows, pieces) <= capacity
-    assert pieces == 0 or batch + 2 * pieces <= 65535
+    need = plan_partials_bytes(rows, pieces) if step_plan else plan_workspace_bytes(batch, rows, pieces)
+    assert pieces == 0 or need <= capacity
+    assert pieces == 0 or batch + 2 * pieces <= 65535  # the decode grid's y spans the plan's items
 
 
 def test_no_plan_where_its_items_would_pass_the_grid_bound():

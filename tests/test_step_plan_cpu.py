@@ -74,16 +74,7 @@ def problem_and_plan(batch=2, q_len=1, heads=16, fp8=True, pieces=8):
 
 
 def call(problem, plan, workspace, config=None):
-    return mla_decode(
-        problem.query,
-        problem.kv_cache,
-        workspace,
-        problem.block_tables,
-        problem.seq_lens,
-        problem.max_seq_len,
-        plan=plan,
-        config=config,
-    )
+    return mla_decode(*problem.decode_args(workspace), plan=plan, config=config)
 
 
 def test_a_fitting_plan_leaves_the_result_as_it_is():

@@ -8,7 +8,7 @@ import pytest
 import torch
 from plan_oracle import counts_in, expected_plan, plan_in_workspace
 
-from mla_backend import MLABackendConfig, mla_decode, mla_decode_reference, plan_buffer, plan_decode
+from mla_backend import MLABackendConfig, mla_decode, mla_decode_reference, plan_buffer
 from mla_backend.inputs import make_paged_problem
 from mla_backend.launcher import PLAN_MIN_BATCH, choose_plan_pieces, resident_slots, tile_shape
 from mla_backend.reference import ROW_ERROR_TOLERANCE
@@ -30,38 +30,17 @@ def workspace():
 
 
 def make_plan(problem, workspace, buffer=None):
-    batch, q_len, heads, _ = problem.query.shape
-    return plan_decode(
-        problem.seq_lens,
-        problem.block_tables,
-        problem.kv_cache.shape[-2],
-        heads=heads,
-        q_len=q_len,
-        kv_dtype=problem.kv_cache.dtype,
-        workspace_buffer=workspace,
-        buffer=buffer,
-        config=CONFIG,
-    )
+    return problem.step_plan(workspace, CONFIG, buffer)
 
 
-def decode_with(problem, workspace, plan):
-    """The op on a NaN-poisoned out, with ``plan``; (out, lse)."""
+def decode_with(problem, workspace, plan, out=None, lse=None):
+    """The op with ``plan`` into ``out`` and ``lse`` (new NaN-poisoned ones where not given)."""
     batch, q_len, heads, _ = problem.query.shape
-    out = torch.full((batch, q_len, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-    lse = torch.full((batch, q_len, heads), float("nan"), dtype=torch.float32, device="cuda")
+    if out is None:
+        out = torch.full((batch, q_len, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        lse = torch.full((batch, q_len, heads), float("nan"), dtype=torch.float32, device="cuda")
     mla_decode(
-        problem.query,
-        problem.kv_cache,
-        workspace,
-        problem.block_tables,
-        problem.seq_lens,
-        problem.max_seq_len,
-        out=out,
-        lse=lse,
-        bmm1_scale=BMM1,
-        bmm2_scale=BMM2,
-        config=CONFIG,
-        plan=plan,
+        *problem.decode_args(workspace), out=out, lse=lse, bmm1_scale=BMM1, bmm2_scale=BMM2, config=CONFIG, plan=plan
     )
     return out, lse
 
@@ -142,20 +121,7 @@ def test_a_graph_replays_with_the_plan_written_before_each_replay(workspace, dty
     lse = torch.empty(batch, 1, 16, dtype=torch.float32, device="cuda")
 
     def step():
-        mla_decode(
-            problem.query,
-            problem.kv_cache,
-            workspace,
-            problem.block_tables,
-            problem.seq_lens,
-            problem.max_seq_len,
-            out=out,
-            lse=lse,
-            bmm1_scale=BMM1,
-            bmm2_scale=BMM2,
-            config=CONFIG,
-            plan=plan,
-        )
+        decode_with(problem, workspace, plan, out, lse)
 
     plan = make_plan(problem, workspace, buffer)
     step()  # loads the kernels and sets their attributes outside the capture

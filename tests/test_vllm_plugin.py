@@ -425,16 +425,24 @@ def test_forward_mqa_matches_the_reference(dtype, q_len, monkeypatch):
     assert_rounded_from(out, lse, want, want_lse)
 
 
+def spy_on_the_op(monkeypatch) -> list:
+    """The calls forward_mqa makes to the op, as (args, kwargs); each runs the real op, without the
+    step's plan (a CPU call plans nothing)."""
+    calls = []
+    real_op = backend.mla_decode
+
+    def op(*args, **kwargs):
+        calls.append((args, kwargs))
+        return real_op(*args, **(kwargs | {"plan": None}))
+
+    monkeypatch.setattr(backend, "mla_decode", op)
+    return calls
+
+
 def test_forward_mqa_hands_the_steps_plan_to_the_op(monkeypatch):
     """Every layer's call reads the plan the builder made once for the step (None: the call plans)."""
     monkeypatch.setattr(backend, "detected_capability", lambda: (9, 0))
-    plans = []
-    real_op = backend.mla_decode
-    monkeypatch.setattr(
-        backend,
-        "mla_decode",
-        lambda *args, plan, **kwargs: plans.append(plan) or real_op(*args, plan=None, **kwargs),
-    )
+    calls = spy_on_the_op(monkeypatch)
     impl = make_impl("auto")
     problem = make_paged_problem([37, 130], 1, 16, 16, seed=2)
     q = problem.query.reshape(2, 16, 576)
@@ -443,19 +451,13 @@ def test_forward_mqa_hands_the_steps_plan_to_the_op(monkeypatch):
         metadata.decode.plan = plan
         impl.forward_mqa(q, problem.kv_cache, metadata, SimpleNamespace())
     impl.forward_mqa(q, problem.kv_cache, decode_metadata(problem, 2), SimpleNamespace())  # vLLM's own metadata
-    assert plans == ["the step's plan", None, None]
+    assert [kwargs["plan"] for _, kwargs in calls] == ["the step's plan", None, None]
 
 
 @pytest.mark.parametrize("aligned", [True, False], ids=["in-place", "misaligned"])
 def test_bf16_query_pair_goes_to_the_kernel_as_a_pair_when_it_can(aligned, monkeypatch):
     monkeypatch.setattr(backend, "detected_capability", lambda: (9, 0))
-    seen = []
-    real_op = backend.mla_decode
-    monkeypatch.setattr(
-        backend,
-        "mla_decode",
-        lambda query, *args, **kwargs: seen.append(query) or real_op(query, *args, **kwargs),
-    )
+    calls = spy_on_the_op(monkeypatch)
     impl = make_impl("auto")
     problem = make_paged_problem([37, 130], 1, 16, 16, seed=2)
     wide = torch.cat([problem.query, problem.query], dim=-1).reshape(2, 16, 1152)
@@ -464,7 +466,7 @@ def test_bf16_query_pair_goes_to_the_kernel_as_a_pair_when_it_can(aligned, monke
     out, _ = impl.forward_mqa((q[..., :512], q[..., 512:]), problem.kv_cache, metadata, SimpleNamespace())
     want, _ = naive_decode(q.reshape(2, 1, 16, 576), problem.kv_cache, problem.block_tables, problem.seq_lens, 0.1, 1.0)
     assert_rounded_from(out, None, want, None)
-    assert isinstance(seen[0], tuple) == aligned  # not readable in place: concatenated once
+    assert isinstance(calls[0][0][0], tuple) == aligned  # not readable in place: concatenated once
 
 
 def test_fallback_route_gets_the_whole_query(monkeypatch):
