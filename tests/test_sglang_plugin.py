@@ -60,14 +60,14 @@ def server_args(page_size=64, **changes):
     return args
 
 
-def make_runner(dtype, page_size=64, pool_pages=24, **args):
+def make_runner(dtype, page_size=64, pool_pages=24, layers=1, **args):
     pool = MLATokenToKVPool(
         size=pool_pages * page_size,
         page_size=page_size,
         dtype=dtype,
         kv_lora_rank=512,
         qk_rope_head_dim=64,
-        layer_num=1,
+        layer_num=layers,
         device="cpu",
         enable_memory_saver=False,
     )
@@ -292,6 +292,41 @@ def test_graph_buffers_are_refilled_for_each_replayed_batch(hooks):
     out = bk.forward_decode(q_nope, None, None, layer(), batch, save_kv_cache=False, q_rope=q_rope)
     want = expected_attention(runner, indices.flip(0), second[::-1], q_nope, q_rope, 1)
     assert_close_to(out.view(-1, 512), want.view(-1, 512))
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_the_first_layer_of_each_step_plans_the_split_for_all_its_layers(graphs, monkeypatch):
+    """The step's split plan (step_plan.plan_decode) is made by the call of the layer each forward
+    reaches first, from the step's lengths and page table, into the graph's buffer under graphs (a
+    captured forward then plans once a replay), and the other layers reuse it; the next step's first
+    layer plans again, in the same metadata as a replay has it."""
+    calls = []
+    monkeypatch.setattr(backend, "plan_decode", lambda *args, **kwargs: calls.append((args, kwargs)))  # None: unplanned
+    runner = make_runner(torch.float8_e4m3fn, layers=3)
+    bk = make_backend(runner)
+    lengths = [30, 200, 64, 9]
+    indices = place_requests(runner, lengths)
+    batch = decode_batch(indices, lengths)
+    if graphs:
+        bk.init_cuda_graph_state(max_bs=4, max_num_tokens=4)
+        bk.init_forward_metadata_out_graph(batch, in_capture=True)
+        bk.init_forward_metadata_in_graph(batch)
+    else:
+        bk.init_forward_metadata(batch)
+    q_nope, q_rope = absorbed_query(len(lengths), torch.float8_e4m3fn)
+    layers = [layer() for _ in range(3)]
+    for layer_id, each in enumerate(layers):
+        each.layer_id = layer_id
+    for step in range(2):
+        for each in layers:
+            bk.forward_decode(q_nope, None, None, each, batch, save_kv_cache=False, q_rope=q_rope)
+        assert len(calls) == step + 1
+    args, kwargs = calls[0]
+    meta = bk.forward_metadata
+    assert args[0] is meta.seq_lens and args[1] is meta.block_tables and args[2] == runner.page_size
+    assert (kwargs["heads"], kwargs["q_len"], kwargs["kv_dtype"]) == (HEADS, 1, torch.float8_e4m3fn)
+    assert kwargs["workspace_buffer"] is bk.workspace and kwargs["config"].backend == "xqa"
+    assert kwargs["buffer"] is (bk.graph_plan_buffer if graphs else None)
 
 
 def test_a_gpu_it_cannot_serve_gets_sglangs_triton_and_says_why(monkeypatch, caplog):
