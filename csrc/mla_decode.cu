@@ -183,7 +183,6 @@ void check_kv_part(const Tensor& t, const Tensor& q, int64_t dim, const char* na
                   name, ": start, token stride and page stride must be 16-byte aligned");
 }
 
-// Stable boxing passes tensors by value (reference-counted handles).
 // A step's plan made by `plan` (below) and read by every layer's call: int32, PlanLayout{batch, pieces}.
 int* step_plan_ints(const std::optional<Tensor>& plan, const Tensor& q, int64_t batch, int64_t pieces) {
   if (!plan.has_value()) return nullptr;
@@ -197,6 +196,7 @@ int* step_plan_ints(const std::optional<Tensor>& plan, const Tensor& q, int64_t 
   return static_cast<int*>(plan->data_ptr());
 }
 
+// Stable boxing passes tensors by value (reference-counted handles).
 void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_tables, Tensor seq_lens, Tensor out,
             std::optional<Tensor> lse, Tensor workspace, int64_t max_seq_len, int64_t num_splits, int64_t plan_pieces,
             std::optional<Tensor> plan, int64_t row_groups, int64_t rf, double bmm1, std::optional<Tensor> bmm1_tensor,

@@ -45,6 +45,11 @@ def workspace_bytes(batch: int, rows: int, num_splits: int) -> int:
     return 0 if num_splits == 1 else batch * num_splits * rows * (LATENT_DIM + 1) * 4
 
 
+def workspace_capacity(workspace: torch.Tensor | None) -> int:
+    """Bytes a caller's workspace buffer holds (none: 0)."""
+    return 0 if workspace is None else workspace.numel() * workspace.element_size()
+
+
 MAX_GRID_Y = 65535  # CUDA's bound on grid.y
 # Requests a call holds at least for the GPU's split plan made inside the call: the plan's kernel and
 # its item lookup add about 7 us a call (H100, docs/performance.md), which batches this large repay
@@ -190,7 +195,7 @@ def launch_decode(
     fp8 = problem.dtype == torch.float8_e4m3fn
     rows = problem.q_len * problem.heads
     row_groups, rf = tile_shape(rows, fp8)
-    capacity = 0 if workspace is None else workspace.numel() * workspace.element_size()
+    capacity = workspace_capacity(workspace)
     pieces = 0
     if plan is not None:
         splits, pieces = 1, plan.pieces

@@ -18,15 +18,10 @@ from __future__ import annotations
 import torch
 
 from . import shapes
-from .checks import DecodeProblem
+from .checks import DecodeProblem, _require
 from .config import MLABackendConfig, default_config, resolve_backend
 from .kernel_constants import MAX_PLAN_PIECES
-from .launcher import DecodePlan, launch_plan, plan_ints, plan_partials_bytes
-
-
-def _require(cond: bool, message: str, exc: type[Exception] = ValueError) -> None:
-    if not cond:
-        raise exc(message)
+from .launcher import DecodePlan, launch_plan, plan_ints, plan_partials_bytes, workspace_capacity
 
 
 def plan_buffer(max_batch: int, device: torch.device | str) -> torch.Tensor:
@@ -102,8 +97,8 @@ def plan_decode(
     batch = seq_lens.shape[0]
     if buffer is None:
         buffer = torch.empty(plan_ints(batch, MAX_PLAN_PIECES), dtype=torch.int32, device=device)
-    capacity = 0 if workspace_buffer is None else workspace_buffer.numel() * workspace_buffer.element_size()
     fp8 = kv_dtype == torch.float8_e4m3fn
+    capacity = workspace_capacity(workspace_buffer)
     return launch_plan(seq_lens, block_tables.shape[1], page_size, q_len * heads, fp8, buffer, capacity, config)
 
 
@@ -121,8 +116,7 @@ def check_plan(plan: DecodePlan, problem: DecodeProblem, workspace_buffer, confi
     )
     _require(plan.ints.device == problem.device, f"plan is on {plan.ints.device} but query is on {problem.device}")
     _require(config.num_kv_splits is None, "plan and num_kv_splits both set: a planned call chooses its own splits")
-    capacity = 0 if workspace_buffer is None else workspace_buffer.numel() * workspace_buffer.element_size()
-    need = plan_partials_bytes(rows, plan.pieces)
+    capacity, need = workspace_capacity(workspace_buffer), plan_partials_bytes(rows, plan.pieces)
     _require(
         capacity >= need,
         f"workspace_buffer holds {capacity} bytes but the plan's split partials need {need}: pass the "

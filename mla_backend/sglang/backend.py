@@ -141,6 +141,7 @@ class MLADecodeBackend(AttentionBackend):
             )
         self.config = config
         self.route = route
+        self.plan_config = config.model_copy(update={"backend": route.backend})  # the kernel the calls run
         self.device = torch.device(runner.device)
         self.page_size = runner.page_size
         self.req_to_token = runner.req_to_token_pool.req_to_token
@@ -292,7 +293,7 @@ class MLADecodeBackend(AttentionBackend):
                 kv_dtype=torch.float8_e4m3fn if self.fp8 else torch.bfloat16,
                 workspace_buffer=self.workspace,
                 buffer=meta.plan_buffer,
-                config=self.config.model_copy(update={"backend": self.route.backend}),
+                config=self.plan_config,
             )
         return meta.plans[heads]
 
