@@ -100,3 +100,25 @@ def plan_in_workspace(workspace: torch.Tensor, batch: int, pieces: int) -> list[
         + ints[merged_at : merged_at + n_few].tolist()
         + many
     )
+
+
+def launcher_pieces(problem, workspace_bytes: int, step_plan: bool = False) -> int:
+    """The pieces the launcher plans ``problem`` (a PagedProblem) over with ``workspace_bytes`` of
+    workspace, in a call or as a step's plan (the resident CTAs of this GPU: CUDA only)."""
+    from mla_backend.launcher import choose_plan_pieces, resident_slots, tile_shape
+
+    batch, q_len, heads, _ = problem.query.shape
+    fp8 = problem.query.dtype == torch.float8_e4m3fn
+    slots = resident_slots(torch.cuda.current_device(), fp8, *tile_shape(q_len * heads, fp8))
+    return choose_plan_pieces(batch, q_len * heads, fp8, slots, workspace_bytes, step_plan=step_plan)
+
+
+def assert_plan_is_the_oracles(plan_memory: torch.Tensor, problem, pieces: int) -> list[int]:
+    """The plan in ``plan_memory`` (a planned call's workspace, or a step plan's ints) for ``problem``
+    over ``pieces``, int for int against expected_plan; the split count of each request."""
+    lengths = problem.seq_lens.tolist()
+    max_len = problem.block_tables.shape[1] * problem.kv_cache.shape[-2]
+    got, want = plan_in_workspace(plan_memory, len(lengths), pieces), expected_plan(lengths, pieces, max_len)
+    first_difference = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    assert got == want, f"the plan differs from the oracle's from int {first_difference}"
+    return counts_in(want, len(lengths))

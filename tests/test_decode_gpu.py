@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from plan_oracle import counts_in, expected_plan, plan_in_workspace
+from plan_oracle import assert_plan_is_the_oracles, launcher_pieces
 
 import mla_backend.decode as decode_module
 from mla_backend import (
@@ -219,26 +219,12 @@ def test_explicit_split_counts_agree(workspace, monkeypatch, splits, dtype):
     run_and_check(problem, workspace, dtype, bmm1=0.11, bmm2=0.7)
 
 
-def plan_pieces_of(problem) -> int:
-    """The pieces the launcher plans ``problem`` over with this file's workspace."""
-    from mla_backend.launcher import choose_plan_pieces, resident_slots, tile_shape
-
-    batch, q_len, heads, _ = problem.query.shape
-    fp8 = problem.query.dtype == torch.float8_e4m3fn
-    slots = resident_slots(torch.cuda.current_device(), fp8, *tile_shape(q_len * heads, fp8))
-    return choose_plan_pieces(batch, q_len * heads, fp8, slots, WORKSPACE_BYTES)
-
-
 def assert_planned_as_the_oracle_says(problem, workspace) -> list[int]:
     """The plan the last call left in the workspace, int for int against tests/plan_oracle.py; the
     split count of each request."""
-    lengths, pieces = problem.seq_lens.tolist(), plan_pieces_of(problem)
-    max_len = problem.block_tables.shape[1] * problem.kv_cache.shape[-2]
+    pieces = launcher_pieces(problem, WORKSPACE_BYTES)
     assert pieces > 0
-    got, want = plan_in_workspace(workspace, len(lengths), pieces), expected_plan(lengths, pieces, max_len)
-    first_difference = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-    assert got == want, f"the plan differs from the oracle's from int {first_difference}"
-    return counts_in(want, len(lengths))
+    return assert_plan_is_the_oracles(workspace, problem, pieces)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])

@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
-from plan_oracle import counts_in, expected_plan, plan_in_workspace
+from plan_oracle import assert_plan_is_the_oracles, counts_in, launcher_pieces, plan_in_workspace
 
 from mla_backend import MLABackendConfig, mla_decode, mla_decode_reference, plan_buffer
 from mla_backend.inputs import make_paged_problem
-from mla_backend.launcher import PLAN_MIN_BATCH, choose_plan_pieces, resident_slots, tile_shape
+from mla_backend.launcher import PLAN_MIN_BATCH
 from mla_backend.reference import ROW_ERROR_TOLERANCE
 
 pytestmark = [
@@ -62,20 +62,9 @@ def assert_matches_reference(out, lse, problem):
     assert not finite.any() or (lse[finite].double() - want_lse[finite]).abs().max() <= 1e-3
 
 
-def expected_pieces(problem) -> int:
-    batch, q_len, heads, _ = problem.query.shape
-    fp8 = problem.query.dtype == torch.float8_e4m3fn
-    slots = resident_slots(torch.cuda.current_device(), fp8, *tile_shape(q_len * heads, fp8))
-    return choose_plan_pieces(batch, q_len * heads, fp8, slots, WORKSPACE_BYTES, step_plan=True)
-
-
-def assert_plan_is_the_oracles(plan, problem) -> list[int]:
-    lengths = problem.seq_lens.tolist()
-    assert plan.pieces == expected_pieces(problem) > 0
-    max_len = problem.block_tables.shape[1] * problem.kv_cache.shape[-2]
-    got = plan_in_workspace(plan.ints, len(lengths), plan.pieces)
-    assert got == expected_plan(lengths, plan.pieces, max_len)
-    return counts_in(got, len(lengths))
+def assert_step_plan_is_the_oracles(plan, problem) -> list[int]:
+    assert plan.pieces == launcher_pieces(problem, WORKSPACE_BYTES, step_plan=True) > 0
+    return assert_plan_is_the_oracles(plan.ints, problem, plan.pieces)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
@@ -90,7 +79,7 @@ def test_calls_reading_one_step_plan_match_the_reference(workspace, dtype, heads
     oracle's; three layers' calls, each its own query and cache over the step's lengths, read it."""
     layers = [make_paged_problem(lengths, q_len, heads, 64, dtype, "cuda", seed=s) for s in range(3)]
     plan = make_plan(layers[0], workspace)
-    splits = assert_plan_is_the_oracles(plan, layers[0])
+    splits = assert_step_plan_is_the_oracles(plan, layers[0])
     if lengths[0] == 20000:
         assert splits[0] > 1 and splits[0] >= 4 * max(splits[1:-2], default=1), splits
     for layer in layers:
@@ -133,7 +122,7 @@ def test_a_graph_replays_with_the_plan_written_before_each_replay(workspace, dty
         problem.seq_lens.copy_(torch.tensor(lengths, dtype=torch.int32))
         replanned = make_plan(problem, workspace, buffer)
         assert replanned.ints.data_ptr() == buffer.data_ptr() and replanned.pieces == plan.pieces
-        assert_plan_is_the_oracles(replanned, problem)
+        assert_step_plan_is_the_oracles(replanned, problem)
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
         graph.replay()
