@@ -464,15 +464,15 @@ MUTATIONS = [
         "plan ignores the draft tokens",
     ),
     # the op's backend argument (resolved for GPU tensors before any launch)
-    M("mla_backend/decode.py", '    if backend != "auto":\n', "    if False:\n", "backend argument ignored"),
+    M("mla_backend/kernel_choice.py", '    if backend != "auto":\n', "    if False:\n", "backend argument ignored"),
     M(
-        "mla_backend/decode.py",
-        "resolve_backend(config, config.capability(torch.cuda.get_device_capability(problem.device)))",
-        "resolve_backend(config, torch.cuda.get_device_capability(problem.device))",
+        "mla_backend/kernel_choice.py",
+        "resolve_backend(config, config.capability(torch.cuda.get_device_capability(device)))",
+        "resolve_backend(config, torch.cuda.get_device_capability(device))",
         "capability override ignored by the op",
     ),
     M(
-        "mla_backend/decode.py",
+        "mla_backend/kernel_choice.py",
         '    if resolution.kernel == "fallback":',
         "    if False:",
         "op launches with no kernel",

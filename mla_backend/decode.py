@@ -13,7 +13,8 @@ import math
 import torch
 
 from .checks import DecodeProblem, check_decode_inputs, check_page_ids
-from .config import BackendName, BackendUnavailableError, MLABackendConfig, default_config, resolve_backend
+from .config import BackendName, BackendUnavailableError, MLABackendConfig, default_config
+from .kernel_choice import resolve_kernel
 from .launcher import DecodePlan
 from .reference import mla_decode_reference
 from .step_plan import check_plan
@@ -102,23 +103,6 @@ def check_lse_buffer(lse: torch.Tensor, shapes: list[tuple[int, ...]], device: t
         raise ValueError(f"lse is on {lse.device} but query is on {device}")
 
 
-def resolve_kernel(
-    problem: DecodeProblem, config: MLABackendConfig, backend: BackendName
-) -> tuple[MLABackendConfig, str]:
-    """(settings with ``backend`` applied, the kernel that serves the problem: reference/bundled/trtllm-gen)."""
-    if backend != "auto":
-        config = config.model_copy(update={"backend": MLABackendConfig(backend=backend).backend})
-    if problem.device.type != "cuda":
-        return config, "reference"
-    resolution = resolve_backend(config, config.capability(torch.cuda.get_device_capability(problem.device)))
-    if resolution.kernel == "fallback":  # as FlashInfer does on a GPU it has no kernel for
-        raise BackendUnavailableError(
-            f"no MLA decode kernel here: {resolution.reason}. The vLLM plugin serves such GPUs with vLLM's "
-            "Triton MLA; the op runs the float64 reference on CPU tensors"
-        )
-    return config, resolution.kernel
-
-
 def mla_decode(
     query: Query,
     kv_cache: KVCache,
@@ -164,7 +148,7 @@ def mla_decode(
     rows = (problem.batch, problem.q_len, problem.heads)
     if lse is not None:
         check_lse_buffer(lse, [rows, (problem.batch * problem.q_len, problem.heads)], problem.device)
-    config, kernel = resolve_kernel(problem, config or default_config(), backend)
+    config, kernel = resolve_kernel(problem.device, config or default_config(), backend)
     if plan is not None:
         check_plan(plan, problem, workspace_buffer, config)
     wanted = lse is not None or return_lse

@@ -19,7 +19,8 @@ import torch
 
 from . import shapes
 from .checks import DecodeProblem, _require
-from .config import MLABackendConfig, default_config, resolve_backend
+from .config import MLABackendConfig, default_config
+from .kernel_choice import resolve_kernel
 from .kernel_constants import MAX_PLAN_PIECES
 from .launcher import DecodePlan, launch_plan, plan_ints, plan_partials_bytes, workspace_capacity
 
@@ -90,9 +91,7 @@ def plan_decode(
     _check_plan_inputs(seq_lens, block_tables, page_size, heads, q_len, kv_dtype, workspace_buffer, buffer)
     config = config or default_config()
     device = seq_lens.device
-    if device.type != "cuda" or config.num_kv_splits is not None:
-        return None
-    if resolve_backend(config, config.capability(torch.cuda.get_device_capability(device))).kernel != "bundled":
+    if config.num_kv_splits is not None or resolve_kernel(device, config)[1] != "bundled":
         return None
     batch = seq_lens.shape[0]
     if buffer is None:

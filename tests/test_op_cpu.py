@@ -389,23 +389,21 @@ def test_the_backend_argument_picks_the_kernel_for_gpu_tensors(
     capability, flashinfer, configured, backend, want, monkeypatch
 ):
     """Which kernel a CUDA tensor's call reaches (resolved before any launch; no GPU needed here)."""
-    from types import SimpleNamespace
-
     from mla_backend import config as config_module
-    from mla_backend import decode
     from mla_backend.config import BackendUnavailableError, MLABackendConfig
+    from mla_backend.kernel_choice import resolve_kernel
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(config_module, "flashinfer_available", lambda: flashinfer)
-    problem = SimpleNamespace(device=torch.device("cuda", 0))
+    device = torch.device("cuda", 0)
     settings = MLABackendConfig(backend=configured)
     if want in ("bundled", "trtllm-gen"):
-        resolved, kernel = decode.resolve_kernel(problem, settings, backend)
+        resolved, kernel = resolve_kernel(device, settings, backend)
         assert kernel == want
         assert resolved.backend == (configured if backend == "auto" else backend)
     else:
         with pytest.raises(BackendUnavailableError, match=want):
-            decode.resolve_kernel(problem, settings, backend)
+            resolve_kernel(device, settings, backend)
 
 
 def test_cpu_tensors_run_the_reference_whatever_the_backend_but_a_bad_name_is_refused(problem):
@@ -419,13 +417,11 @@ def test_cpu_tensors_run_the_reference_whatever_the_backend_but_a_bad_name_is_re
 
 def test_the_capability_override_decides_for_gpu_tensors(monkeypatch):
     """``device_capability`` makes the op choose as on another GPU: on an RTX 5090 told it is SM 8.0, no kernel."""
-    from types import SimpleNamespace
-
-    from mla_backend import decode
     from mla_backend.config import BackendUnavailableError, MLABackendConfig
+    from mla_backend.kernel_choice import resolve_kernel
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 0))
-    problem = SimpleNamespace(device=torch.device("cuda", 0))
-    assert decode.resolve_kernel(problem, MLABackendConfig(), "auto")[1] == "bundled"
+    device = torch.device("cuda", 0)
+    assert resolve_kernel(device, MLABackendConfig(), "auto")[1] == "bundled"
     with pytest.raises(BackendUnavailableError, match="8.0"):
-        decode.resolve_kernel(problem, MLABackendConfig(device_capability="8.0"), "auto")
+        resolve_kernel(device, MLABackendConfig(device_capability="8.0"), "auto")
