@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..flashinfer_api import xqa_batch_decode_with_kv_cache_mla
+from ..decode import mla_decode
 from ..inputs import make_paged_problem
 from .peers import PEERS, SM_SCALE
 
@@ -68,19 +68,13 @@ def time_graph(calls, replays: int = 15) -> float:
     return statistics.median(times)
 
 
-def ours(problem, workspace):
-    args = (
-        problem.query,
-        problem.kv_cache,
-        workspace,
-        128,
-        512,
-        64,
-        problem.block_tables,
-        problem.seq_lens,
-        problem.max_seq_len,
-    )
-    return lambda: xqa_batch_decode_with_kv_cache_mla(*args, bmm1_scale=SM_SCALE)
+def ours(problem, workspace, step_plan: bool = True):
+    """One decode call of ``problem``. With ``step_plan``, it reads the step's split plan made here,
+    once and outside the timed calls, as the engines make it once a step for all layers and as
+    FlashMLA's schedule is made (peers.flashmla); steps too small for one plan for themselves."""
+    plan = problem.step_plan(workspace) if step_plan else None
+    args = problem.decode_args(workspace)
+    return lambda: mla_decode(*args, bmm1_scale=SM_SCALE, plan=plan)
 
 
 def bench_shape(dtype, heads, batch, seq, q_len, workspace, page_size=64, peers=tuple(PEERS)) -> list[Row]:
