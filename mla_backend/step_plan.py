@@ -87,6 +87,7 @@ def plan_decode(
     splits). ``buffer`` (from ``plan_buffer``) keeps the plan at one address for CUDA graphs; without
     it a new tensor holds it. None where the step's calls plan for themselves: CPU tensors, a
     kernel other than the bundled one, a fixed ``num_kv_splits``, or a batch too small to gain.
+    Raises ``BackendUnavailableError`` on a GPU no kernel serves, as ``mla_decode`` does.
     """
     _check_plan_inputs(seq_lens, block_tables, page_size, heads, q_len, kv_dtype, workspace_buffer, buffer)
     config = config or default_config()
