@@ -66,20 +66,12 @@ def kernel_us(calls) -> dict[str, float]:
     return {kind: us / (ROUNDS * len(calls)) for kind, us in total.items()}
 
 
-def lengths_of(spec: str) -> tuple[int, list[int], int]:
-    fields = spec.split(",")
-    if not fields[1].isdigit():
-        return int(fields[0]), mixed_lengths.mixes()[fields[1]], 1
-    q_len = int(fields[3]) if len(fields) > 3 else 1
-    return int(fields[0]), [int(fields[2])] * int(fields[1]), q_len
-
-
 def main(args: list[str]) -> int:
     workspace = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")  # vLLM's decode workspace
     print(f"{torch.cuda.get_device_name()}; FP8, page 64; mean device µs per call over {ROUNDS} rounds")
     print("shape | ours main | ours merge | FlashMLA main | FlashMLA combine | merge / combine")
     for spec in args or SHAPES:
-        heads, lengths, q_len = lengths_of(spec)
+        heads, lengths, q_len = mixed_lengths.shape_of(spec.split(","))
         problems = [
             make_paged_problem(lengths, q_len, heads, 64, torch.float8_e4m3fn, "cuda", seed=i, extra_pages=0)
             for i in range(copies_past_l2(sum(lengths) * 576))

@@ -30,6 +30,18 @@ def mixes() -> dict[str, list[int]]:
     }
 
 
+def shape_of(fields: list[str]) -> tuple[int, list[int], int]:
+    """(heads, lengths, q_len) of a shape given on a dev script's command line: heads,batch,seq[,q_len],
+    heads,batch,mix (one 32k request, the rest 1k) or heads,<one of mixes()>."""
+    heads = int(fields[0])
+    if len(fields) == 2:
+        return heads, mixes()[fields[1]], 1
+    batch = int(fields[1])
+    if fields[2] == "mix":
+        return heads, [32768] + [1024] * (batch - 1), 1
+    return heads, [int(fields[2])] * batch, int(fields[3]) if len(fields) > 3 else 1
+
+
 def equal_counterpart(lengths: list[int]) -> list[int]:
     """As many requests, each of the mean length: the same tokens, no imbalance."""
     return [max(1, round(sum(lengths) / len(lengths)))] * len(lengths)

@@ -32,17 +32,6 @@ SHAPES += ["16,32,16384", "128,64,8192", "16,128,16384", "16,64,8192,4", "20,64,
 SHAPES += ["16,one_long", "128,one_long", "16,log_uniform", "128,log_uniform"]
 
 
-def lengths_of(fields: list[str]) -> tuple[int, list[int], int]:
-    """(heads, lengths, q_len) of heads,batch,seq[,q_len], heads,batch,mix (one 32k, the rest 1k) or heads,mix."""
-    heads = int(fields[0])
-    if len(fields) == 2:
-        return heads, mixed_lengths.mixes()[fields[1]], 1
-    batch = int(fields[1])
-    if fields[2] == "mix":
-        return heads, [32768] + [1024] * (batch - 1), 1
-    return heads, [int(fields[2])] * batch, int(fields[3]) if len(fields) > 3 else 1
-
-
 def step_call(problem, workspace, plan):
     return lambda: mla_decode(*problem.decode_args(workspace), bmm1_scale=SM_SCALE, config=CONFIG, plan=plan)
 
@@ -55,7 +44,7 @@ def main(args: list[str]) -> int:
     workspace = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")  # vLLM's decode workspace
     print("shape | call us | step us | plan us | step / call", flush=True)
     for spec in args or SHAPES:
-        heads, lengths, q_len = lengths_of(spec.split(","))
+        heads, lengths, q_len = mixed_lengths.shape_of(spec.split(","))
         copies = copies_past_l2(sum(lengths) * 576)
         problems = [
             make_paged_problem(lengths, q_len, heads, 64, torch.float8_e4m3fn, "cuda", seed=i, extra_pages=0)
