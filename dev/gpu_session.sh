@@ -34,7 +34,8 @@
 #   | sanitize (tests/sanitize_decode.py under compute-sanitizer: SANITIZE_TOOLS, default memcheck,racecheck,synccheck;
 #     TREE as for gputests, its package first on the path)
 #   | dp (integration/dp_e2e.py on two GPUs: vllm serve --data-parallel-size 2 --enable-expert-parallel,
-#     HEADS, KV one or both of fp8,auto, SELFTEST=1; needs vLLM's MoE kernels, stashed as below)
+#     HEADS one or more (128,16: a run each), KV one or both of fp8,auto, SELFTEST=1; needs vLLM's MoE
+#     kernels, stashed as below)
 # (several, comma-separated, run in turn; routes writes the SM90 route table into the installed
 # wheel, so a later enginebest part in the same call runs on it).
 # Logs go to $OUT (the lent machine's result folder) or results/.
@@ -201,7 +202,9 @@ for part in ${PART//,/ }; do
           python3 tests/sanitize_decode.py)
         echo "sanitize $tool: rc $?" | tee -a "$OUT/log.txt"
       done ;;
-    dp) run python3 integration/dp_e2e.py --heads "$HEADS" --kv "$KV" ${SELFTEST:+--selftest} --out "$OUT/dp" ;;
+    dp) for heads in ${HEADS//,/ }; do  # one layout after another: HEADS=128,16
+        run python3 integration/dp_e2e.py --heads "$heads" --kv "$KV" ${SELFTEST:+--selftest} --out "$OUT/dp"
+      done ;;
     gputests)
       (cd "${TREE:-.}" && MLA_BACKEND_CACHE_DIR=$TREE_CACHE \
         PEER_GRID_REPORT=$OUT/grids.jsonl run python3 -m pytest -q -m gpu -p no:cacheprovider \
