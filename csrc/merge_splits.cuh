@@ -16,6 +16,14 @@ namespace mla {
 // the splits is shared by all threads of the block.
 constexpr int kMergeGroups = 8;
 constexpr int kMergeThreads = 32 * kMergeGroups;
+// The wide merge's blocks an SM must hold at once: four on SM90, whose merge fits the 64 registers a
+// thread that leaves; three elsewhere (SM120's build spills at 64). The launcher asks the occupancy
+// (merge_blocks_per_sm) and sizes a planned call's merge grid to one wave.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+#define MLA_MERGE_MIN_BLOCKS 4
+#else
+#define MLA_MERGE_MIN_BLOCKS 3
+#endif
 constexpr int kMergeSliceDims = 128;
 constexpr int kMergeSlices = kDimV / kMergeSliceDims;
 constexpr int kMergeBatch = 8;  // splits per warp loaded ahead of the LSE pass
@@ -108,6 +116,71 @@ __device__ __forceinline__ void merge_slice(const DecodeParams& p, MergeShared& 
   }
 }
 
+// One warp: the same (request, row, slice of 128 dims) as merge_slice, for up to 16 splits, with no
+// shared memory or barriers, so that the eight warps of a block merge eight units at once. Where a
+// plan cuts many requests into 9-16 splits (equal batches of 32-64 requests at 16 heads), a block a
+// unit spent most of its time in merge_slice's barriers, unit after unit; with more splits a warp's
+// own round trips cost more than the block's barriers.
+constexpr int kWarpMergeMaxSplits = 16;
+constexpr int kWarpMergeBatch = 2;  // splits a batch; two batches in flight
+
+template <bool HALF_PARTIALS>
+__device__ __forceinline__ void merge_slice_warp(const DecodeParams& p, int b, int row, int slice, int first_partial,
+                                                 int count) {
+  const int lane = threadIdx.x & 31;
+  const long long first = (long long)first_partial * p.rows + row;
+  const int dim = slice * kMergeSliceDims + lane * 4;
+  auto load_partial = [&](int s) {  // 4 dims of split s; zeros past count
+    if (s >= count) return make_float4(0.f, 0.f, 0.f, 0.f);
+    const long long at = (first + (long long)s * p.rows) * kDimV + dim;
+    if constexpr (HALF_PARTIALS) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __half*>(p.part_o) + at);
+      const float2 lo = unpack2<true>(raw.x), hi = unpack2<true>(raw.y);
+      return make_float4(lo.x, lo.y, hi.x, hi.y);
+    } else {
+      return *reinterpret_cast<const float4*>(static_cast<const float*>(p.part_o) + at);
+    }
+  };
+  // The first batch of splits is loaded with the LSEs, so that both round trips overlap.
+  float4 v[kWarpMergeBatch];
+#pragma unroll
+  for (int i = 0; i < kWarpMergeBatch; ++i) v[i] = load_partial(i);
+  const float lse = lane < count ? p.part_lse[first + (long long)lane * p.rows] : -INFINITY;
+  float best = lse;
+  for (int o = 16; o > 0; o >>= 1) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, o));
+  const float base = best == -INFINITY ? 0.f : best;
+  // Split s's weight sits in lane s; empty splits: weight 0, zeros written.
+  const float w_own = lane < count ? fast_exp2(lse - base) : 0.f;
+  float weight_sum = w_own;
+  for (int o = 16; o > 0; o >>= 1) weight_sum += __shfl_xor_sync(0xffffffffu, weight_sum, o);
+
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  // A batch is summed while the next one loads: two batches in flight, not more (a fully unrolled
+  // loop would load every split at once and double the registers).
+#pragma unroll 1
+  for (int s0 = 0; s0 < count; s0 += kWarpMergeBatch) {
+    float4 next[kWarpMergeBatch];
+#pragma unroll
+    for (int i = 0; i < kWarpMergeBatch; ++i) next[i] = load_partial(s0 + kWarpMergeBatch + i);
+#pragma unroll
+    for (int i = 0; i < kWarpMergeBatch; ++i) {
+      const float w = __shfl_sync(0xffffffffu, w_own, s0 + i);
+      acc.x += w * v[i].x;
+      acc.y += w * v[i].y;
+      acc.z += w * v[i].z;
+      acc.w += w * v[i].w;
+      v[i] = next[i];
+    }
+  }
+  const float scale = weight_sum > 0.f ? read_scale(p.bmm2_ptr, p.bmm2) / weight_sum : 0.f;
+  const long long out_row = (long long)b * p.rows + row;
+  const uint2 packed =
+      make_uint2(pack2<false>(acc.x * scale, acc.y * scale), pack2<false>(acc.z * scale, acc.w * scale));
+  *reinterpret_cast<uint2*>(p.out + out_row * kDimV + dim) = packed;
+  if (slice == 0 && lane == 0 && p.lse != nullptr)
+    p.lse[out_row] = weight_sum > 0.f ? (best + log2f(weight_sum)) * kLn2 : -INFINITY;
+}
+
 // Few splits (large batches: the split plan gives each request a handful): one warp per row, all
 // 512 dims (16 per lane) and every split in registers, no shared memory or barriers. The kernel
 // above gives such a row four blocks of eight warps, mostly idle, and its barriers then dominate.
@@ -189,10 +262,12 @@ __global__ void __launch_bounds__(32 * kFewSplitsRowsPerBlock)
 
 // Without a plan: one block per (row, request, slice) of a call whose every request was split.
 // With one, a fixed grid (how many requests the plan cut is known only on the GPU): its blocks take the
-// (request, row, slice) units of the requests cut into more than kFewSplitsMax splits in turn, then
-// its warps the rows of the requests cut into fewer, one warp a row as merge_row_few.
+// (request, row, slice) units of the requests cut into more than kFewSplitsMax splits in turn (a warp
+// a unit up to kWarpMergeMaxSplits splits, a block a unit past that), then its warps the rows of the
+// requests cut into fewer, one warp a row as merge_row_few.
 template <bool HALF_PARTIALS>
-__global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(kMergeThreads, MLA_MERGE_MIN_BLOCKS)
+    mla_merge_splits_kernel(const __grid_constant__ DecodeParams p) {
   __shared__ MergeShared sh;
   pdl_wait();
   if (p.plan == nullptr) {
@@ -202,11 +277,28 @@ __global__ void __launch_bounds__(kMergeThreads) mla_merge_splits_kernel(const _
   }
   const PlanLayout layout{p.batch, p.plan_pieces};
   const int many_at = layout.merged() + layout.max_merged() - 1;  // that list runs backwards
-  const long long units = (long long)p.plan[2] * p.rows * kMergeSlices;
-  for (long long unit = blockIdx.x; unit < units; unit += gridDim.x) {
-    const int slice = static_cast<int>(unit % kMergeSlices), row = static_cast<int>(unit / kMergeSlices % p.rows);
-    const int b = p.plan[many_at - static_cast<int>(unit / (kMergeSlices * p.rows))];
-    merge_slice<HALF_PARTIALS>(p, sh, b, row, slice, p.plan[layout.first_partial() + b], p.plan[layout.count() + b]);
+  // int: at most max_merged (half the plan's partials) x 128 rows x 4 slices.
+  const int units = p.plan[2] * p.rows * kMergeSlices;
+  struct Unit {
+    int b, row, slice, first_partial, count;
+  };
+  auto unit_at = [&](int unit) {
+    const int b = p.plan[many_at - unit / (kMergeSlices * p.rows)];
+    return Unit{b, unit / kMergeSlices % p.rows, unit % kMergeSlices, p.plan[layout.first_partial() + b],
+                p.plan[layout.count() + b]};
+  };
+  // The units of requests cut into up to kWarpMergeMaxSplits splits: one a warp, eight a block.
+  const int warp = threadIdx.x >> 5;
+  for (int unit = blockIdx.x * kMergeGroups + warp; unit < units; unit += gridDim.x * kMergeGroups) {
+    const Unit u = unit_at(unit);
+    if (u.count <= kWarpMergeMaxSplits)
+      merge_slice_warp<HALF_PARTIALS>(p, u.b, u.row, u.slice, u.first_partial, u.count);
+  }
+  // The others: one a block, so that even one request's units spread over the GPU.
+  for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const Unit u = unit_at(unit);
+    if (u.count <= kWarpMergeMaxSplits) continue;  // the same for the whole block
+    merge_slice<HALF_PARTIALS>(p, sh, u.b, u.row, u.slice, u.first_partial, u.count);
     __syncthreads();  // the next unit reuses the shared memory
   }
   const int warps = kMergeThreads / 32;

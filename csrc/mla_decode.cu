@@ -138,15 +138,24 @@ struct LaunchDecode {
 
 constexpr int kMaxGridY = 65535;  // CUDA's bound on grid.y, which a plan's items span
 
-// Merge blocks per SM in a planned call (256 threads each).
-constexpr int64_t kMergeBlocksPerSm = 4;
-
 int64_t multiprocessors(int device) {
   static int counts[64] = {};  // per device, asked once
   STD_TORCH_CHECK(device >= 0 && device < 64, "device index out of range");
   if (counts[device] == 0)
     MLA_CUDA_CHECK(cudaDeviceGetAttribute(&counts[device], cudaDevAttrMultiProcessorCount, device));
   return counts[device];
+}
+
+// Blocks of a planned call's merge that fit on one SM at once: its grid is one wave of them (their
+// registers, and so how many fit, differ by architecture and partials' type).
+int64_t merge_blocks_per_sm(int device, bool half_partials) {
+  static int counts[64][2] = {};  // per device and partials' type, asked once
+  STD_TORCH_CHECK(device >= 0 && device < 64, "device index out of range");
+  int& count = counts[device][half_partials ? 1 : 0];
+  if (count == 0)
+    MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &count, half_partials ? mla_merge_splits_kernel<true> : mla_merge_splits_kernel<false>, kMergeThreads, 0));
+  return count;
 }
 
 const float* optional_scale(const std::optional<Tensor>& t) {
@@ -291,7 +300,8 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_ta
   if (p.plan != nullptr) {
     // Enough blocks to fill the GPU; they take merge units in turn (how many is known on the GPU).
     const int64_t units = static_cast<int64_t>(PlanLayout{p.batch, p.plan_pieces}.max_merged()) * rows * kMergeSlices;
-    const int64_t blocks = std::min<int64_t>(units, kMergeBlocksPerSm * multiprocessors(q.get_device_index()));
+    const int device = q.get_device_index();
+    const int64_t blocks = std::min<int64_t>(units, merge_blocks_per_sm(device, fp8) * multiprocessors(device));
     launch(fp8 ? mla_merge_splits_kernel<true> : mla_merge_splits_kernel<false>, dim3(static_cast<unsigned>(blocks)),
            kMergeThreads, 0, stream, pdl, p);
   } else if (num_splits > 1 && num_splits <= kFewSplitsMax) {

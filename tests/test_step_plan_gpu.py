@@ -87,6 +87,20 @@ def test_calls_reading_one_step_plan_match_the_reference(workspace, dtype, heads
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
+@pytest.mark.parametrize("heads, q_len", [(1, 1), (16, 1), (20, 2)])
+def test_every_way_the_planned_merge_takes_matches_the_reference(workspace, dtype, heads, q_len):
+    """The planned merge takes requests cut into 2-8 splits a warp a row, 9-16 a warp a (row, slice of
+    128 dims), more a block a (row, slice); at one row a block's eight warps take units of several
+    requests, some of them left to the blocks."""
+    lengths = [60000, 20000, 12000, 9000, 6000, 4000, 3000, 2000, 1000, 300, 0, 5]
+    problem = make_paged_problem(lengths, q_len, heads, 64, dtype, "cuda", seed=5)
+    plan = make_plan(problem, workspace)
+    counts = assert_step_plan_is_the_oracles(plan, problem)
+    assert max(counts) > 16 and any(8 < c <= 16 for c in counts) and any(1 < c <= 8 for c in counts), counts
+    assert_matches_reference(*decode_with(problem, workspace, plan), problem)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
 def test_a_plan_made_from_other_lengths_stays_correct(workspace, dtype):
     """Each split's tiles come from its request's length when the decode runs: a plan made before the
     lengths changed (in place, as an engine's persistent buffer changes) only balances worse."""
