@@ -301,7 +301,8 @@ void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_ta
     // Enough blocks to fill the GPU; they take merge units in turn (how many is known on the GPU).
     const int64_t units = static_cast<int64_t>(PlanLayout{p.batch, p.plan_pieces}.max_merged()) * rows * kMergeSlices;
     const int device = q.get_device_index();
-    const int64_t blocks = std::min<int64_t>(units, merge_blocks_per_sm(device, fp8) * multiprocessors(device));
+    const int64_t wave = std::max<int64_t>(1, merge_blocks_per_sm(device, fp8)) * multiprocessors(device);
+    const int64_t blocks = std::min<int64_t>(units, wave);
     launch(fp8 ? mla_merge_splits_kernel<true> : mla_merge_splits_kernel<false>, dim3(static_cast<unsigned>(blocks)),
            kMergeThreads, 0, stream, pdl, p);
   } else if (num_splits > 1 && num_splits <= kFewSplitsMax) {
