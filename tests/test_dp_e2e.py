@@ -166,16 +166,31 @@ def reference_tokens() -> dict:
     }
 
 
+class CannedRouter:
+    """Stands in for the float64 replay (tests/test_router_ties.py runs the real one): every failure
+    is a router tie where ``ties`` says so, none otherwise."""
+
+    def __init__(self, ties: bool):
+        self.ties, self.asked = ties, []
+
+    def explain(self, prompts, ours, ref, failures):
+        self.asked.append(list(failures))
+        return ([] if self.ties else list(failures)), [f"{f[:2]}: canned" for f in failures]
+
+
 @pytest.fixture
 def part(monkeypatch, tmp_path):
     """Runs the kernels part, then ``run_part(ctx)``, on canned results: ``servers`` maps a server's
     backend to its result (for ours, a callable of the ``corrupt`` setting may stand in); the second
-    part's rows, and the backends whose servers started."""
+    part's rows, and the backends whose servers started. No failure is a router tie unless
+    ``router_ties``."""
     from integration.judges import report
 
     started = []
 
-    def run(run_part, servers, selftest=False, kernels_missing=()):
+    def run(run_part, servers, selftest=False, kernels_missing=(), router_ties=False):
+        monkeypatch.setattr(dp_e2e.Context, "router", CannedRouter(router_ties))
+
         def serve_and_drive(ctx, engine, label, checked, corrupt=None, only=None):
             if ctx.blocked:
                 raise RuntimeError(ctx.blocked)
@@ -224,6 +239,20 @@ def test_tokens_that_break_the_tie_rule_fail_where_the_peer_keeps_it_and_the_pee
     assert started == ["CUSTOM", "FLASHMLA", "TRITON_MLA"]  # one calibration server for every phase
 
 
+def test_tokens_that_part_only_at_router_ties_pass_and_start_no_peer(part, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    ref = reference_tokens()
+    broken = {name: [[t[0], (t[1] + 1) % 2048, *t[2:]] for t in tokens] for name, tokens in ref.items()}
+    servers = {"CUSTOM": canned(broken, good_ranks()), "FLASHMLA": canned(ref), "TRITON_MLA": canned(ref)}
+    rows, started = part(lambda ctx: dp_e2e.part_kv(ctx, "fp8"), servers, router_ties=True)
+    token_rows = [row for row in rows if "tokens vs" in row["check"]]
+    assert len(token_rows) == 3 and all(row["ok"] for row in token_rows)
+    assert all("router ties count" in row["note"] for row in token_rows)
+    assert started == ["CUSTOM", "FLASHMLA"]
+
+
 def test_a_rank_without_requests_fails_the_part(part, monkeypatch):
     import torch
 
@@ -270,6 +299,25 @@ def test_the_check_exits_1_on_a_failed_row_and_0_when_all_pass(monkeypatch, tmp_
         monkeypatch.setattr(sys, "argv", ["dp_e2e.py", "--kv", "fp8", "--out", str(out), "--model-dir", str(tmp_path)])
         assert dp_e2e.main() == status
         assert set(json.loads((out / "dp_h128.json").read_text())["parts"]) == {"kernels", "fp8"}
+
+
+@pytest.mark.parametrize("ties", [True, False])
+def test_rejudging_a_saved_run_turns_a_token_row_by_the_router_replay_alone(monkeypatch, tmp_path, ties):
+    monkeypatch.setattr(dp_e2e.Context, "router", CannedRouter(ties))
+    ref = reference_tokens()
+    mine = {name: [list(t) for t in tokens] for name, tokens in ref.items()}
+    mine["alone"][0][1] += 1  # decided (every gap 1.0): breaks the tie rule
+    name, phase = "alone", dp_e2e.phases()["alone"]
+    tokens = {n: {"ours": mine[n], "FLASHMLA": ref[n], "gaps": [[1.0] * len(t) for t in ref[n]]} for n in ref}
+    rows = [{"check": dp_e2e.token_row(name, phase), "ok": False, "note": "broken"}]
+    rows.append({"check": "selftest: a poisoned token", "ok": True, "note": "caught"})
+    part = {"wall_s": 1, "rows": rows, "details": {"tokens": tokens}, "interrupted": False}
+    (tmp_path / "dp_h16.json").write_text(json.dumps({"heads": 16, "dp": 2, "parts": {"auto": part}}))
+    monkeypatch.setattr(sys, "argv", ["dp_e2e.py", "--heads", "16", "--rejudge", "--out", str(tmp_path)])
+    assert dp_e2e.main() == 1  # without ties the token row fails; with canned ties the poisoned token passes
+    saved = json.loads((tmp_path / "dp_h16.json").read_text())["parts"]["auto"]["rows"]
+    assert saved[0]["ok"] is ties and "rejudged" in saved[0]["note"]
+    assert saved[1]["ok"] is not ties  # the poisoned token, judged by the same replay
 
 
 # --- the client against a stand-in server ----------------------------------------------------------------

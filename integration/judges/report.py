@@ -65,9 +65,14 @@ def run_parts(parts: Iterable[str], run: Callable[[str], dict], path: Path, sett
         done.append(part)
         if summary["parts"][part]["interrupted"]:
             break
+    return print_table(summary, done, path, title)
+
+
+def print_table(summary: dict, parts: Iterable[str], path: Path, title: str) -> int:
+    """The PASS/FAIL table of ``parts`` of a summary; 1 if a row failed."""
     print(f"\n== {title} ==")
     failed = 0
-    for part in done:
+    for part in parts:
         result = summary["parts"][part]
         print(f"-- {part} ({result['wall_s']:.0f} s)")
         for row in result["rows"]:
