@@ -116,13 +116,33 @@ __device__ __forceinline__ void merge_slice(const DecodeParams& p, MergeShared& 
   }
 }
 
-// One warp: the same (request, row, slice of 128 dims) as merge_slice, for up to 16 splits, with no
-// shared memory or barriers, so that the eight warps of a block merge eight units at once. Where a
-// plan cuts many requests into 9-16 splits (equal batches of 32-64 requests at 16 heads), a block a
-// unit spent most of its time in merge_slice's barriers, unit after unit; with more splits a warp's
-// own round trips cost more than the block's barriers.
-constexpr int kWarpMergeMaxSplits = 16;
-constexpr int kWarpMergeBatch = 2;  // splits a batch; two batches in flight
+// One warp: the same (request, row, slice of 128 dims) as merge_slice, for up to kWarpMergeMaxSplits
+// splits, with no shared memory or barriers, so that the eight warps of a block merge eight units at
+// once. Where a plan cuts many requests into 9-16 splits (equal batches of 32-64 requests at 16
+// heads), a block a unit spent most of its time in merge_slice's barriers, unit after unit; with
+// more splits a warp's own round trips cost more than the block's barriers.
+//
+// The warp loads kWarpMergeBatch splits a batch, kWarpMergeBuffers batches in flight (2 x 2 by
+// default), and waits about one L2 round trip per batch: its sums take next to nothing. Fewer, wider
+// batches shorten that chain for the same registers (4 x 1 waits 4 round trips for 16 splits where
+// 2 x 2 waits 8; 4 x 2 and 8 x 1 spill at sm_90's 64 registers), and so might let a warp take up
+// to 32 splits (a split's weight sits in lane s). These are build settings for A/B runs:
+// MLA_WARP_MERGE_BATCH, MLA_WARP_MERGE_BUFFERS, MLA_WARP_MERGE_MAX_SPLITS.
+#ifndef MLA_WARP_MERGE_MAX_SPLITS
+#define MLA_WARP_MERGE_MAX_SPLITS 16
+#endif
+#ifndef MLA_WARP_MERGE_BATCH
+#define MLA_WARP_MERGE_BATCH 2
+#endif
+#ifndef MLA_WARP_MERGE_BUFFERS
+#define MLA_WARP_MERGE_BUFFERS 2
+#endif
+constexpr int kWarpMergeMaxSplits = MLA_WARP_MERGE_MAX_SPLITS;
+constexpr int kWarpMergeBatch = MLA_WARP_MERGE_BATCH;
+constexpr int kWarpMergeBuffers = MLA_WARP_MERGE_BUFFERS;
+static_assert(kWarpMergeMaxSplits <= 32, "one lane holds each split's weight");
+static_assert(kWarpMergeMaxSplits % kWarpMergeBatch == 0, "batches of whole splits");
+static_assert(kWarpMergeBuffers == 1 || kWarpMergeBuffers == 2, "one batch in flight, or two");
 
 template <bool HALF_PARTIALS>
 __device__ __forceinline__ void merge_slice_warp(const DecodeParams& p, int b, int row, int slice, int first_partial,
@@ -155,13 +175,14 @@ __device__ __forceinline__ void merge_slice_warp(const DecodeParams& p, int b, i
   for (int o = 16; o > 0; o >>= 1) weight_sum += __shfl_xor_sync(0xffffffffu, weight_sum, o);
 
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  // A batch is summed while the next one loads: two batches in flight, not more (a fully unrolled
-  // loop would load every split at once and double the registers).
+  // Not fully unrolled: that would load every split at once and double the registers.
 #pragma unroll 1
   for (int s0 = 0; s0 < count; s0 += kWarpMergeBatch) {
     float4 next[kWarpMergeBatch];
+    if constexpr (kWarpMergeBuffers == 2) {  // the next batch loads while this one is summed
 #pragma unroll
-    for (int i = 0; i < kWarpMergeBatch; ++i) next[i] = load_partial(s0 + kWarpMergeBatch + i);
+      for (int i = 0; i < kWarpMergeBatch; ++i) next[i] = load_partial(s0 + kWarpMergeBatch + i);
+    }
 #pragma unroll
     for (int i = 0; i < kWarpMergeBatch; ++i) {
       const float w = __shfl_sync(0xffffffffu, w_own, s0 + i);
@@ -169,7 +190,11 @@ __device__ __forceinline__ void merge_slice_warp(const DecodeParams& p, int b, i
       acc.y += w * v[i].y;
       acc.z += w * v[i].z;
       acc.w += w * v[i].w;
-      v[i] = next[i];
+      if constexpr (kWarpMergeBuffers == 2) v[i] = next[i];
+    }
+    if constexpr (kWarpMergeBuffers == 1) {  // the next batch loads once this one is summed
+#pragma unroll
+      for (int i = 0; i < kWarpMergeBatch; ++i) v[i] = load_partial(s0 + kWarpMergeBatch + i);
     }
   }
   const float scale = weight_sum > 0.f ? read_scale(p.bmm2_ptr, p.bmm2) / weight_sum : 0.f;
