@@ -36,6 +36,40 @@ struct MergeShared {
   float4 partial[kMergeGroups - 1][32];
 };
 
+// 4 dims (from `dim`) of split s of a (request, row) whose first partial row is `first`.
+template <bool HALF_PARTIALS>
+__device__ __forceinline__ float4 load_partial4(const DecodeParams& p, long long first, int dim, int s) {
+  const long long at = (first + (long long)s * p.rows) * kDimV + dim;
+  if constexpr (HALF_PARTIALS) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __half*>(p.part_o) + at);
+    const float2 lo = unpack2<true>(raw.x), hi = unpack2<true>(raw.y);
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  } else {
+    return *reinterpret_cast<const float4*>(static_cast<const float*>(p.part_o) + at);
+  }
+}
+
+__device__ __forceinline__ void add_scaled(float4& acc, float w, const float4& v) {
+  acc.x += w * v.x;
+  acc.y += w * v.y;
+  acc.z += w * v.z;
+  acc.w += w * v.w;
+}
+
+// A lane's 4 merged dims of a (request b, row, slice) into the bf16 output, and the row's LSE (natural
+// log) from its slice 0's lane 0. `best` is the largest split LSE (base 2), `weight_sum` the sum of
+// the splits' weights relative to it.
+__device__ __forceinline__ void store_merged4(const DecodeParams& p, int b, int row, int slice, int dim,
+                                              const float4& acc, float best, float weight_sum) {
+  const float scale = weight_sum > 0.f ? read_scale(p.bmm2_ptr, p.bmm2) / weight_sum : 0.f;
+  const long long out_row = (long long)b * p.rows + row;
+  const uint2 packed =
+      make_uint2(pack2<false>(acc.x * scale, acc.y * scale), pack2<false>(acc.z * scale, acc.w * scale));
+  *reinterpret_cast<uint2*>(p.out + out_row * kDimV + dim) = packed;
+  if (slice == 0 && (threadIdx.x & 31) == 0 && p.lse != nullptr)
+    p.lse[out_row] = weight_sum > 0.f ? (best + log2f(weight_sum)) * kLn2 : -INFINITY;
+}
+
 // One (request, row, slice of 128 dims): `count` partials from partial row block `first_partial` on.
 template <bool HALF_PARTIALS>
 __device__ __forceinline__ void merge_slice(const DecodeParams& p, MergeShared& sh, int b, int row, int slice,
@@ -43,16 +77,7 @@ __device__ __forceinline__ void merge_slice(const DecodeParams& p, MergeShared& 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long first = (long long)first_partial * p.rows + row;
   const int dim = slice * kMergeSliceDims + lane * 4;
-  auto load_partial = [&](int s) {  // 4 dims of split s
-    const long long at = (first + (long long)s * p.rows) * kDimV + dim;
-    if constexpr (HALF_PARTIALS) {
-      const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __half*>(p.part_o) + at);
-      const float2 lo = unpack2<true>(raw.x), hi = unpack2<true>(raw.y);
-      return make_float4(lo.x, lo.y, hi.x, hi.y);
-    } else {
-      return *reinterpret_cast<const float4*>(static_cast<const float*>(p.part_o) + at);
-    }
-  };
+  auto load_partial = [&](int s) { return load_partial4<HALF_PARTIALS>(p, first, dim, s); };
   // The first kMergeBatch splits of this warp are loaded before the LSE pass, so that their L2
   // round trip overlaps the LSE one (empty splits wrote zeros).
   float4 early[kMergeBatch];
@@ -82,37 +107,20 @@ __device__ __forceinline__ void merge_slice(const DecodeParams& p, MergeShared& 
   for (int w = 0; w < kMergeThreads / 32; ++w) weight_sum += sh.reduce[w];
 
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  auto add = [&](float w, const float4& v) {
-    acc.x += w * v.x;
-    acc.y += w * v.y;
-    acc.z += w * v.z;
-    acc.w += w * v.w;
-  };
 #pragma unroll
   for (int i = 0; i < kMergeBatch; ++i) {
     const int s = warp + i * kMergeGroups;
-    if (s < count) add(sh.weights[s], early[i]);
+    if (s < count) add_scaled(acc, sh.weights[s], early[i]);
   }
 #pragma unroll 4
-  for (int s = warp + kMergeBatch * kMergeGroups; s < count; s += kMergeGroups) add(sh.weights[s], load_partial(s));
+  for (int s = warp + kMergeBatch * kMergeGroups; s < count; s += kMergeGroups)
+    add_scaled(acc, sh.weights[s], load_partial(s));
   if (warp > 0) sh.partial[warp - 1][lane] = acc;
   __syncthreads();
   if (warp == 0) {
 #pragma unroll
-    for (int g = 0; g < kMergeGroups - 1; ++g) {
-      const float4 v = sh.partial[g][lane];
-      acc.x += v.x;
-      acc.y += v.y;
-      acc.z += v.z;
-      acc.w += v.w;
-    }
-    const float scale = weight_sum > 0.f ? read_scale(p.bmm2_ptr, p.bmm2) / weight_sum : 0.f;
-    const long long out_row = (long long)b * p.rows + row;
-    const uint2 packed =
-        make_uint2(pack2<false>(acc.x * scale, acc.y * scale), pack2<false>(acc.z * scale, acc.w * scale));
-    *reinterpret_cast<uint2*>(p.out + out_row * kDimV + dim) = packed;
-    if (slice == 0 && lane == 0 && p.lse != nullptr)
-      p.lse[out_row] = weight_sum > 0.f ? (best + log2f(weight_sum)) * kLn2 : -INFINITY;
+    for (int g = 0; g < kMergeGroups - 1; ++g) add_scaled(acc, 1.f, sh.partial[g][lane]);
+    store_merged4(p, b, row, slice, dim, acc, best, weight_sum);
   }
 }
 
@@ -150,16 +158,8 @@ __device__ __forceinline__ void merge_slice_warp(const DecodeParams& p, int b, i
   const int lane = threadIdx.x & 31;
   const long long first = (long long)first_partial * p.rows + row;
   const int dim = slice * kMergeSliceDims + lane * 4;
-  auto load_partial = [&](int s) {  // 4 dims of split s; zeros past count
-    if (s >= count) return make_float4(0.f, 0.f, 0.f, 0.f);
-    const long long at = (first + (long long)s * p.rows) * kDimV + dim;
-    if constexpr (HALF_PARTIALS) {
-      const uint2 raw = *reinterpret_cast<const uint2*>(static_cast<const __half*>(p.part_o) + at);
-      const float2 lo = unpack2<true>(raw.x), hi = unpack2<true>(raw.y);
-      return make_float4(lo.x, lo.y, hi.x, hi.y);
-    } else {
-      return *reinterpret_cast<const float4*>(static_cast<const float*>(p.part_o) + at);
-    }
+  auto load_partial = [&](int s) {  // zeros past count
+    return s < count ? load_partial4<HALF_PARTIALS>(p, first, dim, s) : make_float4(0.f, 0.f, 0.f, 0.f);
   };
   // The first batch of splits is loaded with the LSEs, so that both round trips overlap.
   float4 v[kWarpMergeBatch];
@@ -185,11 +185,7 @@ __device__ __forceinline__ void merge_slice_warp(const DecodeParams& p, int b, i
     }
 #pragma unroll
     for (int i = 0; i < kWarpMergeBatch; ++i) {
-      const float w = __shfl_sync(0xffffffffu, w_own, s0 + i);
-      acc.x += w * v[i].x;
-      acc.y += w * v[i].y;
-      acc.z += w * v[i].z;
-      acc.w += w * v[i].w;
+      add_scaled(acc, __shfl_sync(0xffffffffu, w_own, s0 + i), v[i]);
       if constexpr (kWarpMergeBuffers == 2) v[i] = next[i];
     }
     if constexpr (kWarpMergeBuffers == 1) {  // the next batch loads once this one is summed
@@ -197,13 +193,7 @@ __device__ __forceinline__ void merge_slice_warp(const DecodeParams& p, int b, i
       for (int i = 0; i < kWarpMergeBatch; ++i) v[i] = load_partial(s0 + kWarpMergeBatch + i);
     }
   }
-  const float scale = weight_sum > 0.f ? read_scale(p.bmm2_ptr, p.bmm2) / weight_sum : 0.f;
-  const long long out_row = (long long)b * p.rows + row;
-  const uint2 packed =
-      make_uint2(pack2<false>(acc.x * scale, acc.y * scale), pack2<false>(acc.z * scale, acc.w * scale));
-  *reinterpret_cast<uint2*>(p.out + out_row * kDimV + dim) = packed;
-  if (slice == 0 && lane == 0 && p.lse != nullptr)
-    p.lse[out_row] = weight_sum > 0.f ? (best + log2f(weight_sum)) * kLn2 : -INFINITY;
+  store_merged4(p, b, row, slice, dim, acc, best, weight_sum);
 }
 
 // Few splits (large batches: the split plan gives each request a handful): one warp per row, all
