@@ -88,20 +88,21 @@ class RouterReplay:
             handle.remove()
 
     def _forward(self, model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Last position's logits and every position's router scores."""
+        """Every position's logits and router scores."""
         captured: list[torch.Tensor] = []
         with self._router_scores(model, captured), torch.no_grad():
-            logits = model(torch.tensor([ids])).logits[0, -1].double()
+            logits = model(torch.tensor([ids])).logits[0].double()
         return logits, captured[-1]
 
     def replay(self, prompt: list[int], ref: list[int], step: int) -> Replay:
         """float64 along ``prompt + ref[:step]``: the greedy token at ``step``, the token with the
         boundary experts swapped, the boundary's margin, and the bf16 noise along all of ``ref``."""
-        ids = prompt + ref[:step]
-        logits, scores = self._forward(self.exact, ids)
+        # One causal pass along all of ref gives every step's logits and scores; ``at`` reads step's.
+        whole, at = prompt + ref[:-1], len(prompt) - 1 + step
+        logits, scores = self._forward(self.exact, whole)
         k = self.exact.config.num_experts_per_tok
-        order = scores[-1].argsort(descending=True)
-        margin = (scores[-1, order[k - 1]] - scores[-1, order[k]]).item()
+        order = scores[at].argsort(descending=True)
+        margin = (scores[at, order[k - 1]] - scores[at, order[k]]).item()
         gate = self.exact.model.layers[-1].mlp.gate
         bias = gate.e_score_correction_bias
         saved = bias.clone()
@@ -110,15 +111,13 @@ class RouterReplay:
         bias[order[k]] += margin + 1e-4
         try:
             with torch.no_grad():
-                swapped_logits = self.exact(torch.tensor([ids])).logits[0, -1]
+                swapped_logits = self.exact(torch.tensor([whole[: at + 1]])).logits[0, -1]
         finally:
             bias.copy_(saved)
-        whole = prompt + ref[:-1]
-        _, exact_scores = self._forward(self.exact, whole)
         _, bf16_scores = self._forward(self.bf16, whole)
         generated = slice(len(prompt) - 1, None)
-        noise = (exact_scores[generated] - bf16_scores[generated]).abs().max().item()
-        return Replay(int(logits.argmax()), int(swapped_logits.argmax()), margin, noise)
+        noise = (scores[generated] - bf16_scores[generated]).abs().max().item()
+        return Replay(int(logits[at].argmax()), int(swapped_logits.argmax()), margin, noise)
 
     def explain(
         self, prompts: list[list[int]], ours: list[list[int]], ref: list[list[int]], failures: list[tuple]
