@@ -127,7 +127,13 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 echo "wheel built at $(cat .gpu/dist/BUILT_AT 2>/dev/null), checkout ${CHECKOUT:-$(git rev-parse --short HEAD 2>/dev/null) (from the copied .git)}"
 nvidia-smi --query-gpu=name --format=csv,noheader
 
-run() { timeout "$LIMIT" "$@" 2>&1 | tee -a "$OUT/log.txt"; }
+# A part cut by LIMIT says so in the log: its engines' own output stops mid-run without a word.
+run() {
+  timeout "$LIMIT" "$@" 2>&1 | tee -a "$OUT/log.txt"
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" = 124 ] && echo "!! $1 ${2:-} stopped at LIMIT=${LIMIT}s: raise LIMIT (DETACH=1 for longer than a call)" | tee -a "$OUT/log.txt"
+  return "$rc"
+}
 # The wheel in .gpu/ab/ (a second build of ours, "base") into /tmp/mla_base, for the parts that set
 # one build against the other.
 install_base() {
