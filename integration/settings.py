@@ -18,6 +18,6 @@ NON_MLA_DRAFTERS = ("longcat_flash_mtp",)
 
 def drafter_has_mla_layers(method: str) -> bool:
     """vLLM builds this speculative method's drafter with MLA layers: a checkpoint's MTP layer (``mtp``,
-    ``*_mtp``) but NON_MLA_DRAFTERS, or an Eagle3 drafter with an MLA draft layer (models/eagle3_drafter.py);
-    the n-gram proposer has none."""
-    return (method in ("mtp", "eagle3") or method.endswith("_mtp")) and method not in NON_MLA_DRAFTERS
+    ``*_mtp``) but NON_MLA_DRAFTERS, the zoo's Eagle drafters (``eagle``: Mistral Large 3's, DeepSeek-V2
+    decoder layers; ``eagle3``: one MLA draft layer); the n-gram proposer has none."""
+    return (method in ("mtp", "eagle", "eagle3") or method.endswith("_mtp")) and method not in NON_MLA_DRAFTERS

@@ -17,8 +17,9 @@ Per family and layout (the heads one GPU decodes; ``--layouts all`` for every la
   are (judges/parallel.py: vLLM's FLASHMLA at the same layouts calibrates the tie rule);
 - drafts (``--parts drafts``): the family's drafters at k = ``--draft-tokens``: its own MTP layer
   (GLM-4.7-Flash's ``glm4_moe_lite_mtp``, DeepSeek-V3's ``deepseek_mtp``, LongCat-Flash's
-  ``longcat_flash_mtp``; the checkpoint with one MTP layer) and, for the families users run with one,
-  an Eagle3 drafter with an MLA draft layer (``eagle3``, models/eagle3_drafter.py); ours against
+  ``longcat_flash_mtp``; the checkpoint with one MTP layer), Mistral Large 3's Eagle drafter (``eagle``,
+  models/mistral_eagle_drafter.py) and, for the families users run with one, an Eagle3 drafter with an
+  MLA draft layer (``eagle3``, models/eagle3_drafter.py); ours against
   vLLM's backends run with the same drafter and k, the drafter's MLA layers on the engine's backend,
   judged as the speculative runs of run_e2e.py are (decode calls with 1 + k query tokens, and the
   drafter's own calls, must reach our kernel), and reported against the same target decoded without
@@ -54,6 +55,7 @@ from integration.judges.vllm_run import judge, non_speculative_note  # noqa: E40
 from integration.models.checkpoints import save_checkpoint, save_config  # noqa: E402
 from integration.models.eagle3_drafter import save_eagle3_drafter  # noqa: E402
 from integration.models.families import FAMILIES, Family, pick  # noqa: E402
+from integration.models.mistral_eagle_drafter import save_mistral_eagle_drafter  # noqa: E402
 from integration.models.prompts import make_prompts  # noqa: E402
 from integration.settings import SELFTEST_CORRUPTION  # noqa: E402
 
@@ -164,12 +166,17 @@ def peer_of(spec: EngineSpec) -> EngineSpec:
 
 def drafters(family: Family, layout: str, model_dir: Path) -> list[tuple[str, str, str | None]]:
     """(speculative method, target checkpoint, drafter checkpoint or None) of each drafter the family
-    runs with: its MTP layer (inside a checkpoint that holds one), an Eagle3 drafter of its own."""
+    runs with: its MTP layer (inside a checkpoint that holds one), its Eagle drafter (Mistral Large 3),
+    an Eagle3 drafter of its own."""
     heads = family.heads[layout]
     runs = []
     if family.drafter in MTP_DRAFTERS:
         path = model_dir / f"{family.published}_h{heads}_mtp"
         runs.append((family.drafter, str(save_checkpoint(family, path, layout, mtp_layers=1)), None))
+    if family.drafter == "eagle":
+        target = save_checkpoint(family, model_dir / f"{family.published}_h{heads}", layout)
+        drafter = save_mistral_eagle_drafter(target, model_dir / f"{family.published}_h{heads}_eagle")
+        runs.append(("eagle", str(target), str(drafter)))
     if family.eagle3_mla:
         target = save_checkpoint(family, model_dir / f"{family.published}_h{heads}", layout)
         drafter = save_eagle3_drafter(target, model_dir / f"{family.published}_h{heads}_eagle3")

@@ -1,8 +1,10 @@
 """The model zoo's drafters (integration/zoo_e2e.py --parts drafts): a family's seeded checkpoint with
 one MTP layer holds it where vLLM's drafter for the family reads it and its main model skips it; the
 Eagle3 drafter with an MLA layer (models/eagle3_drafter.py) holds the weights vLLM's deepseek_eagle3
-model loads, and its attention is MLA; vLLM's speculative config takes each with its method; the run
-starts every engine with the drafter at each k and judges ours against references with the same one."""
+model loads, and its attention is MLA; Mistral Large 3's Eagle drafter (models/mistral_eagle_drafter.py)
+is in Mistral's format, which vLLM maps onto its EagleMistralLarge3 model; vLLM's speculative config
+takes each with its method; the run starts every engine with the drafter at each k and judges ours
+against references with the same one."""
 
 import json
 import sys
@@ -306,9 +308,96 @@ def test_vllm_reads_the_eagle3_drafter_as_an_mla_model_beside_its_target(eagle3)
     assert speculative.attention_backend.name == "CUSTOM"
 
 
+@pytest.fixture(scope="module")
+def mistral_eagle(tmp_path_factory):
+    """Mistral Large 3 at TP8 (Mistral's format) and its Eagle drafter beside it."""
+    from integration.models.mistral_eagle_drafter import save_mistral_eagle_drafter
+
+    family = next(f for f in FAMILIES if f.drafter == "eagle")
+    root = tmp_path_factory.mktemp("mistral_eagle")
+    target = save_checkpoint(family, root / "target", "TP8")
+    return family, target, save_mistral_eagle_drafter(target, root / "drafter")
+
+
+def test_the_mistral_eagle_drafter_holds_what_vllm_s_eagle_mistral_large_3_loads(mistral_eagle):
+    """Mistral's format, as the Eagle drafter is released: params.json and Mistral's tensor names, which
+    vLLM's EagleMistralLarge3ForCausalLM maps onto one DeepSeek-V3 decoder layer shaped as the
+    target's, the fusion ``model.fc`` (2 x dim -> dim) and the final norm; no embedding or output
+    (the target's are shared)."""
+    from vllm.model_executor.models.mistral_large_3_eagle import EagleMistralLarge3ForCausalLM
+
+    from integration.models.checkpoints import transformers_model
+    from integration.models.families import published
+
+    family, target, drafter = mistral_eagle
+    params = json.loads((drafter / "params.json").read_text())
+    target_params = json.loads((target / "params.json").read_text())
+    assert params["n_layers"] == published("Mistral-Large-3")["eagle_drafter"]["n_layers"] == 1
+    assert params["moe"]["first_k_dense_replace"] == 1  # dense, as the zoo's target layers
+    assert {k: v for k, v in params.items() if k not in ("n_layers", "moe")} == {
+        k: v for k, v in target_params.items() if k not in ("n_layers", "moe")
+    }  # the target's attention fields, query scale and sizes
+    with safe_open(str(drafter / "consolidated.safetensors"), "pt") as weights:
+        shapes = {name: list(weights.get_slice(name).get_shape()) for name in weights.keys()}  # noqa: SIM118
+    assert "eagle_linear.weight" in shapes and not [n for n in shapes if n.startswith(("model.", "tok_", "output"))]
+    mapped = dict(zip(EagleMistralLarge3ForCausalLM.hf_to_vllm_mapper.apply_list(list(shapes)), shapes.values()))
+    dim = params["dim"]
+    one_layer = {**family.config("TP8"), "num_hidden_layers": 1, "first_k_dense_replace": 1}
+    state = transformers_model("deepseek_v3", one_layer).state_dict()
+    expected = {n: list(t.shape) for n, t in state.items() if n.startswith(("model.layers.", "model.norm"))}
+    assert mapped == {**expected, "model.fc.weight": [dim, 2 * dim]}
+
+
+def test_vllm_reads_the_mistral_eagle_drafter_as_an_mla_model_beside_its_target(mistral_eagle):
+    from types import SimpleNamespace
+
+    from mla_backend.vllm.drafter import drafter_hint
+
+    _, target, drafter = mistral_eagle
+    spec = EngineSpec("CUSTOM", spec_tokens=3, spec_method="eagle", draft_model=str(drafter))
+    kwargs = engine_kwargs(spec, str(target), 2048, 0.2)["speculative_config"]
+    named = {"method": "eagle", "model": str(drafter), "num_speculative_tokens": 3, "attention_backend": "CUSTOM"}
+    assert kwargs == named
+    speculative = speculative_config(target, **kwargs)
+    draft = speculative.draft_model_config
+    assert draft.hf_config.architectures == ["EagleMistralLarge3ForCausalLM"]  # from params.json, as for the target
+    assert draft.use_mla and draft.get_head_size() == 576 and draft.hf_text_config.num_hidden_layers == 1
+    assert speculative.attention_backend.name == "CUSTOM"
+    unnamed = {k: v for k, v in kwargs.items() if k != "attention_backend"}
+    hint = drafter_hint(SimpleNamespace(speculative_config=speculative_config(target, **unnamed)))
+    assert hint is not None and '"attention_backend": "CUSTOM"' in hint  # without it vLLM picks its own
+
+
+@pytest.mark.parametrize("capability", [(12, 0), (9, 0)], ids=["sm120", "sm90"])
+def test_vllm_selects_ours_for_the_mistral_eagle_drafter_s_layers_when_named(mistral_eagle, capability):
+    from test_model_zoo_cpu import select
+    from vllm.config import AttentionConfig, DeviceConfig, VllmConfig
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    import mla_backend.vllm as plugin
+
+    _, target, drafter = mistral_eagle
+    speculative = speculative_config(
+        target, method="eagle", model=str(drafter), num_speculative_tokens=3, attention_backend="CUSTOM"
+    )
+    engine = VllmConfig(
+        model_config=speculative.draft_model_config,
+        device_config=DeviceConfig(device="cuda"),
+        attention_config=AttentionConfig(backend=speculative.attention_backend),
+        speculative_config=speculative,
+    )
+    AttentionBackendEnum.CUSTOM.clear_override()
+    plugin.register()
+    try:
+        assert select(engine, capability, "fp8") == plugin.BACKEND_PATH
+    finally:
+        AttentionBackendEnum.CUSTOM.clear_override()
+
+
 def test_deepseek_and_kimi_run_an_eagle3_drafter_and_glm_its_mtp_layer(tmp_path, monkeypatch):
     monkeypatch.setattr(zoo_e2e, "save_checkpoint", lambda family, path, layout, mtp_layers=0: path)
     monkeypatch.setattr(zoo_e2e, "save_eagle3_drafter", lambda target, path: path)
+    monkeypatch.setattr(zoo_e2e, "save_mistral_eagle_drafter", lambda target, path: path)
     methods = {
         family_id(f): [m for m, *_ in zoo_e2e.drafters(f, next(iter(f.heads)), tmp_path)]
         for f in FAMILIES
@@ -316,4 +405,4 @@ def test_deepseek_and_kimi_run_an_eagle3_drafter_and_glm_its_mtp_layer(tmp_path,
     }
     assert methods["DeepSeek-V3"] == ["deepseek_mtp", "eagle3"] and methods["Kimi-K2"] == ["eagle3"]
     assert methods["GLM-4.7-Flash"] == ["glm4_moe_lite_mtp"] and methods["Moonlight"] == []
-    assert methods["LongCat-Flash"] == ["longcat_flash_mtp"]
+    assert methods["LongCat-Flash"] == ["longcat_flash_mtp"] and methods["Mistral"] == ["eagle"]

@@ -18,7 +18,7 @@ class EngineSpec:
     # ngram (vLLM's GPU n-gram proposer), mtp (DeepSeek-V3's: the checkpoint's MTP layer) or a family's
     # own MTP method as vLLM names it (glm4_moe_lite_mtp, ...; models/families.py's drafter)
     spec_method: str = "ngram"
-    draft_model: str | None = None  # the drafter's checkpoint, for spec_method eagle3
+    draft_model: str | None = None  # the drafter's checkpoint, for spec_method eagle or eagle3
     mla_backend: dict = field(default_factory=dict)  # additional_config["mla_backend"]
     max_num_seqs: int = 16
     tp: int = 1  # tensor parallel size (heads split over GPUs)
@@ -72,11 +72,11 @@ def engine_kwargs(spec: EngineSpec, model: str, max_model_len: int, memory_fract
         kwargs["disable_log_stats"] = False  # keeps the speculative-decoding counters
     # vLLM picks a drafter's attention backend itself unless the speculative config names one: named,
     # the drafter's MLA layers decode on the engine's backend (ours, or the reference's) as its own do.
-    if spec.spec_tokens and spec.spec_method == "eagle3":
-        # A drafter of its own (models/eagle3_drafter.py) with an MLA draft layer.
-        assert spec.draft_model, "an Eagle3 run names its drafter's checkpoint"
+    if spec.spec_tokens and spec.spec_method in ("eagle", "eagle3"):
+        # A drafter checkpoint of its own with MLA layers (models/mistral_eagle_drafter.py, eagle3_drafter.py).
+        assert spec.draft_model, "an Eagle run names its drafter's checkpoint"
         kwargs["speculative_config"] = {
-            "method": "eagle3",
+            "method": spec.spec_method,
             "model": spec.draft_model,
             "num_speculative_tokens": spec.spec_tokens,
             "attention_backend": spec.backend,

@@ -76,7 +76,9 @@ class Family:
     model_type: str
     heads: dict[str, int]  # layout -> query heads one GPU decodes
     expect: Expect
-    drafter: str | None = None  # vLLM's speculative method for the family's drafter
+    # vLLM's speculative method for the family's drafter: its MTP layer's, or eagle (Mistral Large 3's
+    # Eagle drafter, mistral_eagle_drafter.py)
+    drafter: str | None = None
     # Eagle3 drafters with an MLA draft layer (vLLM's deepseek_eagle3) are run with this family
     eagle3_mla: bool = False
     fills: dict = field(default_factory=dict)  # published values the copies read lack (with why)
@@ -239,6 +241,7 @@ FAMILIES: tuple[Family, ...] = (
         "deepseek_v3",
         heads={"TP8": 16, "TP1 or DP attention": 128},
         expect="bundled",
+        drafter="eagle",
         extra=MISTRAL_LARGE_3_QUERY_SCALE,
         checkpoint_format="mistral",
     ),
