@@ -479,6 +479,34 @@ print("RESULT " + json.dumps(result))
 """
 )
 
+# Mistral Large 3 and its Eagle drafter (models/mistral_eagle_drafter.py) in Mistral's format, under the
+# names SGLang reads them by (mistral-large-3, and "eagle" for the drafter), as SGLang's EAGLE worker
+# builds the drafter: ModelConfig's is_draft_model on the drafter's path.
+MISTRAL_EAGLE = (
+    PRELUDE
+    + """
+from integration.models.mistral_eagle_drafter import save_mistral_eagle_drafter
+family = next(f for f in FAMILIES if f.drafter == "eagle")
+target = save_sglang_checkpoint(family, Path(sys.argv[1]) / family.published)
+drafter = save_mistral_eagle_drafter(target, Path(sys.argv[1]) / (family.published + "-Eagle"))
+args = ServerArgs(model_path=str(target), speculative_draft_model_path=str(drafter), device="cpu", page_size=64,
+                  prefill_attention_backend="triton", decode_attention_backend="triton", skip_tokenizer_init=True,
+                  disable_radix_cache=True)
+set_global_server_args_for_scheduler(args)
+config = ModelConfig.from_server_args(args, model_path=str(drafter), is_draft_model=True)
+initialize_dp_attention(server_args=args, model_config=config)
+model_class = get_model_architecture(config)[0]
+result = {"class": model_class.__name__, "mla": config.attention_arch.name, "layers": config.num_hidden_layers,
+          "latent": [config.kv_lora_rank, config.qk_rope_head_dim], "heads": config.num_attention_heads}
+try:  # its __init__ takes keywords only
+    keywords = lambda hf_config, quant_config: model_class(config=hf_config, quant_config=quant_config)
+    result["left"] = loaded(keywords, config.hf_config, drafter)
+except Exception as err:
+    result["left"] = repr(err)[:500]
+print("RESULT " + json.dumps(result))
+"""
+)
+
 
 def run_built(script: str, folder: Path, *more: str) -> dict:
     """Runs one of the scripts above in a process of its own; its RESULT line."""
@@ -521,6 +549,19 @@ def test_sglang_builds_the_tiny_model_s_nextn_drafter_and_loads_its_mtp_layer(tm
     name, left = result["drafter"]
     assert name == "DeepseekV3ForCausalLMNextN", name
     assert sorted(left) == ["lm_head.weight", "model.embed_tokens.weight"], left
+
+
+@pytest.mark.sglang
+@needs_sglang
+def test_sglang_builds_mistral_large_3_s_eagle_drafter_as_mla_and_loads_its_weights(tmp_path):
+    """SGLang 0.5.17 turns the zoo's Eagle drafter (Mistral's format, one layer) into its
+    MistralLarge3ForCausalLMEagle with MLA attention of the target's latent and heads, and loads every
+    weight but the embedding and head, which its EAGLE worker takes from the target."""
+    result = run_built(MISTRAL_EAGLE, tmp_path)
+    family = next(f for f in FAMILIES if f.drafter == "eagle")
+    assert result["class"] == "MistralLarge3ForCausalLMEagle" and result["mla"] == "MLA", result
+    assert result["layers"] == 1 and result["latent"] == [512, 64] and result["heads"] == family.heads["TP8"]
+    assert sorted(result["left"]) == ["lm_head.weight", "model.embed_tokens.weight"], result["left"]
 
 
 @pytest.mark.sglang
