@@ -150,7 +150,6 @@ def test_every_published_family_of_the_zoo_is_classified():
     not_in_zoo = {
         "DeepSeek-R1": "DeepSeek-V3's attention fields (its row covers R1)",
         "DeepSeek-V3.1": "no config found; DeepSeek-V3's architecture",
-        "Kimi-K2.5": "only the wrapper's fields were found: its wrapper around Kimi-K2's text model is checked below",
         "Mistral-Small-4": "kv_lora 256 read only as a class default",
         "DeepSeek-V4": "vLLM runs its own compressed sparse attention; the flag never reaches mla_backend",
         "Eagle3-drafters": "Llama attention (not MLA)",
@@ -164,53 +163,43 @@ def test_every_published_family_of_the_zoo_is_classified():
     assert every == zoo | set(not_in_zoo)
 
 
-@pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"sm{c[0]}{c[1]}")
-@pytest.mark.parametrize("layout", ["TP8", "TP1"])
-def test_kimi_k25_s_multimodal_wrapper_is_served_as_its_text_model(layout, capability, tmp_path):
-    """Kimi-K2.5 / K2.6 as vLLM loads them: KimiK25ForConditionalGeneration (vLLM's own kimi_k25 config
-    class) around a DeepSeek-V3 text model. Only the wrapper's published fields were found; the text
-    model here is Kimi-K2's (integration/models/published_configs.json says why). The MLA layers vLLM
-    builds read the text config: the flag must select our backend at Kimi's heads per GPU."""
-    kimi = next(f for f in FAMILIES if f.published == "Kimi-K2-Instruct")
-    wrapper = published("Kimi-K2.5")
-    text = {**kimi.config(layout), "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}
-    config = config_of(
-        {"architectures": wrapper["architectures"], "model_type": wrapper["model_type"], "text_config": text}, tmp_path
-    )
-    model = config.model_config
-    assert model.architecture == "KimiK25ForConditionalGeneration" and model.use_mla
-    assert model.hf_text_config.num_attention_heads == kimi.heads[layout] and model.get_head_size() == 576
-    assert select(config, capability, "fp8") == plugin.BACKEND_PATH
-    assert backend.engine_route(config, capability).kernel == "bundled"
-
-
 KIMI_VL = next(f for f in FAMILIES if f.architecture == "KimiVLForConditionalGeneration")
+KIMI_K25 = next(f for f in FAMILIES if f.architecture == "KimiK25ForConditionalGeneration")
+# Each wrapper: the family whose attention its text model has, and its projector's top-level name.
+WRAPPED = {
+    KIMI_VL.name: ("Moonlight", "multi_modal_projector"),
+    KIMI_K25.name: ("Kimi-K2 / K2.5 (text)", "mm_projector"),
+}
 
 
-def test_kimi_vl_s_checkpoint_is_its_text_model_in_vllm_s_kimi_vl_wrapper_run_text_only(checkpoint):
-    """Kimi-VL as the zoo writes it: vLLM's kimi_vl config (its own class) around Moonlight's MLA text
-    model, which vLLM builds from text_config as DeepseekV2ForCausalLM (16 heads, no q_lora: the
-    published text_config has Moonlight's attention fields); every tensor is the text model's, under
-    language_model. where the wrapper's loader hands it on, beside a small seeded vision tower. The
-    prompts are text, so vLLM runs it text-only with language_model_only (and would not without it)."""
+@pytest.mark.parametrize("wrapper", [KIMI_VL, KIMI_K25], ids=["Kimi-VL", "Kimi-K2.5"])
+def test_a_kimi_wrapper_s_checkpoint_is_its_text_model_in_vllm_s_wrapper_run_text_only(wrapper, checkpoint):
+    """Kimi-VL and Kimi-K2.5 as the zoo writes them: vLLM's kimi_vl / kimi_k25 config (its own class)
+    around an MLA text model, which vLLM builds from text_config (Kimi-VL: Moonlight's attention, 16
+    heads, no q_lora; Kimi-K2.5: Kimi-K2's, 64 heads over TP8); every tensor is the text model's, under
+    language_model. where the wrapper's loader hands it on, beside a small seeded vision tower and
+    projector. The prompts are text, so vLLM runs it text-only with language_model_only (Kimi-VL would
+    not without it; for Kimi-K2.5 vLLM 0.26 finds no multimodal processor without the released
+    processor files, and runs it text-only either way)."""
     from safetensors import safe_open
     from vllm.engine.arg_utils import EngineArgs
 
     from integration.engines.vllm_spec import EngineSpec, engine_kwargs
     from integration.models.checkpoints import dense_config, transformers_model
 
-    moonlight = next(f for f in FAMILIES if f.name == "Moonlight")
+    same_attention, projector = WRAPPED[wrapper.name]
+    text_family = next(f for f in FAMILIES if f.name == same_attention)
     for key in ("num_attention_heads", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "q_lora_rank"):
-        assert moonlight.config()[key] == KIMI_VL.text_config()[key], key
-    path = checkpoint(KIMI_VL)
+        assert text_family.config()[key] == wrapper.text_config()[key], key
+    path = checkpoint(wrapper)
     with safe_open(next(path.glob("*.safetensors")), "pt") as weights:
         shapes = {name: list(weights.get_slice(name).get_shape()) for name in weights.keys()}  # noqa: SIM118
-    state = transformers_model("deepseek_v3", text_of(dense_config(KIMI_VL))).state_dict()
+    state = transformers_model("deepseek_v3", text_of(dense_config(wrapper))).state_dict()
     text = {name: shape for name, shape in shapes.items() if name.startswith("language_model.")}
     assert text == {f"language_model.{name}": list(tensor.shape) for name, tensor in state.items()}
     # The rest is the tower and its projector, which text-only vLLM leaves unbuilt and unloaded (SGLang
     # loads them: tests/test_sglang_zoo_e2e.py)
-    assert {name.split(".")[0] for name in shapes.keys() - text.keys()} == {"vision_tower", "multi_modal_projector"}
+    assert {name.split(".")[0] for name in shapes.keys() - text.keys()} == {"vision_tower", projector}
 
     kwargs = engine_kwargs(EngineSpec("CUSTOM", "fp8"), str(path), 2048, 0.2)
     assert kwargs["language_model_only"] and set(kwargs) <= {f.name for f in dataclasses.fields(EngineArgs)}
@@ -218,9 +207,11 @@ def test_kimi_vl_s_checkpoint_is_its_text_model_in_vllm_s_kimi_vl_wrapper_run_te
         model = ModelConfig(
             model=str(path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16", language_model_only=text_only
         )
-        assert model.architecture == "KimiVLForConditionalGeneration" and model.use_mla
-        assert model.hf_text_config.num_attention_heads == 16 and model.get_head_size() == 576
-        assert runs_multimodal_inputs(model) is not text_only
+        assert model.architecture == wrapper.architecture and model.use_mla
+        assert model.hf_text_config.num_attention_heads == next(iter(wrapper.heads.values()))
+        assert model.get_head_size() == 576
+        if text_only or wrapper is KIMI_VL:
+            assert runs_multimodal_inputs(model) is not text_only
 
 
 def runs_multimodal_inputs(model: ModelConfig) -> bool:

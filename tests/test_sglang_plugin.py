@@ -533,31 +533,6 @@ def test_kimi_vl_s_multimodal_wrapper_gets_our_kernels_for_its_text_model(tmp_pa
     assert isinstance(backend.create_backend(runner), backend.MLADecodeBackend)
 
 
-@pytest.mark.parametrize("layout", ["TP8", "TP1"])
-def test_kimi_k25_s_multimodal_wrapper_gets_our_kernels_for_its_text_model(layout, tmp_path, monkeypatch):
-    """Kimi-K2.5 / K2.6 as SGLang reads them: KimiK25ForConditionalGeneration (SGLang's own kimi_k25
-    config class) around a DeepSeek-V3 text model, Kimi-K2's here (only the wrapper's published fields
-    were found: published_configs.json); SGLang's ModelConfig takes the text model's MLA at Kimi's heads
-    per GPU, and the factory serves it on an RTX 5090."""
-    from sglang.srt.configs.model_config import AttentionArch, ModelConfig
-
-    from integration.models.families import FAMILIES, published
-
-    monkeypatch.setenv("MLA_BACKEND_DEVICE_CAPABILITY", "12.0")
-    kimi = next(f for f in FAMILIES if f.published == "Kimi-K2-Instruct")
-    wrapper = published("Kimi-K2.5")
-    text = {**kimi.config(layout), "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}
-    config = {"architectures": wrapper["architectures"], "model_type": wrapper["model_type"], "text_config": text}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    runner = make_runner(torch.bfloat16)
-    runner.model_config = ModelConfig(str(tmp_path))
-    assert runner.model_config.hf_config.architectures == ["KimiK25ForConditionalGeneration"]
-    assert runner.model_config.attention_arch == AttentionArch.MLA
-    assert runner.model_config.num_attention_heads == kimi.heads[layout]
-    assert (runner.model_config.kv_lora_rank, runner.model_config.qk_rope_head_dim) == (512, 64)
-    assert isinstance(backend.create_backend(runner), backend.MLADecodeBackend)
-
-
 @pytest.mark.parametrize("corruption, within", [(1.0, True), (1.05, False)])
 def test_the_engine_check_passes_ours_and_fails_a_corrupted_output(monkeypatch, tmp_path, corruption, within):
     """integration/engines/sglang_decode_check.py, the float64 check the GPU end-to-end run installs in

@@ -18,8 +18,8 @@ import torch
 from .families import Family
 from .kimi_linear import TRANSFORMERS_TYPE as KIMI_LINEAR_WRITER
 from .kimi_linear import add_kda_layers
-from .kimi_vl import vision_weights
 from .mistral_format import to_mistral_format
+from .moonvit import vision_weights
 
 # transformers' model_type whose classes write a family's weights, where it is not the family's own:
 # Kimi-K2's is only known to vLLM; not every transformers here has Kimi-Linear (kimi_linear.py).
@@ -112,7 +112,9 @@ def wrap_text_model(path: Path, config: dict, seed: int) -> None:
     with edited_weights(path) as tensors:
         for name in list(tensors):
             tensors[f"language_model.{name}"] = tensors.pop(name)
-        tensors |= vision_weights(config["vision_config"], text["hidden_size"], text["initializer_range"], seed)
+        tensors |= vision_weights(
+            config["model_type"], config["vision_config"], text["hidden_size"], text["initializer_range"], seed
+        )
     written = json.loads((path / "config.json").read_text())
     written.pop("architectures", None)  # the wrapper names the model
     wrapped = {**config, "text_config": {**written, **text}}

@@ -165,6 +165,17 @@ KIMI_LINEAR_HYBRID = {
 # Kimi-VL's MoonViT, shrunk as the text model is: the published patch size, position grid and 2 x 2
 # merge; a small width (a multiple of its heads) and one block.
 KIMI_VL_VISION = {"hidden_size": 64, "num_attention_heads": 2, "num_hidden_layers": 1, "intermediate_size": 128}
+# Kimi-K2.5's, shrunk the same way. Its config names the tower's sizes vt_* (SGLang's config class reads
+# those); vLLM's class reads hidden_size and the like, so the shrunk sizes go under both names.
+KIMI_K25_VISION = {
+    "vt_hidden_size": 64,
+    "vt_num_attention_heads": 2,
+    "vt_num_hidden_layers": 1,
+    "vt_intermediate_size": 128,
+    "mm_hidden_size": 64,
+    "text_hidden_size": SMALL["hidden_size"],
+    **KIMI_VL_VISION,
+}
 MISTRAL_LARGE_3_QUERY_SCALE = {"llama_4_scaling": published("Mistral-Large-3")["llama_4_scaling"]}
 
 FAMILIES: tuple[Family, ...] = (
@@ -247,7 +258,7 @@ FAMILIES: tuple[Family, ...] = (
     ),
     # Kimi-VL: the kimi_vl wrapper (vLLM's and SGLang's own config class) around Moonlight's text model,
     # which both build from text_config as DeepseekV2ForCausalLM; the published text_config has
-    # Moonlight's attention fields. Its MoonViT tower is written shrunk (models/kimi_vl.py); vLLM runs
+    # Moonlight's attention fields. Its MoonViT tower is written shrunk (models/moonvit.py); vLLM runs
     # it text-only (engines.vllm_spec), SGLang builds and loads the tower.
     Family(
         "Kimi-VL",
@@ -258,6 +269,19 @@ FAMILIES: tuple[Family, ...] = (
         expect="bundled",
         text_model_type="deepseek_v3",
         vision=KIMI_VL_VISION,
+    ),
+    # Kimi-K2.5 / K2.6: the kimi_k25 wrapper (vLLM's and SGLang's own config class) around a DeepSeek-V3
+    # text model with Kimi-K2's attention (its own YaRN), which both build from text_config; a MoonViT
+    # tower and mm_projector written shrunk (models/moonvit.py). vLLM runs it text-only.
+    Family(
+        "Kimi-K2.5 / K2.6",
+        "Kimi-K2.5",
+        "KimiK25ForConditionalGeneration",
+        "kimi_k25",
+        heads={"TP8": 8, "TP1": 64},
+        expect="bundled",
+        text_model_type="deepseek_v3",
+        vision=KIMI_K25_VISION,
     ),
     Family(
         "MiniCPM3",
