@@ -25,7 +25,7 @@ from integration.models.families import FAMILIES, Family  # noqa: E402
 from integration.models.sglang_checkpoint import SGLANG_MODULES, refusal, save_sglang_checkpoint  # noqa: E402
 
 BUNDLED = ["DeepSeek-V3 / R1", "DeepSeek-V2-Lite", "Moonlight", "Kimi-K2 / K2.5 (text)", "GLM-4.7-Flash"]
-BUNDLED += ["LongCat-Flash", "Kimi-Linear", "Mistral Large 3", "Kimi-VL"]
+BUNDLED += ["LongCat-Flash", "Kimi-Linear", "Mistral Large 3", "Kimi-VL", "Kimi-K2.5 / K2.6"]
 REFUSED = ["MiniCPM3", "DeepSeek-V3.2", "GLM-5"]
 
 

@@ -118,8 +118,9 @@ class Family:
         """The text model's fields: the whole config.json, or a multimodal wrapper's text_config."""
         heads = self.heads[layout or next(iter(self.heads))]
         model = {"architectures": [self.architecture], "model_type": self.model_type}
-        if self.text_model_type is not None:  # the wrapper names the architecture
-            model = {"model_type": self.text_model_type}
+        if self.text_model_type is not None:  # the wrapper names the architecture; its text model too, if published
+            text = published(self.published).get("text_config") or {}
+            model = {"model_type": self.text_model_type, **{k: text[k] for k in ("architectures",) if k in text}}
         return {
             **SMALL,
             **model,

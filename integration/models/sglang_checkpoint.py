@@ -26,6 +26,7 @@ SGLANG_MODULES = {
     "MiniCPM3ForCausalLM": "minicpm3",
     "MistralLarge3ForCausalLM": "mistral_large_3",  # DeepSeek-V3's class, loading Mistral's names (mistral_format.py)
     "KimiVLForConditionalGeneration": "kimi_vl",  # its text model is DeepSeek-V2's class (text_config)
+    "KimiK25ForConditionalGeneration": "kimi_k25",  # its text model is DeepSeek-V3's class (text_config)
 }
 # models/deepseek_v2.py:2406: DeepseekV2DecoderLayer._is_layer_sparse reads it for the layer after
 # each one, so past the last dense layer too; transformers' DeepSeek and GLM-5 configs do not write it.
@@ -56,6 +57,7 @@ SGLANG_KEYS: dict[str, dict] = {
             "GlmMoeDsaForCausalLM",
             "MistralLarge3ForCausalLM",
             "KimiVLForConditionalGeneration",  # into its text_config (families.Family.text_config)
+            "KimiK25ForConditionalGeneration",
         ),
         DEEPSEEK_LAYERS,
     ),
