@@ -285,6 +285,34 @@ def test_the_eagle3_drafter_holds_what_vllm_s_deepseek_eagle3_loads(eagle3):
         assert config[key] == target_config[key], key  # the draft layer decodes as the target's layers do
 
 
+def test_kimi_k25_s_eagle3_drafter_reads_the_wrapper_s_text_model(tmp_path):
+    """Kimi-K2.5's checkpoint is the kimi_k25 wrapper: its Eagle3 drafter takes the text model's fields
+    (text_config), and vLLM reads it as an MLA drafter beside the wrapper run text-only."""
+    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+
+    from integration.models.eagle3_drafter import save_eagle3_drafter
+
+    family = next(f for f in FAMILIES if f.architecture == "KimiK25ForConditionalGeneration")
+    target = save_checkpoint(family, tmp_path / "target", "TP8")
+    drafter = save_eagle3_drafter(target, tmp_path / "drafter")
+    text = json.loads((target / "config.json").read_text())["text_config"]
+    config = json.loads((drafter / "config.json").read_text())
+    for key in ("hidden_size", "num_attention_heads", "kv_lora_rank", "qk_rope_head_dim", "q_lora_rank"):
+        assert config[key] == text[key], key
+    spec = EngineSpec("CUSTOM", spec_tokens=3, spec_method="eagle3", draft_model=str(drafter))
+    kwargs = engine_kwargs(spec, str(target), 2048, 0.2)
+    assert kwargs["language_model_only"]
+    model = ModelConfig(
+        model=str(target), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16", language_model_only=True
+    )
+    speculative = SpeculativeConfig(
+        **kwargs["speculative_config"], target_model_config=model, target_parallel_config=ParallelConfig()
+    )
+    draft = speculative.draft_model_config
+    assert draft.hf_config.architectures == ["Eagle3DeepseekV2ForCausalLM"] and draft.use_mla
+    assert draft.get_head_size() == 576 and draft.hf_text_config.num_attention_heads == family.heads["TP8"]
+
+
 def test_aux_layers_are_distinct_layer_inputs_after_the_first(eagle3):
     from integration.models.eagle3_drafter import aux_layers
 
@@ -406,3 +434,4 @@ def test_deepseek_and_kimi_run_an_eagle3_drafter_and_glm_its_mtp_layer(tmp_path,
     assert methods["DeepSeek-V3"] == ["deepseek_mtp", "eagle3"] and methods["Kimi-K2"] == ["eagle3"]
     assert methods["GLM-4.7-Flash"] == ["glm4_moe_lite_mtp"] and methods["Moonlight"] == []
     assert methods["LongCat-Flash"] == ["longcat_flash_mtp"] and methods["Mistral"] == ["eagle"]
+    assert methods["Kimi-K2.5"] == ["eagle3"]

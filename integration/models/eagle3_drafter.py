@@ -78,7 +78,8 @@ def save_eagle3_drafter(target_dir: str | Path, path: str | Path, seed: int = 0)
     from safetensors.torch import save_file
 
     path = Path(path)
-    config = drafter_config(json.loads((Path(target_dir) / "config.json").read_text()))
+    target = json.loads((Path(target_dir) / "config.json").read_text())
+    config = drafter_config(target.get("text_config", target))  # a multimodal wrapper's text model (Kimi-K2.5)
     stamp = {"seed": seed, **config}
     stamp_file = path / "mla_backend_stamp.json"
     if stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:

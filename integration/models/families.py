@@ -281,6 +281,7 @@ FAMILIES: tuple[Family, ...] = (
         "kimi_k25",
         heads={"TP8": 8, "TP1": 64},
         expect="bundled",
+        eagle3_mla=True,
         text_model_type="deepseek_v3",
         vision=KIMI_K25_VISION,
     ),
