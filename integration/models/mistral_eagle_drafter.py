@@ -13,6 +13,7 @@ checkpoints is (checkpoints.py: MoE never reaches the attention backend).
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -26,7 +27,7 @@ WEIGHTS = "consolidated.safetensors"
 def drafter_params(target: dict) -> dict:
     """The drafter's params.json from the target's: its own layer count, every layer dense."""
     layers = published("Mistral-Large-3")["eagle_drafter"]["n_layers"]
-    params = json.loads(json.dumps(target))
+    params = copy.deepcopy(target)
     params["n_layers"] = layers
     params["moe"]["first_k_dense_replace"] = layers
     return params
