@@ -104,7 +104,7 @@ def save_checkpoint(
 def wrap_text_model(path: Path, config: dict, seed: int) -> None:
     """A multimodal wrapper's checkpoint around the text model transformers wrote: its tensors under
     language_model. (where vLLM's and SGLang's wrappers hand them to the text model), the seeded
-    vision tower and projector beside them (kimi_vl.py), and the wrapper's config.json, the text
+    vision tower and projector beside them (moonvit.py), and the wrapper's config.json, the text
     model's written config as its text_config."""
     from mla_backend.tools.tiny_model import edited_weights
 
