@@ -3,8 +3,8 @@
 vLLM (0.26 to 0.33) never hands ``--attention-backend`` to the drafter: it picks the drafter's attention
 backend itself unless ``--speculative-config`` names one (``attention_backend``). A drafter with MLA
 layers (DeepSeek's and GLM's MTP layers, Eagle3 drafters with an MLA draft layer, Mistral Large 3's
-Eagle drafter) then decodes its
-draft steps on vLLM's own MLA backend, Triton MLA on SM120, while our kernels verify.
+Eagle drafter) then decodes its draft steps on vLLM's own MLA backend, Triton MLA on SM120, while our
+kernels verify.
 """
 
 from __future__ import annotations
