@@ -72,11 +72,22 @@ def drafter_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def save_seeded_weights(shapes: dict[str, tuple[int, ...]], std: float, seed: int, file: Path) -> None:
+    """A drafter's weights in bf16 to ``file``: norms at one, every other weight normal with ``std``
+    (drawn in ``shapes``' order from a generator seeded with ``seed``)."""
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(seed)
+    tensors = {
+        name: torch.ones(shape) if name.endswith("norm.weight") else torch.randn(shape, generator=generator) * std
+        for name, shape in shapes.items()
+    }
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}, file)
+
+
 def save_eagle3_drafter(target_dir: str | Path, path: str | Path, seed: int = 0) -> Path:
     """Write the drafter of the checkpoint in ``target_dir`` to ``path`` (reused if the same target
     and seed wrote it): norms at one, every other weight normal with the target's init scale."""
-    from safetensors.torch import save_file
-
     path = Path(path)
     target = json.loads((Path(target_dir) / "config.json").read_text())
     config = drafter_config(target.get("text_config", target))  # a multimodal wrapper's text model (Kimi-K2.5)
@@ -85,13 +96,8 @@ def save_eagle3_drafter(target_dir: str | Path, path: str | Path, seed: int = 0)
     if stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
         return path
     path.mkdir(parents=True, exist_ok=True)
-    generator = torch.Generator().manual_seed(seed + 2)
     std = config.get("initializer_range", 0.02)
-    tensors = {
-        name: torch.ones(shape) if name.endswith("norm.weight") else torch.randn(shape, generator=generator) * std
-        for name, shape in drafter_shapes(config).items()
-    }
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}, path / "model.safetensors")
+    save_seeded_weights(drafter_shapes(config), std, seed + 2, path / "model.safetensors")
     (path / "config.json").write_text(json.dumps(config, indent=1))
     stamp_file.write_text(json.dumps(stamp))
     return path

@@ -119,8 +119,10 @@ class Family:
         heads = self.heads[layout or next(iter(self.heads))]
         model = {"architectures": [self.architecture], "model_type": self.model_type}
         if self.text_model_type is not None:  # the wrapper names the architecture; its text model too, if published
+            model = {"model_type": self.text_model_type}
             text = published(self.published).get("text_config") or {}
-            model = {"model_type": self.text_model_type, **{k: text[k] for k in ("architectures",) if k in text}}
+            if "architectures" in text:
+                model["architectures"] = text["architectures"]
         return {
             **SMALL,
             **model,

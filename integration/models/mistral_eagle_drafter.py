@@ -17,8 +17,7 @@ import copy
 import json
 from pathlib import Path
 
-import torch
-
+from .eagle3_drafter import save_seeded_weights
 from .families import SMALL, published
 
 WEIGHTS = "consolidated.safetensors"
@@ -46,7 +45,6 @@ def save_mistral_eagle_drafter(target_dir: str | Path, path: str | Path, seed: i
     """Write the drafter of the Mistral-format checkpoint in ``target_dir`` to ``path`` (reused if the
     same target and seed wrote it): norms at one, every other weight normal with the zoo's init scale."""
     from safetensors import safe_open
-    from safetensors.torch import save_file
 
     target_dir, path = Path(target_dir), Path(path)
     params = drafter_params(json.loads((target_dir / "params.json").read_text()))
@@ -57,13 +55,7 @@ def save_mistral_eagle_drafter(target_dir: str | Path, path: str | Path, seed: i
     with safe_open(str(target_dir / WEIGHTS), "pt") as weights:
         target_weights = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}  # noqa: SIM118
     path.mkdir(parents=True, exist_ok=True)
-    generator = torch.Generator().manual_seed(seed + 3)
-    std = SMALL["initializer_range"]
-    tensors = {
-        name: torch.ones(shape) if name.endswith("norm.weight") else torch.randn(shape, generator=generator) * std
-        for name, shape in drafter_shapes(target_weights, params).items()
-    }
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}, path / WEIGHTS)
+    save_seeded_weights(drafter_shapes(target_weights, params), SMALL["initializer_range"], seed + 3, path / WEIGHTS)
     (path / "params.json").write_text(json.dumps(params, indent=1))
     stamp_file.write_text(json.dumps(stamp))
     return path
