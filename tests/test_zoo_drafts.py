@@ -28,13 +28,39 @@ def family_id(family) -> str:
     return family.name.split(" ")[0]
 
 
-def speculative_config(target: Path, **settings):
+def speculative_config(target: Path, text_only: bool = False, **settings):
     """vLLM's SpeculativeConfig for the checkpoint at ``target`` as the engine builds it from
-    ``settings`` (the speculative config's keys)."""
+    ``settings`` (the speculative config's keys); ``text_only``: the target run language_model_only."""
     from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
 
-    model = ModelConfig(model=str(target), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16")
+    model = ModelConfig(
+        model=str(target), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16", language_model_only=text_only
+    )
     return SpeculativeConfig(**settings, target_model_config=model, target_parallel_config=ParallelConfig())
+
+
+def select_for_drafter(speculative, capability: tuple[int, int]) -> str:
+    """The backend vLLM selects for the drafter's layers, with ours registered, from the drafter's
+    engine config as vLLM's proposer makes it (the draft model, the speculative config's
+    attention_backend as its backend); raises what the selection raises."""
+    from test_model_zoo_cpu import select
+    from vllm.config import AttentionConfig, DeviceConfig, VllmConfig
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    import mla_backend.vllm as plugin
+
+    drafter = VllmConfig(
+        model_config=speculative.draft_model_config,
+        device_config=DeviceConfig(device="cuda"),
+        attention_config=AttentionConfig(backend=speculative.attention_backend),
+        speculative_config=speculative,
+    )
+    AttentionBackendEnum.CUSTOM.clear_override()
+    plugin.register()
+    try:
+        return select(drafter, capability, "fp8")
+    finally:
+        AttentionBackendEnum.CUSTOM.clear_override()
 
 
 @pytest.fixture(scope="module", params=DRAFTED, ids=family_id)
@@ -173,30 +199,15 @@ def test_vllm_selects_ours_for_the_drafter_s_mla_layers_when_named(drafted, capa
     config's attention_backend as its backend): the selection of CUSTOM for the drafter's MLA layers
     passes our checks; LongCat's MTP block, which vLLM builds with standard attention, is refused with
     our reason (the runs never name ours for it)."""
-    from test_model_zoo_cpu import select
-    from vllm.config import AttentionConfig, DeviceConfig, VllmConfig
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
     import mla_backend.vllm as plugin
 
     family, path, _, _ = drafted
     speculative = speculative_config(path, method=family.drafter, num_speculative_tokens=3, attention_backend="CUSTOM")
-    drafter = VllmConfig(
-        model_config=speculative.draft_model_config,
-        device_config=DeviceConfig(device="cuda"),
-        attention_config=AttentionConfig(backend=speculative.attention_backend),
-        speculative_config=speculative,
-    )
-    AttentionBackendEnum.CUSTOM.clear_override()
-    plugin.register()
-    try:
-        if family.drafter in NON_MLA_DRAFTERS:
-            with pytest.raises(ValueError, match="standard attention"):
-                select(drafter, capability, "fp8")
-        else:
-            assert select(drafter, capability, "fp8") == plugin.BACKEND_PATH
-    finally:
-        AttentionBackendEnum.CUSTOM.clear_override()
+    if family.drafter in NON_MLA_DRAFTERS:
+        with pytest.raises(ValueError, match="standard attention"):
+            select_for_drafter(speculative, capability)
+    else:
+        assert select_for_drafter(speculative, capability) == plugin.BACKEND_PATH
 
 
 def test_a_family_s_mtp_method_reaches_vllm_by_its_own_name():
@@ -288,8 +299,6 @@ def test_the_eagle3_drafter_holds_what_vllm_s_deepseek_eagle3_loads(eagle3):
 def test_kimi_k25_s_eagle3_drafter_reads_the_wrapper_s_text_model(tmp_path):
     """Kimi-K2.5's checkpoint is the kimi_k25 wrapper: its Eagle3 drafter takes the text model's fields
     (text_config), and vLLM reads it as an MLA drafter beside the wrapper run text-only."""
-    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
-
     from integration.models.eagle3_drafter import save_eagle3_drafter
 
     family = next(f for f in FAMILIES if f.architecture == "KimiK25ForConditionalGeneration")
@@ -302,12 +311,7 @@ def test_kimi_k25_s_eagle3_drafter_reads_the_wrapper_s_text_model(tmp_path):
     spec = EngineSpec("CUSTOM", spec_tokens=3, spec_method="eagle3", draft_model=str(drafter))
     kwargs = engine_kwargs(spec, str(target), 2048, 0.2)
     assert kwargs["language_model_only"]
-    model = ModelConfig(
-        model=str(target), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16", language_model_only=True
-    )
-    speculative = SpeculativeConfig(
-        **kwargs["speculative_config"], target_model_config=model, target_parallel_config=ParallelConfig()
-    )
+    speculative = speculative_config(target, text_only=True, **kwargs["speculative_config"])
     draft = speculative.draft_model_config
     assert draft.hf_config.architectures == ["Eagle3DeepseekV2ForCausalLM"] and draft.use_mla
     assert draft.get_head_size() == 576 and draft.hf_text_config.num_attention_heads == family.heads["TP8"]
@@ -398,28 +402,13 @@ def test_vllm_reads_the_mistral_eagle_drafter_as_an_mla_model_beside_its_target(
 
 @pytest.mark.parametrize("capability", [(12, 0), (9, 0)], ids=["sm120", "sm90"])
 def test_vllm_selects_ours_for_the_mistral_eagle_drafter_s_layers_when_named(mistral_eagle, capability):
-    from test_model_zoo_cpu import select
-    from vllm.config import AttentionConfig, DeviceConfig, VllmConfig
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
     import mla_backend.vllm as plugin
 
     _, target, drafter = mistral_eagle
     speculative = speculative_config(
         target, method="eagle", model=str(drafter), num_speculative_tokens=3, attention_backend="CUSTOM"
     )
-    engine = VllmConfig(
-        model_config=speculative.draft_model_config,
-        device_config=DeviceConfig(device="cuda"),
-        attention_config=AttentionConfig(backend=speculative.attention_backend),
-        speculative_config=speculative,
-    )
-    AttentionBackendEnum.CUSTOM.clear_override()
-    plugin.register()
-    try:
-        assert select(engine, capability, "fp8") == plugin.BACKEND_PATH
-    finally:
-        AttentionBackendEnum.CUSTOM.clear_override()
+    assert select_for_drafter(speculative, capability) == plugin.BACKEND_PATH
 
 
 def test_deepseek_and_kimi_run_an_eagle3_drafter_and_glm_its_mtp_layer(tmp_path, monkeypatch):
