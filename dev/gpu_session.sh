@@ -5,7 +5,7 @@
 #
 # Expects, carried in .gpu/ (git-ignored): the offline vLLM 0.26 bundle (../shared/gpu/README.md),
 # the project's wheel in .gpu/dist/ (built here for the GPU's architecture) and any extra wheels in
-# .gpu/extra/ (bash dev/make_gpu_extras.sh: what Kimi-Linear needs beside the bundle). Installs them
+# .gpu/extra/ (bash dev/make_gpu_extras.sh: what Kimi-Linear and Kimi-K2.5 need beside the bundle). Installs them
 # under /tmp (kept while the machine stays warm), then runs PART:
 #   sglang (integration/sglang_e2e.py, alone in its call: carry .gpu-sglang, the SGLang bundle of
 #     ../shared/gpu/README.md, and .gpu/dist instead of the vLLM bundle; SGL_KV, SGL_PARTS; SGL_FAMILIES
@@ -105,6 +105,8 @@ else
 fi
 if compgen -G ".gpu/extra/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpu/extra/*.whl 2>/dev/null
+elif [[ "$PART" != sglang* ]]; then
+  echo "no .gpu/extra: vLLM cannot import Kimi-Linear's or Kimi-K2.5's model (bash dev/make_gpu_extras.sh)"
 fi
 # Reinstalled only when the wheel changed: a route table written by an earlier call stays.
 if ! cmp -s .gpu/dist/mla_backend-*.whl /tmp/mla.whl; then

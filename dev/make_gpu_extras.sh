@@ -2,7 +2,8 @@
 # Wheels the vLLM 0.26 bundle (../shared/gpu/make_vllm_bundle.sh) lacks for some zoo families, into
 # .gpu/extra/, which dev/gpu_session.sh installs beside the bundle on every call (pure Python, ~0.3 MiB):
 #   compressed-tensors (vLLM's pin) and its loguru: Kimi-Linear's KDA layers take vLLM's GDN metadata
-#   builder, whose module imports vLLM's quantization oracles, which import compressed_tensors.
+#   builder, whose module imports vLLM's quantization oracles, which import compressed_tensors; vLLM's
+#   kimi_k25.py (Kimi-K2.5 / K2.6) imports its compressed-tensors quantization config at the top.
 # Their other requirements (pydantic, torch, transformers) are in the bundle or on the GPU image.
 #
 #   bash dev/make_gpu_extras.sh [OUTDIR]     # default .gpu/extra

@@ -400,6 +400,23 @@ def test_vllm_reads_the_mistral_eagle_drafter_as_an_mla_model_beside_its_target(
     assert hint is not None and '"attention_backend": "CUSTOM"' in hint  # without it vLLM picks its own
 
 
+def test_the_speculation_judge_counts_the_mistral_eagle_drafter_s_own_calls(mistral_eagle):
+    """vLLM numbers the drafter's layers after the target's, which a target in Mistral's format states
+    in params.json (it has no config.json): the judge must count those calls, or a k >= 2 run fails."""
+    from vllm.config import ParallelConfig
+
+    from integration.engines.vllm_engine import target_layers
+    from integration.judges.speculation import drafter_calls
+
+    _, target, drafter = mistral_eagle
+    speculative = speculative_config(target, method="eagle", model=str(drafter), num_speculative_tokens=3)
+    first_drafter_layer = speculative.target_model_config.get_num_layers(ParallelConfig())
+    assert first_drafter_layer > 0 and target_layers(str(target)) == first_drafter_layer
+    calls = {f"model.layers.{first_drafter_layer}.self_attn.attn": 5, "model.layers.0.self_attn.attn": 7}
+    result = {"target_layers": target_layers(str(target)), "decode_check": {"calls_by_layer": calls}}
+    assert drafter_calls(result) == 5
+
+
 @pytest.mark.parametrize("capability", [(12, 0), (9, 0)], ids=["sm120", "sm90"])
 def test_vllm_selects_ours_for_the_mistral_eagle_drafter_s_layers_when_named(mistral_eagle, capability):
     import mla_backend.vllm as plugin

@@ -123,13 +123,15 @@ def check_in_workers(spec: EngineSpec, corrupt: float | None) -> Path:
 
 
 def target_layers(model: str) -> int | None:
-    """The target's decoder layers (its config.json; None where there is none): vLLM numbers a
-    drafter's layers after them."""
-    config = Path(model) / "config.json"
-    if not config.exists():
-        return None
-    fields = json.loads(config.read_text())
-    return fields.get("text_config", fields).get("num_hidden_layers")
+    """The target's decoder layers (its config.json, or params.json in Mistral's format; None where
+    there is neither): vLLM numbers a drafter's layers after them."""
+    config, params = Path(model) / "config.json", Path(model) / "params.json"
+    if config.exists():
+        fields = json.loads(config.read_text())
+        return fields.get("text_config", fields).get("num_hidden_layers")
+    if params.exists():
+        return json.loads(params.read_text()).get("n_layers")
+    return None
 
 
 def spec_decode_counts(metrics) -> dict:
