@@ -43,7 +43,8 @@
 # A job longer than one device command (the 10-minute soak): DETACH=1 starts it in a process session
 # of its own, which outlives the command while the machine stays held, and waits up to WAIT_S for it;
 # PART=collect (the next call, within the machine's 30 s of idle) waits again and brings the results
-# back. Keep WAIT_S well under the call's limit (status's budget_left_s can cut it): a call killed at
+# back as detached.tgz beside run.txt. Keep WAIT_S well under the call's limit, which status's
+# budget_left_s cuts (on one GPU the limit is about budget_left_s less the start): a call killed at
 # its limit returns nothing.
 #   DETACH=1 WAIT_S=540 LIMIT=1000 PART=faults FAULT_PARTS=soak SOAK_S=600 bash dev/gpu_session.sh
 #   PART=collect WAIT_S=300 bash dev/gpu_session.sh
@@ -67,7 +68,8 @@ if [ "$PART" = collect ]; then
     [ -f "$DETACHED/DONE" ] && break
     sleep 10
   done
-  cp -r "$DETACHED/." "${OUT:-results}/"
+  # One archive and the log: at most 8 files come back from the lent machine's $OUT.
+  mkdir -p "${OUT:-results}" && tar czf "${OUT:-results}/detached.tgz" -C "$DETACHED" . && cp "$DETACHED/run.txt" "${OUT:-results}/"
   tail -n 40 "$DETACHED/run.txt"
   if [ -f "$DETACHED/DONE" ]; then echo "detached job done"; else echo "detached job still running"; fi
   exit 0

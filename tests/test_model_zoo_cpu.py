@@ -425,3 +425,27 @@ def test_each_checkpoint_has_the_layers_and_mlp_sizes_vllm_reads_from_its_config
     assert experts <= {text.moe_intermediate_size}
     expert_ids = {int(n.split(".experts.")[1].split(".")[0]) for n in shapes if ".experts." in n}
     assert expert_ids <= set(range(getattr(text, "n_routed_experts", 0) or 0))  # what vLLM's loader maps
+
+
+@pytest.mark.parametrize("family", SERVED, ids=family_id)
+def test_the_zoo_says_when_vllm_cannot_import_a_family_s_model(family, monkeypatch):
+    """Kimi-K2.5's and Kimi-Linear's vLLM modules import compressed_tensors, which the GPU bundle lacks
+    unless .gpu/extra is carried: zoo_e2e.py says so per family before starting any engine."""
+    import importlib
+
+    from vllm import ModelRegistry
+
+    from integration import zoo_e2e
+
+    assert zoo_e2e.model_import_error(family) is None
+    entry = ModelRegistry.models[family.architecture]  # lazy (vLLM 0.26 and 0.33): imported on load
+    real_import = importlib.import_module
+
+    def without_compressed_tensors(name, *args):
+        if name == getattr(entry, "module_name", None):
+            raise ModuleNotFoundError("No module named 'compressed_tensors'", name="compressed_tensors")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", without_compressed_tensors)
+    error = zoo_e2e.model_import_error(family)
+    assert error is not None and "compressed_tensors" in error and entry.module_name in error
