@@ -5,7 +5,8 @@
 #
 # Expects, carried in .gpu/ (git-ignored): the offline vLLM 0.26 bundle (../shared/gpu/README.md),
 # the project's wheel in .gpu/dist/ (built here for the GPU's architecture) and any extra wheels in
-# .gpu/extra/ (bash dev/make_gpu_extras.sh: what Kimi-Linear and Kimi-K2.5 need beside the bundle). Installs them
+# .gpu/extra/ (bash dev/make_gpu_extras.sh: what Kimi-Linear and Kimi-K2.5 need beside the bundle;
+# dev/bundle_preflight.py checks each family's model imports against them on CPU first). Installs them
 # under /tmp (kept while the machine stays warm), then runs PART:
 #   sglang (integration/sglang_e2e.py, alone in its call: carry .gpu-sglang, the SGLang bundle of
 #     ../shared/gpu/README.md, and .gpu/dist instead of the vLLM bundle; SGL_KV, SGL_PARTS; SGL_FAMILIES
