@@ -442,7 +442,7 @@ def test_the_zoo_says_when_vllm_cannot_import_a_family_s_model(family, monkeypat
     real_import = importlib.import_module
 
     def without_compressed_tensors(name, *args):
-        if name == getattr(entry, "module_name", None):
+        if name == entry.module_name:
             raise ModuleNotFoundError("No module named 'compressed_tensors'", name="compressed_tensors")
         return real_import(name, *args)
 

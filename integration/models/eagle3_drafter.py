@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from .checkpoints import text_of
+
 # DeepSeek-V2's config type: vLLM turns a draft config of type deepseek_v3 into its MTP drafter's.
 ARCHITECTURE, MODEL_TYPE = "Eagle3DeepseekV2ForCausalLM", "deepseek_v2"
 
@@ -90,7 +92,7 @@ def save_eagle3_drafter(target_dir: str | Path, path: str | Path, seed: int = 0)
     and seed wrote it): norms at one, every other weight normal with the target's init scale."""
     path = Path(path)
     target = json.loads((Path(target_dir) / "config.json").read_text())
-    config = drafter_config(target.get("text_config", target))  # a multimodal wrapper's text model (Kimi-K2.5)
+    config = drafter_config(text_of(target))  # a multimodal wrapper's text model (Kimi-K2.5)
     stamp = {"seed": seed, **config}
     stamp_file = path / "mla_backend_stamp.json"
     if stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
