@@ -225,7 +225,7 @@ def test_a_family_s_mtp_method_reaches_vllm_by_its_own_name():
     assert set(kwargs) <= {f.name for f in dataclasses.fields(EngineArgs)}
     assert glm.is_mtp and EngineSpec("CUSTOM", spec_tokens=1, spec_method="mtp").is_mtp
     assert not EngineSpec("CUSTOM", spec_tokens=1).is_mtp  # the n-gram proposer
-    assert "glm4_moe_lite_mtp1" in glm.name
+    assert "glm4_moe_lite_mtp k=1" in glm.name
 
 
 def test_the_drafts_part_runs_each_k_against_references_with_the_same_drafter(monkeypatch, tmp_path):

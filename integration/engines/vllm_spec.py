@@ -38,7 +38,7 @@ class EngineSpec:
             "graph" if self.graphs else "eager",
         ]
         if self.spec_tokens:
-            parts.append(f"{self.spec_method}{self.spec_tokens}")
+            parts.append(f"{self.spec_method} k={self.spec_tokens}")  # "eagle3 k=3", never "eagle33"
         parts += [f"tp{self.tp}"] if self.tp > 1 else []
         parts += [f"dcp{self.dcp}"] if self.dcp > 1 else []
         parts += [f"{k}={v}" for k, v in self.mla_backend.items()]
