@@ -69,8 +69,10 @@ if [ "$PART" = collect ]; then
     [ -f "$DETACHED/DONE" ] && break
     sleep 10
   done
-  # One archive and the log: at most 8 files come back from the lent machine's $OUT.
-  mkdir -p "${OUT:-results}" && tar czf "${OUT:-results}/detached.tgz" -C "$DETACHED" . && cp "$DETACHED/run.txt" "${OUT:-results}/"
+  # One archive and the log: at most 8 files come back from the lent machine's $OUT. The seeded
+  # checkpoints stay behind: they are rewritten from their seeds and would push the archive over the limit.
+  mkdir -p "${OUT:-results}" && tar czf "${OUT:-results}/detached.tgz" --exclude='*.safetensors' -C "$DETACHED" . \
+    && cp "$DETACHED/run.txt" "${OUT:-results}/"
   tail -n 40 "$DETACHED/run.txt"
   if [ -f "$DETACHED/DONE" ]; then echo "detached job done"; else echo "detached job still running"; fi
   exit 0

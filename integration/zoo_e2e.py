@@ -24,8 +24,11 @@ Per family and layout (the heads one GPU decodes; ``--layouts all`` for every la
   judged as the speculative runs of run_e2e.py are (decode calls with 1 + k query tokens, and the
   drafter's own calls, must reach our kernel), and reported against the same target decoded without
   speculation. LongCat's MTP block is standard attention in vLLM: only its verification is ours.
-Families whose attention the zoo expects refused (models/families.py) start an engine with the flag
-(``--refusals``) and must stop with the zoo's reason. Exit status 1 if anything fails.
+Families whose MLA shapes only vLLM's Triton MLA takes (``fallback``: Mistral Small 4's 256 + 64 latent)
+run under `auto` against TRITON_MLA, judged the same way (the route must be the fallback), and with
+``backend='xqa'`` named, where start-up must stop with the zoo's reason. Families whose attention the
+zoo expects refused (models/families.py) start an engine with the flag (``--refusals``) and must stop
+with the zoo's reason. Exit status 1 if anything fails.
 """
 
 from __future__ import annotations
@@ -252,10 +255,15 @@ def model_import_error(family: Family) -> str | None:
 def refusal(family: Family, model_dir: Path, rows: list) -> bool:
     """An engine of the refused family with the flag (config.json only, dummy weights): start-up must
     stop with the zoo's reason."""
+    model = str(save_config(family, model_dir / f"{family.published}_config"))
+    return start_up_stops(f"{family.name}: refused", model, EngineSpec("CUSTOM", "auto", 64, False), family, rows)
+
+
+def start_up_stops(label: str, model: str, spec: EngineSpec, family: Family, rows: list) -> bool:
+    """An engine of ``spec`` on ``model`` (dummy weights) must stop at start-up with the family's reason."""
     from vllm import LLM
 
-    model = str(save_config(family, model_dir / f"{family.published}_config"))
-    kwargs = engine_kwargs(EngineSpec("CUSTOM", "auto", 64, False), model, 2048, memory_fraction=0.15)
+    kwargs = engine_kwargs(spec, model, 2048, memory_fraction=0.15)
     try:
         LLM(**kwargs, load_format="dummy")
         ok, note = False, "the engine started"
@@ -264,12 +272,41 @@ def refusal(family: Family, model_dir: Path, rows: list) -> bool:
         if not ok and "backend" not in str(err).lower():
             # Stopped before the attention layers asked for a backend (a kernel this image lacks): the
             # flag was never weighed, so this run shows nothing either way (the CPU tests do).
-            rows.append((f"{family.name}: refused", "UNREACHED", note))
+            rows.append((label, "UNREACHED", note))
             return True
     finally:
         release_engine()
-    rows.append((f"{family.name}: refused", "PASS" if ok else "FAIL", note))
+    rows.append((label, "PASS" if ok else "FAIL", note))
     return ok
+
+
+def run_fallback(family: Family, layout: str, kvs: set[str], model_dir: Path, rows: list) -> bool:
+    """A family whose MLA shapes only vLLM's Triton MLA takes: under `auto` ours hands its decode to that
+    kernel, judged against TRITON_MLA (tie rule, every replayed call in float64, the route); with the
+    bundled kernels named, start-up stops with the family's reason."""
+    heads = family.heads[layout]
+    model = str(save_checkpoint(family, model_dir / f"{family.published}_h{heads}", layout))
+    label = f"{family.name} {layout} ({heads} heads)"
+    prompts = make_prompts(0)
+    ok_all = True
+    for kv in sorted(kvs):
+        spec = EngineSpec("CUSTOM", kv, 64, True)
+        try:
+            ref = run_engine(EngineSpec("TRITON_MLA", kv, 64, True), model, prompts)
+            check = ref["decode_check"]
+            errors = ", ".join(f"q_len {k}: {v:.1e}" for k, v in check["max_rel_error"].items())
+            rows.append((ref["name"], "reference", f"its forward_mqa vs float64: {errors or 'not checked'}"))
+            refs = {"TRITON_MLA" + kv: ref}
+            result = run_engine(spec, model, prompts)
+            keep_tokens(label, spec, result, refs)
+            ok, notes = judge(result, refs, "fallback")
+        except Exception as err:
+            ok, notes = False, [repr(err)[:300]]
+        ok_all &= ok
+        add_engine_row(rows, label, spec, ok, notes)
+    named = EngineSpec("CUSTOM", sorted(kvs)[0], 64, True, mla_backend=OURS)
+    ok_all &= start_up_stops(f"{label}: {named.name}", model, named, family, rows)
+    return ok_all
 
 
 def main() -> int:
@@ -302,11 +339,15 @@ def main() -> int:
         for family in (f for f in FAMILIES if f.expect == "refused"):
             ok &= refusal(family, model_dir, rows)
     for family, layout in pick(args.families, args.layouts == "all"):
-        if family.expect != "bundled":
+        if family.expect not in ("bundled", "fallback"):
             continue
         if missing := model_import_error(family):
             rows.append((f"{family.name} {layout}", "FAIL", missing))
             ok = False
+            continue
+        if family.expect == "fallback":
+            if "plain" in parts:
+                ok &= run_fallback(family, layout, kvs, model_dir, rows)
             continue
         if "plain" in parts:
             ok &= run_family(family, layout, kvs, model_dir, args.selftest, args.isolated, rows)

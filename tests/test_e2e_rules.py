@@ -687,3 +687,41 @@ def test_the_calibrated_rule_applies_the_tie_rule_unless_the_peer_breaks_it():
     repeat = [[1, 0, 0, 0], [5, 6, 7, 8]]
     with_repeat = calibrated_agreement(leaves, early_ref, decided, early_ref, repeat)
     assert with_repeat["ok"] and with_repeat["rule_holds"] and not with_repeat["failures"]
+
+
+def narrow_latent_call(rank: int, damage: float = 1.0) -> DecodeCall:
+    """A call on a latent of ``rank`` + 64 (Mistral Small 4: 256 + 64, decoded by vLLM's Triton MLA
+    through our fallback), its outputs from a float64 softmax written out here, optionally scaled."""
+    lengths, q_len, heads, page, scale = [40, 33], 2, 4, 16, 0.06
+    generator = torch.Generator().manual_seed(3)
+    pages = -(-max(lengths) // page)
+    cache = torch.randn(len(lengths) * pages, page, rank + 64, generator=generator).to(torch.bfloat16)
+    table = torch.arange(len(lengths) * pages, dtype=torch.int32).view(len(lengths), pages)
+    query = torch.randn(len(lengths) * q_len, heads, rank + 64, generator=generator).to(torch.bfloat16)
+    out = torch.empty(len(lengths) * q_len, heads, rank, dtype=torch.float64)
+    lse = torch.empty(len(lengths) * q_len, heads, dtype=torch.float64)
+    for request, length in enumerate(lengths):
+        keys = cache[table[request]].reshape(-1, rank + 64)[:length].double()
+        for token in range(q_len):
+            row = request * q_len + token
+            logits = query[row].double() @ keys[: length - q_len + token + 1].T * scale
+            lse[row] = torch.logsumexp(logits, dim=-1)
+            out[row] = torch.softmax(logits, dim=-1) @ keys[: logits.shape[-1], :rank]
+    return DecodeCall(
+        layer="model.layers.0.self_attn",
+        query=query,
+        kv_cache=cache,
+        block_table=table,
+        seq_lens=torch.tensor(lengths, dtype=torch.int32),
+        num_decodes=len(lengths),
+        q_len=q_len,
+        bmm1=scale,
+        bmm2=1.0,
+        out=(out * damage).to(torch.bfloat16),
+        lse=lse.float(),
+    )
+
+
+def test_check_call_recomputes_a_narrower_latent_at_the_output_s_width():
+    assert check_call(narrow_latent_call(256)).out_error < 1e-2 and check_call(narrow_latent_call(256)).lse_ok
+    assert check_call(narrow_latent_call(256, damage=1.05)).out_error > ROW_ERROR_TOLERANCE[torch.float8_e4m3fn]

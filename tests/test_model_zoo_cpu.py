@@ -28,7 +28,7 @@ CAPABILITIES = [(12, 0), (9, 0)]  # RTX 5090 / PRO 6000, H100
 
 
 def family_id(family: Family) -> str:
-    return family.name.split(" ")[0]
+    return family.published  # unique, unlike the first word of the name (Mistral Large 3, Mistral Small 4)
 
 
 def layouts():
@@ -143,6 +143,10 @@ def test_the_flag_serves_each_family_as_the_zoo_says(family, layout, capability,
     assert select(config, capability, kv_cache_dtype) == plugin.BACKEND_PATH
     route = backend.engine_route(config, capability)
     assert route.kernel == family.expect, route.reason
+    if family.expect == "fallback":  # `auto` hands it to vLLM's Triton MLA; a named backend stops start-up
+        named = engine_config(family, layout, tmp_path, {"backend": "xqa"})
+        with pytest.raises(ValueError, match=family.refusal):
+            backend.engine_route(named, capability)
 
 
 def test_every_published_family_of_the_zoo_is_classified():
@@ -150,7 +154,6 @@ def test_every_published_family_of_the_zoo_is_classified():
     not_in_zoo = {
         "DeepSeek-R1": "DeepSeek-V3's attention fields (its row covers R1)",
         "DeepSeek-V3.1": "no config found; DeepSeek-V3's architecture",
-        "Mistral-Small-4": "kv_lora 256 read only as a class default",
         "DeepSeek-V4": "vLLM runs its own compressed sparse attention; the flag never reaches mla_backend",
         "Eagle3-drafters": "Llama attention (not MLA)",
     }
@@ -224,35 +227,52 @@ def runs_multimodal_inputs(model: ModelConfig) -> bool:
     return model._supports_multimodal_inputs()
 
 
-MISTRAL_LARGE_3 = next(f for f in FAMILIES if f.checkpoint_format == "mistral")
+MISTRAL_FORMAT = [f for f in FAMILIES if f.checkpoint_format == "mistral"]
+
+
+def mistral_layouts():
+    return [pytest.param(f, layout, id=f"{f.published}-{layout}") for f in MISTRAL_FORMAT for layout in f.heads]
 
 
 @pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"sm{c[0]}{c[1]}")
-@pytest.mark.parametrize("layout", list(MISTRAL_LARGE_3.heads))
+@pytest.mark.parametrize("family, layout", mistral_layouts())
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-def test_mistral_large_3_s_params_json_is_served_by_the_flag(layout, capability, kv_cache_dtype, tmp_path):
-    """Mistral Large 3 as users start it (--config-format mistral): vLLM maps its params.json onto a
-    DeepSeek-V3 config (MistralLarge3ForCausalLM, 512 + 64 latent, YaRN, the llama_4 query scale);
-    the flag must select our backend and the bundled kernels."""
+def test_a_mistral_params_json_is_routed_by_the_flag(family, layout, capability, kv_cache_dtype, tmp_path):
+    """Mistral Large 3 and Small 4 as users start them (--config-format mistral): vLLM maps their
+    params.json onto a DeepSeek-V3 config (MistralLarge3ForCausalLM, YaRN, the llama_4 query scale);
+    the flag must select our backend, and Large 3's 512 + 64 latent the bundled kernels, Small 4's
+    256 + 64 vLLM's Triton MLA (under `auto`; a named backend stops start-up)."""
     from integration.models.checkpoints import dense_config
     from integration.models.mistral_format import mistral_params
 
-    heads = MISTRAL_LARGE_3.heads[layout]
-    (tmp_path / "params.json").write_text(json.dumps(mistral_params(dense_config(MISTRAL_LARGE_3, layout))))
+    heads, fields = family.heads[layout], published(family.published)
+    (tmp_path / "params.json").write_text(json.dumps(mistral_params(family.published, dense_config(family, layout))))
     model = ModelConfig(
         model=str(tmp_path), tokenizer=None, skip_tokenizer_init=True, dtype="bfloat16", config_format="mistral"
     )
     text = model.hf_text_config
-    assert model.architecture == "MistralLarge3ForCausalLM" and model.use_mla and model.get_head_size() == 576
-    assert (text.num_attention_heads, text.kv_lora_rank, text.qk_rope_head_dim) == (heads, 512, 64)
-    assert text.llama_4_scaling == published("Mistral-Large-3")["llama_4_scaling"]
-    config = VllmConfig(
-        model_config=model,
-        device_config=DeviceConfig(device="cuda"),
-        attention_config=AttentionConfig(backend="CUSTOM"),
+    latent = fields["kv_lora_rank"] + fields["qk_rope_head_dim"]
+    assert model.architecture == "MistralLarge3ForCausalLM" and model.use_mla and model.get_head_size() == latent
+    assert (text.num_attention_heads, text.kv_lora_rank, text.qk_rope_head_dim) == (
+        heads,
+        fields["kv_lora_rank"],
+        64,
     )
-    assert select(config, capability, kv_cache_dtype) == plugin.BACKEND_PATH
-    assert backend.engine_route(config, capability).kernel == "bundled"
+    assert text.llama_4_scaling == fields["llama_4_scaling"]
+
+    def flagged(mla_backend: dict | None = None) -> VllmConfig:
+        return VllmConfig(
+            model_config=model,
+            device_config=DeviceConfig(device="cuda"),
+            attention_config=AttentionConfig(backend="CUSTOM"),
+            additional_config={"mla_backend": mla_backend} if mla_backend else {},
+        )
+
+    assert select(flagged(), capability, kv_cache_dtype) == plugin.BACKEND_PATH
+    assert backend.engine_route(flagged(), capability).kernel == family.expect
+    if family.expect == "fallback":
+        with pytest.raises(ValueError, match=family.refusal):
+            backend.engine_route(flagged({"backend": "xqa"}), capability)
 
 
 # Every model type vLLM runs as MLA (vLLM 0.26 and 0.33), and what the zoo does with it. A type vLLM
@@ -378,15 +398,15 @@ def names_vllm_loads(model: ModelConfig, names: list[str]) -> list[str]:
     return names
 
 
-def test_mistral_large_3_s_checkpoint_is_in_mistral_s_format_which_vllm_maps_to_its_layers(checkpoint):
-    """The zoo writes Mistral Large 3 as it is released (params.json, Mistral's tensor names: SGLang's
-    class loads no other); vLLM must read params.json as the family's config and map every tensor
-    name onto the DeepSeek-V3 tensor transformers wrote, shape for shape."""
+@pytest.mark.parametrize("family", MISTRAL_FORMAT, ids=lambda f: f.published)
+def test_a_mistral_checkpoint_is_in_mistral_s_format_which_vllm_maps_to_its_layers(family, checkpoint):
+    """The zoo writes Mistral Large 3 and Small 4 as they are released (params.json, Mistral's tensor
+    names: SGLang's class loads no other); vLLM must read params.json as the family's config and map
+    every tensor name onto the DeepSeek-V3 tensor transformers wrote, shape for shape."""
     from safetensors import safe_open
 
     from integration.models.checkpoints import dense_config, transformers_model
 
-    family = next(f for f in FAMILIES if f.architecture == "MistralLarge3ForCausalLM")
     path = checkpoint(family)
     with safe_open(next(path.glob("*.safetensors")), "pt") as weights:
         shapes = {name: list(weights.get_slice(name).get_shape()) for name in weights.keys()}  # noqa: SIM118

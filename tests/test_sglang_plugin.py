@@ -484,7 +484,7 @@ def test_sparse_models_are_refused_whatever_kernel_would_decode(monkeypatch, cap
 def zoo_layouts():
     from integration.models.families import FAMILIES
 
-    return [pytest.param(f, layout, id=f"{f.name.split(' ')[0]}-{layout}") for f in FAMILIES for layout in f.heads]
+    return [pytest.param(f, layout, id=f"{f.published}-{layout}") for f in FAMILIES for layout in f.heads]
 
 
 @pytest.mark.parametrize("family, layout", zoo_layouts())

@@ -348,10 +348,7 @@ def test_the_engine_script_run_from_elsewhere_builds_its_settings_with_the_check
 needs_sglang = pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="needs SGLang")
 
 RUN = [
-    pytest.param(f, layout, id=f"{f.name.split(' ')[0]}-{layout}")
-    for f in FAMILIES
-    if f.name in BUNDLED
-    for layout in f.heads
+    pytest.param(f, layout, id=f"{f.published}-{layout}") for f in FAMILIES if f.name in BUNDLED for layout in f.heads
 ]
 
 

@@ -33,7 +33,7 @@ class DecodeCall:
     """One forward_mqa call: its inputs and outputs as copies (eager) or probes (graphs)."""
 
     layer: str
-    query: torch.Tensor  # [tokens, H, 576], the dtype the kernel read
+    query: torch.Tensor  # [tokens, H, 576] (latent + rope), the dtype the kernel read
     kv_cache: torch.Tensor  # the layer's cache itself: read after the step, before the next one writes
     block_table: torch.Tensor
     seq_lens: torch.Tensor
@@ -41,7 +41,7 @@ class DecodeCall:
     q_len: int
     bmm1: float
     bmm2: float
-    out: torch.Tensor  # [tokens, H, 512]
+    out: torch.Tensor  # [tokens, H, 512] (the latent)
     lse: torch.Tensor | None  # [tokens, H] natural log, or None where the backend returned none
     own_keys: torch.Tensor | None = None  # [requests, q_len, 576]: own_keys(), copied when the call ran
 
@@ -102,7 +102,9 @@ def check_call(call: DecodeCall) -> CallCheck:
     kv_cache, block_table = (
         (call.kv_cache, call.block_table[:requests]) if call.own_keys is None else cache_as_seen(call)
     )
-    want, want_lse = mla_decode_reference(query, kv_cache, block_table, seq_lens, call.bmm1, call.bmm2)
+    want, want_lse = mla_decode_reference(
+        query, kv_cache, block_table, seq_lens, call.bmm1, call.bmm2, kv_lora_rank=call.out.shape[-1]
+    )  # the latent's width from the output: 512 for most families, 256 for Mistral Small 4
     visible = torch.tensor([visible_lengths(n, q_len) for n in seq_lens.tolist()], device=seq_lens.device)
     rows = (visible >= MIN_VISIBLE_KEYS)[:, :, None].expand(requests, q_len, heads).reshape(tokens, heads)
     want, want_lse = want.reshape(tokens, heads, -1), want_lse.reshape(tokens, heads)

@@ -91,7 +91,7 @@ def save_checkpoint(
     elif mtp_layers:
         add_mtp_layers(path, config, mtp_layers, seed, lambda deeper: transformers_model(model_type, deeper))
     if family.checkpoint_format == "mistral":
-        to_mistral_format(path, config)
+        to_mistral_format(path, family.published, config)
     elif family.text_model_type is not None:
         wrap_text_model(path, config, seed)
     else:  # Kimi-Linear: the family's config only, none of the keys DeepSeek-V3's classes add.

@@ -9,8 +9,8 @@ heads gives the backend the shapes a TP rank gets.
 
 ``expect`` is what mla_backend does with the family under ``--attention-backend CUSTOM``:
 - ``bundled``: the bundled kernels decode it;
-- ``fallback``: `auto` hands decode to vLLM's Triton MLA kernel (MLA shapes the kernels do not take);
-  an explicit ``backend`` stops start-up with the reason (no family vLLM serves as MLA needs it today);
+- ``fallback``: `auto` hands decode to vLLM's Triton MLA kernel (MLA shapes the kernels do not take:
+  Mistral Small 4's 256 + 64 latent); an explicit ``backend`` stops start-up with the reason;
 - ``refused``: start-up stops with our reason (sparse attention: an indexer and a cache of its own);
 - ``own``: vLLM runs the model's own attention whatever the flag says; mla_backend is never called.
 """
@@ -91,7 +91,7 @@ class Family:
     text_model_type: str | None = None
     vision: dict = field(default_factory=dict)  # its published vision_config, shrunk (the backend never sees it)
     why: str = ""  # for fallback / refused / own: the reason users read
-    refusal: str = ""  # for refused: what mla_backend's start-up error says
+    refusal: str = ""  # for refused (and fallback with an explicit backend): what mla_backend's start-up error says
 
     def attention(self) -> dict:
         """The published attention fields, completed by ``fills``."""
@@ -160,10 +160,10 @@ KIMI_LINEAR_HYBRID = {
         "full_attn_layers": [2],
     }
 }
-# Mistral Large 3 ships Mistral's own params.json, which the engines map onto a DeepSeek-V3 config
-# (architecture MistralLarge3ForCausalLM; the published fields and vLLM's mapping in
+# Mistral Large 3 and Mistral Small 4 ship Mistral's own params.json, which vLLM maps onto a DeepSeek-V3
+# config (architecture MistralLarge3ForCausalLM; the published fields and vLLM's mapping in
 # published_configs.json). config() gives that mapped config; the zoo's checkpoint is written in
-# Mistral's format (mistral_format.py). Its query takes a position-dependent scale (llama_4_scaling)
+# Mistral's format (mistral_format.py). Their query takes a position-dependent scale (llama_4_scaling)
 # in the engines' attention layer, before the decode backend.
 # Kimi-VL's MoonViT, shrunk as the text model is: the published patch size, position grid and 2 x 2
 # merge; a small width (a multiple of its heads) and one block.
@@ -180,6 +180,10 @@ KIMI_K25_VISION = {
     **KIMI_VL_VISION,
 }
 MISTRAL_LARGE_3_QUERY_SCALE = {"llama_4_scaling": published("Mistral-Large-3")["llama_4_scaling"]}
+MISTRAL_SMALL_4_QUERY_SCALE = {"llama_4_scaling": published("Mistral-Small-4")["llama_4_scaling"]}
+# What start-up says when a backend is named for a model whose MLA shapes only vLLM's Triton MLA takes
+# (mla_backend/vllm/backend.py, engine_route).
+FALLBACK_REFUSAL = "backend='auto' decodes such models with vLLM's Triton MLA kernel"
 
 FAMILIES: tuple[Family, ...] = (
     Family(
@@ -258,6 +262,20 @@ FAMILIES: tuple[Family, ...] = (
         drafter="eagle",
         extra=MISTRAL_LARGE_3_QUERY_SCALE,
         checkpoint_format="mistral",
+    ),
+    # Mistral Small 4: Mistral Large 3's architecture with a 256 + 64 latent, which only vLLM's Triton MLA
+    # takes; users run it on one GPU (32 heads) or two (TP2: 16).
+    Family(
+        "Mistral Small 4",
+        "Mistral-Small-4",
+        "MistralLarge3ForCausalLM",
+        "deepseek_v3",
+        heads={"TP2": 16, "TP1": 32},
+        expect="fallback",
+        extra=MISTRAL_SMALL_4_QUERY_SCALE,
+        checkpoint_format="mistral",
+        why="its latent is 256 + 64; the bundled kernels take 512 + 64",
+        refusal=FALLBACK_REFUSAL,
     ),
     # Kimi-VL: the kimi_vl wrapper (vLLM's and SGLang's own config class) around Moonlight's text model,
     # which both build from text_config as DeepseekV2ForCausalLM; the published text_config has

@@ -1,5 +1,5 @@
-"""Mistral Large 3's zoo checkpoint in Mistral's own format, as it is released and as both engines
-load it: params.json (the published one, shrunk as the zoo shrinks every family) and
+"""Mistral Large 3's and Mistral Small 4's zoo checkpoints in Mistral's own format, as they are released
+and as the engines load them: params.json (the published one, shrunk as the zoo shrinks every family) and
 consolidated.safetensors under Mistral's tensor names, no config.json. vLLM takes a folder with
 params.json and consolidated*.safetensors as Mistral's format and maps it onto DeepSeek-V3
 (MistralLarge3ForCausalLM); SGLang 0.5.17 does so for a path that names mistral-large-3, and its class
@@ -52,11 +52,12 @@ def mistral_name(name: str) -> str:
     return f"layers.{layer}.{LAYER_NAMES[module]}.{kind}"
 
 
-def mistral_params(config: dict) -> dict:
-    """params.json for a small config.json of the family (families.Family.config, every layer dense):
-    the published params.json with the sizes and heads that config.json has, so that both describe the
-    weights transformers wrote. The attention fields are the published ones in both."""
-    params = json.loads(json.dumps(published("Mistral-Large-3")["mistral_params"]))
+def mistral_params(published_name: str, config: dict) -> dict:
+    """params.json for a small config.json of the family published as ``published_name``
+    (families.Family.config, every layer dense): the published params.json with the sizes and heads
+    that config.json has, so that both describe the weights transformers wrote. The attention fields
+    are the published ones in both."""
+    params = json.loads(json.dumps(published(published_name)["mistral_params"]))
     for key in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
         assert params[key] == config[key], key
     params.update(
@@ -76,7 +77,7 @@ def mistral_params(config: dict) -> dict:
     return params
 
 
-def to_mistral_format(path: Path, config: dict) -> None:
+def to_mistral_format(path: Path, published_name: str, config: dict) -> None:
     """The checkpoint transformers saved in ``path`` rewritten in Mistral's format."""
     from mla_backend.tools.tiny_model import edited_weights
 
@@ -88,4 +89,4 @@ def to_mistral_format(path: Path, config: dict) -> None:
     weights.rename(path / "consolidated.safetensors")
     for hf_file in ("config.json", "generation_config.json"):
         (path / hf_file).unlink(missing_ok=True)
-    (path / "params.json").write_text(json.dumps(mistral_params(config), indent=1))
+    (path / "params.json").write_text(json.dumps(mistral_params(published_name, config), indent=1))
