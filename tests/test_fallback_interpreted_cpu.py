@@ -132,7 +132,7 @@ def test_fallback_matches_the_float64_reference(case, interpreted):
     tokens = requests * q_len
     out, lse = got["out"], got["lse"]
     assert out.shape == (tokens, heads, KV_LORA_RANK) and out.dtype == query.dtype
-    assert lse.shape == (tokens, heads) and lse.dtype == query.dtype
+    assert lse.shape == (tokens, heads) and lse.dtype == torch.float32  # exact enough for DCP's merge
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
 
     cache = given["kv_cache"].double() * given["k_scale"]  # fp8: the dequantised values
