@@ -281,7 +281,7 @@ def test_a_mistral_params_json_is_routed_by_the_flag(family, layout, capability,
 # gets (a 512 + 64 dense latent is served, an indexer refused, another latent falls back under auto).
 MLA_MODEL_TYPES = {
     "deepseek_v2": "zoo: DeepSeek-V2-Lite",
-    "deepseek_v3": "zoo: DeepSeek-V3 / R1, Moonlight, Mistral Large 3 (mapped from its params.json)",
+    "deepseek_v3": "zoo: DeepSeek-V3 / R1, Moonlight, Mistral Large 3 and Small 4 (mapped from their params.json)",
     "kimi_k2": "zoo: Kimi-K2 (K2.5's text model)",
     "glm4_moe_lite": "zoo: GLM-4.7-Flash",
     "longcat_flash": "zoo: LongCat-Flash",
