@@ -51,6 +51,7 @@ from integration.models.prompts import make_prompts  # noqa: E402
 from integration.models.sglang_checkpoint import (  # noqa: E402
     pick_served,
     refusal,
+    refusal_env,
     save_sglang_checkpoint,
     save_sglang_config,
     save_sglang_tiny_deepseek,
@@ -239,7 +240,8 @@ def main() -> int:
         layout = next(iter(family.heads))
         model = save_sglang_config(family, args.out / "models" / f"{family.published}_config", layout)
         engine_log = args.out / f"refusal_{family.published}.log"
-        status, note = judge_refusal(start_refused(str(model), engine_log), engine_log.read_text(), refusal(family))
+        stopped = start_refused(str(model), engine_log, refusal_env(family))
+        status, note = judge_refusal(stopped, engine_log.read_text(), refusal(family))
         add_row(rows, f"{family.name} {layout} ({family.heads[layout]} heads)", "auto", "refused", status, note)
     if not args.families:
         heads = args.heads or 16

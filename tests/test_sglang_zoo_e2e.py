@@ -22,7 +22,7 @@ from integration import sglang_e2e  # noqa: E402
 from integration.judges.sglang_refusal import judge_refusal  # noqa: E402
 from integration.models import families  # noqa: E402
 from integration.models.families import FAMILIES, Family  # noqa: E402
-from integration.models.sglang_checkpoint import SGLANG_MODULES, refusal, save_sglang_checkpoint  # noqa: E402
+from integration.models.sglang_checkpoint import SGLANG_MODULES, refusal, refusal_env, save_sglang_checkpoint  # noqa: E402
 
 BUNDLED = ["DeepSeek-V3 / R1", "DeepSeek-V2-Lite", "Moonlight", "Kimi-K2 / K2.5 (text)", "GLM-4.7-Flash"]
 BUNDLED += ["LongCat-Flash", "Kimi-Linear", "Mistral Large 3", "Kimi-VL", "Kimi-K2.5 / K2.6"]
@@ -93,7 +93,7 @@ def fake_engines(monkeypatch, tmp_path, check_error=1e-3, checked_ranks=None, ve
         runs.append((model, decode, kv, graphs, engine_args))
         return {"tokens": [[7, 8, 9]] * len(prompts), "gaps": [[1.0] * 3] * len(prompts), "tokens_per_s": 1e3}
 
-    def start_refused(model, log):
+    def start_refused(model, log, env=None):
         log.write_text(SCHEDULER_TRACEBACK)
         return STOPPED
 
@@ -573,6 +573,8 @@ def test_each_refused_family_stops_our_factory_with_the_message_the_run_looks_fo
     from mla_backend.sglang import backend
 
     monkeypatch.setenv("MLA_BACKEND_DEVICE_CAPABILITY", "12.0")
+    for name, value in refusal_env(family).items():  # MiniCPM3's latent: the bundled kernels named
+        monkeypatch.setenv(name, value)
     if family.model_type == "minicpm3":  # SGLang reads its config only with the model's remote code
         config = SimpleNamespace(**{k: family.config()[k] for k in ("kv_lora_rank", "qk_rope_head_dim")})
     else:

@@ -155,11 +155,13 @@ def run_isolated(
     return json.loads(lines[-1])
 
 
-def start_refused(model: str, log: Path, timeout_s: float = REFUSAL_TIMEOUT_S) -> dict:
-    """An engine with our decode backend on dummy weights, in a process session of its own, its stderr
-    written to ``log``; once it ends (or is killed at ``timeout_s``): its exit status, whether it timed
-    out or served (printed tokens), and the processes of its session still alive (none, where SGLang
-    took down what it started). Those are then killed."""
+def start_refused(
+    model: str, log: Path, env: dict[str, str] | None = None, timeout_s: float = REFUSAL_TIMEOUT_S
+) -> dict:
+    """An engine with our decode backend (``env``: its settings) on dummy weights, in a process session
+    of its own, its stderr written to ``log``; once it ends (or is killed at ``timeout_s``): its exit
+    status, whether it timed out or served (printed tokens), and the processes of its session still
+    alive (none, where SGLang took down what it started). Those are then killed."""
     spec = {"model": model, "prompts": [[1, 2, 3]], "decode": "mla_backend", "kv": "auto", "graphs": False}
     spec |= {"greedy_only": True, "engine_args": {"load_format": "dummy"}}
     # Its output to a file, not a pipe: a process it leaves behind would hold a pipe open, and the wait
@@ -171,7 +173,7 @@ def start_refused(model: str, log: Path, timeout_s: float = REFUSAL_TIMEOUT_S) -
             stdout=out,
             stderr=sink,
             text=True,
-            env=engine_env({}),
+            env=engine_env(env or {}),
             start_new_session=True,  # its processes share its id as their group: found and killed by it
         )
         assert child.stdin is not None  # stdin=PIPE

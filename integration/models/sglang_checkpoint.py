@@ -93,6 +93,13 @@ def refusal(family: Family) -> str:
     return "this model's attention is sparse" if "index_topk" in family.config() else "needs kv_lora_rank 512"
 
 
+def refusal_env(family: Family) -> dict[str, str]:
+    """The settings a refused family's engine starts with: a sparse model is refused whatever the backend;
+    a latent the kernels do not take only where the bundled kernels are named (under `auto`, SGLang's
+    triton decodes it)."""
+    return {} if "index_topk" in family.config() else {"MLA_BACKEND": "xqa"}
+
+
 def save_sglang_config(family: Family, path: str | Path, layout: str | None = None) -> Path:
     """config.json only (a refused family's engine starts on dummy weights)."""
     return save_config(for_sglang(family), path, layout)

@@ -116,11 +116,29 @@ def check_model(model_config) -> None:
         )
 
 
+def latent_problem(model_config) -> str | None:
+    """Why the bundled kernels cannot decode this model's latent (MiniCPM3's 256 + 32, Mistral Small 4's
+    256 + 64), or None."""
+    shape = (model_config.kv_lora_rank, model_config.qk_rope_head_dim)
+    if shape == (shapes.KV_LORA_RANK, shapes.ROPE_DIM):
+        return None
+    return (
+        f"mla_backend needs kv_lora_rank {shapes.KV_LORA_RANK} and qk_rope_head_dim {shapes.ROPE_DIM}, "
+        f"got {shape[0]} and {shape[1]}"
+    )
+
+
 def create_backend(runner) -> AttentionBackend:
-    """Factory SGLang calls per model runner: our backend, or SGLang's triton on a GPU we do not serve."""
+    """Factory SGLang calls per model runner: our backend, or SGLang's triton on a GPU we do not serve
+    and, under `auto`, for a latent the kernels do not take (a named backend stops start-up there)."""
     check_model(runner.model_config)
     config = configured()
     route = resolve(config, torch.device(runner.device))
+    problem = latent_problem(runner.model_config) if route.kernel != "fallback" else None
+    if problem is not None and config.backend != "auto":
+        raise BackendUnavailableError(f"{problem}; backend='auto' decodes such models with SGLang's triton backend")
+    if problem is not None:
+        route = Resolution("fallback", f"auto: {problem} -> SGLang's triton decode")
     if route.kernel == "fallback":
         from .fallback import triton_backend
 
@@ -134,11 +152,8 @@ def create_backend(runner) -> AttentionBackend:
 class MLADecodeBackend(AttentionBackend):
     def __init__(self, runner, config: MLABackendConfig, route: Resolution):
         model = runner.model_config
-        if (model.kv_lora_rank, model.qk_rope_head_dim) != (shapes.KV_LORA_RANK, shapes.ROPE_DIM):
-            raise BackendUnavailableError(
-                f"mla_backend needs kv_lora_rank {shapes.KV_LORA_RANK} and qk_rope_head_dim {shapes.ROPE_DIM}, "
-                f"got {model.kv_lora_rank} and {model.qk_rope_head_dim}"
-            )
+        if problem := latent_problem(model):  # create_backend routes such models elsewhere first
+            raise BackendUnavailableError(problem)
         self.config = config
         self.route = route
         self.plan_config = config.model_copy(update={"backend": route.backend})  # the kernel the calls run
