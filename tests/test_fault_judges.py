@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -534,6 +535,25 @@ def test_a_checked_server_runs_in_its_log_folder_and_finds_the_worker_check(tmp_
         "corrupt": 1.05,
         "max_calls": 160,
     }
+
+
+def test_a_server_started_from_a_job_that_ignores_sigint_still_stops_on_it(tmp_path):
+    """A background job (``cmd &``, nohup, the lent GPU's detached runs) starts with SIGINT ignored and its
+    children inherit that; the server must get SIGINT back at its default, or stop's SIGINT does nothing."""
+    from integration.engines.vllm_server import start_server, stop
+
+    probe = "import signal, time\nprint(signal.getsignal(signal.SIGINT), flush=True)\ntime.sleep(60)\n"
+    log = tmp_path / "logs" / "server.log"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the shell leaves it for a background job
+    try:
+        server = start_server([sys.executable, "-c", probe], log)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    deadline = time.monotonic() + 30
+    while "\n" not in log.read_text() and time.monotonic() < deadline:  # a slow start on a loaded machine
+        time.sleep(0.1)
+    assert "default_int_handler" in log.read_text()
+    assert stop(server, timeout_s=10)
 
 
 def test_a_part_stopped_by_a_signal_reports_the_rows_it_has(monkeypatch, tmp_path):

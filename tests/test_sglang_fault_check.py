@@ -11,6 +11,7 @@ into the samples the judges name.
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -294,6 +295,20 @@ def test_a_checked_server_runs_in_its_log_folder_finds_the_check_and_stops_on_si
     assert json.loads(seen["check"]) == {"corruption": 1.05, "summary": str(tmp_path / "summary.json")}
     assert seen["strict"] == "1"
     assert sglang_server.stop(server, timeout_s=10) and server.returncode is not None
+
+
+def test_a_server_started_from_a_job_that_ignores_sigint_still_stops_on_it(tmp_path):
+    """A background job (``cmd &``, nohup, the lent GPU's detached runs) starts with SIGINT ignored and its
+    children inherit that; the server must get SIGINT back at its default, or stop's SIGINT does nothing."""
+    probe = "import signal, time\nprint(signal.getsignal(signal.SIGINT), flush=True)\ntime.sleep(60)\n"
+    log = tmp_path / "logs" / "server.log"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the shell leaves it for a background job
+    try:
+        server = sglang_server.start([sys.executable, "-c", probe], log, dict(os.environ))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert "default_int_handler" in first_line(log)
+    assert sglang_server.stop(server, timeout_s=10)
 
 
 def test_a_server_that_ignores_sigint_is_killed_with_its_children(tmp_path):

@@ -24,6 +24,7 @@ import urllib.request
 from pathlib import Path
 
 from integration.engines import prometheus
+from integration.engines.child_signals import sigint_at_default
 from integration.engines.sglang_engine import PAGE_SIZE, engine_env
 
 # SGLang's idle check (managers/scheduler_components/invariant_checker.py) raises on a leaked KV token
@@ -99,7 +100,13 @@ def start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Pope
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as sink:
         return subprocess.Popen(
-            command, stdout=sink, stderr=subprocess.STDOUT, cwd=log.parent, env=env, start_new_session=True
+            command,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=log.parent,
+            env=env,
+            start_new_session=True,
+            preexec_fn=sigint_at_default,  # stop's SIGINT must reach it even from a background job
         )
 
 

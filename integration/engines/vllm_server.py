@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from integration.engines import prometheus
+from integration.engines.child_signals import sigint_at_default
 from integration.engines.vllm_spec import EngineSpec, engine_kwargs
 from integration.engines.vllm_worker_check import checked_env
 
@@ -92,7 +93,12 @@ def start_server(command: list[str], log: Path, env: dict[str, str] | None = Non
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as sink:
         return subprocess.Popen(
-            command, stdout=sink, stderr=subprocess.STDOUT, cwd=log.parent, env={**os.environ, **(env or {})}
+            command,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=log.parent,
+            env={**os.environ, **(env or {})},
+            preexec_fn=sigint_at_default,  # stop's SIGINT must reach it even from a background job
         )
 
 
