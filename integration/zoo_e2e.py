@@ -50,7 +50,7 @@ from integration.engines.glm_dense_only import allow_dense_only_glm  # noqa: E40
 from integration.engines.longcat_mtp_weights import skip_longcat_mtp_weights_in_target  # noqa: E402
 from integration.engines.text_only import has_vision_tower  # noqa: E402
 from integration.engines.vllm_engine import SETUP_ENV, release_engine, run_engine, run_engine_isolated  # noqa: E402
-from integration.engines.vllm_references import reference_runs, run_isolated_or_error  # noqa: E402
+from integration.engines.vllm_references import reference_row, reference_runs, run_isolated_or_error  # noqa: E402
 from integration.engines.vllm_spec import EngineSpec, engine_kwargs  # noqa: E402
 from integration.judges.decode_verdict import judge_decode_check, judge_selftest  # noqa: E402
 from integration.judges.parallel import PARALLEL_PEER, judge_parallel  # noqa: E402
@@ -85,11 +85,21 @@ def add_engine_row(rows: list, label: str, spec: EngineSpec, ok: bool, notes: li
     print(f"[zoo] {label} {spec.name}: {'PASS' if ok else 'FAIL'} {'; '.join(notes)}", flush=True)
 
 
+def checkpoint_path(family: Family, layout: str, model_dir: Path, suffix: str = "") -> Path:
+    """Where the family's checkpoint with the layout's heads (and ``suffix``: its drafters) is written."""
+    return model_dir / f"{family.published}_h{family.heads[layout]}{suffix}"
+
+
+def family_checkpoint(family: Family, layout: str, model_dir: Path) -> str:
+    """The family's seeded checkpoint with the layout's heads (reused where the same one was written)."""
+    return str(save_checkpoint(family, checkpoint_path(family, layout, model_dir), layout))
+
+
 def run_family(
     family: Family, layout: str, kvs: set[str], model_dir: Path, selftest_too: bool, isolated: bool, rows: list
 ) -> bool:
     heads = family.heads[layout]
-    model = str(save_checkpoint(family, model_dir / f"{family.published}_h{heads}", layout))
+    model = family_checkpoint(family, layout, model_dir)
     runner = {"0": " runner V1", "1": " runner V2"}.get(os.environ.get("VLLM_USE_V2_MODEL_RUNNER", ""), "")
     label = f"{family.name} {layout} ({heads} heads){runner}"
     prompts = make_prompts(0)
@@ -131,7 +141,7 @@ def run_split(
     ours on one GPU; vLLM's PARALLEL_PEER on one GPU and at the same layouts shows how far a split
     moves an engine's tokens by itself. Split engines run in processes of their own."""
     heads = family.heads[layout]
-    model = str(save_checkpoint(family, model_dir / f"{family.published}_h{heads}", layout))
+    model = family_checkpoint(family, layout, model_dir)
     label = f"{family.name} ({heads} heads over {tp} GPUs, {heads // tp} a rank)"
     prompts = make_prompts(0)
     ok_all = True
@@ -171,19 +181,18 @@ def drafters(family: Family, layout: str, model_dir: Path) -> list[tuple[str, st
     """(speculative method, target checkpoint, drafter checkpoint or None) of each drafter the family
     runs with: its MTP layer (inside a checkpoint that holds one), its Eagle drafter (Mistral Large 3),
     an Eagle3 drafter of its own."""
-    heads = family.heads[layout]
     runs = []
     if family.drafter in MTP_DRAFTERS:
-        path = model_dir / f"{family.published}_h{heads}_mtp"
+        path = checkpoint_path(family, layout, model_dir, "_mtp")
         runs.append((family.drafter, str(save_checkpoint(family, path, layout, mtp_layers=1)), None))
     if family.drafter == "eagle":
-        target = save_checkpoint(family, model_dir / f"{family.published}_h{heads}", layout)
-        drafter = save_mistral_eagle_drafter(target, model_dir / f"{family.published}_h{heads}_eagle")
-        runs.append(("eagle", str(target), str(drafter)))
+        target = family_checkpoint(family, layout, model_dir)
+        drafter = save_mistral_eagle_drafter(target, checkpoint_path(family, layout, model_dir, "_eagle"))
+        runs.append(("eagle", target, str(drafter)))
     if family.eagle3_mla:
-        target = save_checkpoint(family, model_dir / f"{family.published}_h{heads}", layout)
-        drafter = save_eagle3_drafter(target, model_dir / f"{family.published}_h{heads}_eagle3")
-        runs.append(("eagle3", str(target), str(drafter)))
+        target = family_checkpoint(family, layout, model_dir)
+        drafter = save_eagle3_drafter(target, checkpoint_path(family, layout, model_dir, "_eagle3"))
+        runs.append(("eagle3", target, str(drafter)))
     return runs
 
 
@@ -284,18 +293,15 @@ def run_fallback(family: Family, layout: str, kvs: set[str], model_dir: Path, ro
     """A family whose MLA shapes only vLLM's Triton MLA takes: under `auto` ours hands its decode to that
     kernel, judged against TRITON_MLA (tie rule, every replayed call in float64, the route); with the
     bundled kernels named, start-up stops with the family's reason."""
-    heads = family.heads[layout]
-    model = str(save_checkpoint(family, model_dir / f"{family.published}_h{heads}", layout))
-    label = f"{family.name} {layout} ({heads} heads)"
+    model = family_checkpoint(family, layout, model_dir)
+    label = f"{family.name} {layout} ({family.heads[layout]} heads)"
     prompts = make_prompts(0)
     ok_all = True
     for kv in sorted(kvs):
         spec = EngineSpec("CUSTOM", kv, 64, True)
         try:
             ref = run_engine(EngineSpec("TRITON_MLA", kv, 64, True), model, prompts)
-            check = ref["decode_check"]
-            errors = ", ".join(f"q_len {k}: {v:.1e}" for k, v in check["max_rel_error"].items())
-            rows.append((ref["name"], "reference", f"its forward_mqa vs float64: {errors or 'not checked'}"))
+            rows.append(reference_row(ref))
             refs = {"TRITON_MLA" + kv: ref}
             result = run_engine(spec, model, prompts)
             keep_tokens(label, spec, result, refs)

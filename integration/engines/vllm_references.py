@@ -44,16 +44,18 @@ def reference_runs(
                     if spec_tokens or isolated
                     else run_engine(spec, model, prompts)
                 )
-            ref = refs[name + kv]
-            check = ref["decode_check"]
-            errors = ", ".join(f"q_len {k}: {v:.1e}" for k, v in check["max_rel_error"].items())
-            rows.append(
-                (
-                    ref["name"],
-                    "reference",
-                    f"its forward_mqa vs float64: {errors or 'not checked'} "
-                    f"({check['checked_calls']} calls, {check['checked_graph_calls']} replayed) "
-                    f"{check['check_problems'] or ''}",
-                )
-            )
+            rows.append(reference_row(refs[name + kv]))
     return refs
+
+
+def reference_row(ref: dict) -> tuple[str, str, str]:
+    """A reference's own forward_mqa against float64, as a row of the run's table."""
+    check = ref["decode_check"]
+    errors = ", ".join(f"q_len {k}: {v:.1e}" for k, v in check["max_rel_error"].items())
+    return (
+        ref["name"],
+        "reference",
+        f"its forward_mqa vs float64: {errors or 'not checked'} "
+        f"({check['checked_calls']} calls, {check['checked_graph_calls']} replayed) "
+        f"{check['check_problems'] or ''}",
+    )
