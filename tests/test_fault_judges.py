@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import sys
 import threading
 import time
@@ -23,6 +22,7 @@ import pytest
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the integration package, from the checkout
 from http_stand_in import QuietHandler  # noqa: E402
+from server_start import first_line, start_probe_as_background_job  # noqa: E402
 
 from integration.engines.vllm_server import parse_metrics, pool_blocks, serve_command  # noqa: E402
 from integration.engines.vllm_spec import EngineSpec  # noqa: E402
@@ -542,17 +542,9 @@ def test_a_server_started_from_a_job_that_ignores_sigint_still_stops_on_it(tmp_p
     children inherit that; the server must get SIGINT back at its default, or stop's SIGINT does nothing."""
     from integration.engines.vllm_server import start_server, stop
 
-    probe = "import signal, time\nprint(signal.getsignal(signal.SIGINT), flush=True)\ntime.sleep(60)\n"
     log = tmp_path / "logs" / "server.log"
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the shell leaves it for a background job
-    try:
-        server = start_server([sys.executable, "-c", probe], log)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    deadline = time.monotonic() + 30
-    while "\n" not in log.read_text() and time.monotonic() < deadline:  # a slow start on a loaded machine
-        time.sleep(0.1)
-    assert "default_int_handler" in log.read_text()
+    server = start_probe_as_background_job(start_server, log)
+    assert "default_int_handler" in first_line(log)
     assert stop(server, timeout_s=10)
 
 

@@ -11,7 +11,6 @@ into the samples the judges name.
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -26,6 +25,7 @@ import pytest
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the integration package, from the checkout
 from absent_packages import absent_packages  # noqa: E402
 from http_stand_in import QuietHandler  # noqa: E402
+from server_start import first_line, start_probe_as_background_job  # noqa: E402
 
 from integration.engines import sglang_client, sglang_server  # noqa: E402
 from integration.judges import faults, sglang_faults  # noqa: E402
@@ -264,16 +264,6 @@ def test_the_server_environment_is_the_engines_with_the_strict_idle_check(monkey
     assert sglang_server.server_env()["PYTHONPATH"].split(os.pathsep) == [*stand_ins, "/installed"]
 
 
-def first_line(log: Path, timeout_s: float = 120.0) -> str:
-    """The first whole line a started process writes to ``log`` (a slow start on a loaded 2-core CI
-    machine, or a read in the middle of the write, must not be read as an empty or cut line)."""
-    deadline = time.monotonic() + timeout_s
-    while "\n" not in (text := log.read_text() if log.exists() else ""):
-        assert time.monotonic() < deadline, f"nothing written to {log} in {timeout_s:.0f} s"
-        time.sleep(0.1)
-    return text.split("\n", 1)[0]
-
-
 def test_a_checked_server_runs_in_its_log_folder_finds_the_check_and_stops_on_sigint(tmp_path):
     """start runs the command where its log is (``python -m`` puts that folder first on sys.path, not the
     checkout, whose mla_backend would shadow the installed one), with the float64 check's settings and
@@ -300,13 +290,10 @@ def test_a_checked_server_runs_in_its_log_folder_finds_the_check_and_stops_on_si
 def test_a_server_started_from_a_job_that_ignores_sigint_still_stops_on_it(tmp_path):
     """A background job (``cmd &``, nohup, the lent GPU's detached runs) starts with SIGINT ignored and its
     children inherit that; the server must get SIGINT back at its default, or stop's SIGINT does nothing."""
-    probe = "import signal, time\nprint(signal.getsignal(signal.SIGINT), flush=True)\ntime.sleep(60)\n"
     log = tmp_path / "logs" / "server.log"
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the shell leaves it for a background job
-    try:
-        server = sglang_server.start([sys.executable, "-c", probe], log, dict(os.environ))
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    server = start_probe_as_background_job(
+        lambda command, log: sglang_server.start(command, log, dict(os.environ)), log
+    )
     assert "default_int_handler" in first_line(log)
     assert sglang_server.stop(server, timeout_s=10)
 
