@@ -30,7 +30,11 @@
 #   | abbuilds (the same for kernel builds JIT-compiled here: AB_BUILDS="name|tree|nvcc flags;..." with
 #     tree a source tree carried in the checkout (. or an ignored copy of another commit), e.g.
 #     AB_BUILDS="v1|.|-DMLA_SMEM_FLOOR_BYTES=118784 -DMLA_WARP_SPECIALIZED=0;v2|.|-DMLA_SMEM_FLOOR_BYTES=118784
-#     -DMLA_WARP_SPECIALIZED=1"; AB_ENV for settings all builds share, e.g. MLA_BACKEND_FP8_PV=f16)
+#     -DMLA_WARP_SPECIALIZED=1"; AB_ENV for settings all builds share, e.g. MLA_BACKEND_FP8_PV=f16;
+#     AB_SCRIPT another timer than dev/time_ours.py taking the same SHAPES, e.g. dev/kernel_breakdown.py;
+#     AB_ROUNDS interleaved rounds (3);
+#     a build made here ahead of time into .gpu/abcache/<name> (MLA_BACKEND_CACHE_DIR, the same tree
+#     and NVCC_APPEND_FLAGS) is used instead of compiling on the GPU)
 #   | script (runs python3 $SCRIPT: a one-off probe on the installed wheel)
 #   | sanitize (tests/sanitize_decode.py under compute-sanitizer: SANITIZE_TOOLS, default memcheck,racecheck,synccheck;
 #     TREE as for gputests, its package first on the path)
@@ -196,12 +200,16 @@ for part in ${PART//,/ }; do
       done ;;
     abbuilds)
       IFS=';' read -ra builds <<<"$AB_BUILDS"
-      for round in 1 2 3; do
+      for build in "${builds[@]}"; do  # builds made on a CPU machine ahead of time, if carried
+        name=${build%%|*}
+        [ -d ".gpu/abcache/$name" ] && rm -rf "/tmp/abbuild_$name" && cp -r ".gpu/abcache/$name" "/tmp/abbuild_$name"
+      done
+      for ((round = 1; round <= ${AB_ROUNDS:-3}; round++)); do
         for build in "${builds[@]}"; do
           IFS='|' read -r name tree flags <<<"$build"
           # The tree's package first: it ships no prebuilt library, so its kernels build here with the flags.
           (cd "$tree" && env ${AB_ENV:-} MLA_BACKEND_CACHE_DIR="/tmp/abbuild_$name" NVCC_APPEND_FLAGS="$flags" \
-            PYTHONPATH="$PWD:${PYTHONPATH#/tmp/mla:}" timeout "$LIMIT" python3 "$REPO/dev/time_ours.py" ${SHAPES:-} 2>&1) |
+            PYTHONPATH="$PWD:${PYTHONPATH#/tmp/mla:}" timeout "$LIMIT" python3 "$REPO/${AB_SCRIPT:-dev/time_ours.py}" ${SHAPES:-} 2>&1) |
             sed "s/^/$name r$round /" | tee -a "$OUT/log.txt"
         done
       done ;;
