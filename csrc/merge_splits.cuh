@@ -315,10 +315,10 @@ __global__ void __launch_bounds__(32 * kFewSplitsRowsPerBlock)
 }
 
 // Without a plan: one block per (row, request, slice) of a call whose every request was split.
-// With one, a fixed grid (how many requests the plan cut is known only on the GPU): its blocks take the
-// (request, row, slice) units of the requests cut into more than kFewSplitsMax splits in turn (a warp
-// a unit up to kWarpMergeMaxSplits splits, a block a unit past that), then its warps the rows of the
-// requests cut into fewer, one warp a row as merge_row_few.
+// With one, a fixed grid (how many requests the plan cut is known only on the GPU): its warps take, in
+// turn, the (request, row, slice) units of the requests cut into 9 to kWarpMergeMaxSplits splits and the
+// rows of the requests cut into fewer (merge_row_few), one a warp; then its blocks the units of the
+// requests cut into more, one a block.
 template <bool HALF_PARTIALS>
 __global__ void __launch_bounds__(kMergeThreads, MLA_MERGE_MIN_BLOCKS)
     mla_merge_splits_kernel(const __grid_constant__ DecodeParams p) {
@@ -341,25 +341,30 @@ __global__ void __launch_bounds__(kMergeThreads, MLA_MERGE_MIN_BLOCKS)
     return Unit{b, unit / kMergeSlices % p.rows, unit % kMergeSlices, p.plan[layout.first_partial() + b],
                 p.plan[layout.count() + b]};
   };
-  // The units of requests cut into up to kWarpMergeMaxSplits splits: one a warp, eight a block.
+  // Warp-level work as one list: the units of requests cut into up to kWarpMergeMaxSplits splits (one
+  // a warp), then the rows of requests cut into at most kFewSplitsMax (one a warp, merge_row_few), so
+  // that a warp without a unit takes a row at once rather than after its block's units: where a batch
+  // has requests of each kind, a block's warps no longer wait out the three kinds one after another.
   const int warp = threadIdx.x >> 5;
-  for (int unit = blockIdx.x * kMergeGroups + warp; unit < units; unit += gridDim.x * kMergeGroups) {
-    const Unit u = unit_at(unit);
-    if (u.count <= kWarpMergeMaxSplits)
-      merge_slice_warp<HALF_PARTIALS>(p, u.b, u.row, u.slice, u.first_partial, u.count);
+  // int: at most the batch (< 2^16) x 1024 rows past the units.
+  const int work = units + p.plan[1] * p.rows;
+  for (int w = blockIdx.x * kMergeGroups + warp; w < work; w += gridDim.x * kMergeGroups) {
+    if (w < units) {
+      const Unit u = unit_at(w);
+      if (u.count <= kWarpMergeMaxSplits)
+        merge_slice_warp<HALF_PARTIALS>(p, u.b, u.row, u.slice, u.first_partial, u.count);
+    } else {
+      const int r = w - units;
+      const int b = p.plan[layout.merged() + r / p.rows];
+      merge_row_few<HALF_PARTIALS>(p, b, r % p.rows, p.plan[layout.first_partial() + b], p.plan[layout.count() + b]);
+    }
   }
-  // The others: one a block, so that even one request's units spread over the GPU.
+  // The units of longer requests: one a block, so that even one request's units spread over the GPU.
   for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
     const Unit u = unit_at(unit);
     if (u.count <= kWarpMergeMaxSplits) continue;  // the same for the whole block
     merge_slice<HALF_PARTIALS>(p, sh, u.b, u.row, u.slice, u.first_partial, u.count);
     __syncthreads();  // the next unit reuses the shared memory
-  }
-  const int warps = kMergeThreads / 32;
-  const long long rows = (long long)p.plan[1] * p.rows;
-  for (long long r = (long long)blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += (long long)gridDim.x * warps) {
-    const int b = p.plan[layout.merged() + static_cast<int>(r / p.rows)];
-    merge_row_few<HALF_PARTIALS>(p, b, r % p.rows, p.plan[layout.first_partial() + b], p.plan[layout.count() + b]);
   }
 }
 
