@@ -199,9 +199,59 @@ __device__ __forceinline__ void merge_slice_warp(const DecodeParams& p, int b, i
 // Few splits (large batches: the split plan gives each request a handful): one warp per row, all
 // 512 dims (16 per lane) and every split in registers, no shared memory or barriers. The kernel
 // above gives such a row four blocks of eight warps, mostly idle, and its barriers then dominate.
+//
+// The splits are loaded a batch at a time and summed after the batch is in: at a batch of one the
+// warp waits one L2 round trip per split (sm_90a's SASS issues each split's loads only after the
+// previous split's sums), at two it waits four for eight splits. f16 partials (FP8 problems) only,
+// and at most two: the planned merge runs at 64 registers a thread, where four f16 splits a batch or
+// two fp32 ones spill. A build setting for A/B runs, MLA_FEW_MERGE_BATCH.
 constexpr int kFewSplitsMax = MLA_FEW_SPLITS_MAX;
 constexpr int kFewSplitsRowsPerBlock = 8;
 constexpr int kFewSplitsDimsPerLane = kDimV / 32;
+#ifndef MLA_FEW_MERGE_BATCH
+#define MLA_FEW_MERGE_BATCH 1
+#endif
+constexpr int kFewMergeBatch = MLA_FEW_MERGE_BATCH;
+static_assert(kFewSplitsMax % kFewMergeBatch == 0, "batches of whole splits");
+template <bool HALF_PARTIALS>
+constexpr int kFewMergeBatchOf = HALF_PARTIALS ? kFewMergeBatch : 1;
+
+// 16 dims of a split's partial row as loaded (f16 stays packed until it is summed: 8 registers).
+template <bool HALF_PARTIALS>
+struct Partial16 {
+  static constexpr int kWords = HALF_PARTIALS ? 2 : 4;
+  uint4 words[kWords];
+
+  __device__ __forceinline__ void load(const DecodeParams& p, long long at) {
+    const uint4* src = HALF_PARTIALS ? reinterpret_cast<const uint4*>(static_cast<const __half*>(p.part_o) + at)
+                                     : reinterpret_cast<const uint4*>(static_cast<const float*>(p.part_o) + at);
+#pragma unroll
+    for (int c = 0; c < kWords; ++c) words[c] = src[c];
+  }
+
+  __device__ __forceinline__ void clear() {
+#pragma unroll
+    for (int c = 0; c < kWords; ++c) words[c] = make_uint4(0u, 0u, 0u, 0u);
+  }
+
+  // acc += w * these 16 dims.
+  __device__ __forceinline__ void add_to(float (&acc)[kFewSplitsDimsPerLane], float w) const {
+#pragma unroll
+    for (int c = 0; c < kWords; ++c) {
+      const uint32_t word[4] = {words[c].x, words[c].y, words[c].z, words[c].w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        if constexpr (HALF_PARTIALS) {
+          const float2 pair = unpack2<true>(word[k]);
+          acc[8 * c + 2 * k] += w * pair.x;
+          acc[8 * c + 2 * k + 1] += w * pair.y;
+        } else {
+          acc[4 * c + k] += w * __uint_as_float(word[k]);
+        }
+      }
+    }
+  }
+};
 
 // One warp: row `row` of request b, `count` (<= kFewSplitsMax) partials from partial row block
 // `first_partial` on.
@@ -220,37 +270,26 @@ __device__ __forceinline__ void merge_row_few(const DecodeParams& p, long long b
     best = fmaxf(best, lse[s]);
   }
   const float base = best == -INFINITY ? 0.f : best;
+  constexpr int batch = kFewMergeBatchOf<HALF_PARTIALS>;
   float acc[kFewSplitsDimsPerLane] = {};
   float weight_sum = 0.f;
 #pragma unroll
-  for (int s = 0; s < kFewSplitsMax; ++s) {
-    if (s >= count) break;
-    const float w = fast_exp2(lse[s] - base);  // empty splits: LSE -inf, weight 0, zeros written
-    weight_sum += w;
-    const long long at = (first + s * p.rows) * kDimV + dim;
-    if constexpr (HALF_PARTIALS) {
-      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const __half*>(p.part_o) + at);
+  for (int s0 = 0; s0 < kFewSplitsMax; s0 += batch) {
+    if (s0 >= count) break;
+    Partial16<HALF_PARTIALS> v[batch];
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const uint4 raw = src[c];
-        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float2 v = unpack2<true>(words[k]);
-          acc[8 * c + 2 * k] += w * v.x;
-          acc[8 * c + 2 * k + 1] += w * v.y;
-        }
+    for (int i = 0; i < batch; ++i) {  // the batch's loads first, then its sums
+      if (s0 + i < count) {
+        v[i].load(p, (first + (s0 + i) * p.rows) * kDimV + dim);
+      } else {
+        v[i].clear();
       }
-    } else {
-      const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.part_o) + at);
+    }
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const float4 v = src[c];
-        acc[4 * c] += w * v.x;
-        acc[4 * c + 1] += w * v.y;
-        acc[4 * c + 2] += w * v.z;
-        acc[4 * c + 3] += w * v.w;
-      }
+    for (int i = 0; i < batch; ++i) {
+      const float w = fast_exp2(lse[s0 + i] - base);  // past count and empty splits: LSE -inf, weight 0
+      weight_sum += w;
+      v[i].add_to(acc, w);
     }
   }
   const float scale = weight_sum > 0.f ? read_scale(p.bmm2_ptr, p.bmm2) / weight_sum : 0.f;
@@ -276,10 +315,10 @@ __global__ void __launch_bounds__(32 * kFewSplitsRowsPerBlock)
 }
 
 // Without a plan: one block per (row, request, slice) of a call whose every request was split.
-// With one, a fixed grid (how many requests the plan cut is known only on the GPU): its blocks take the
-// (request, row, slice) units of the requests cut into more than kFewSplitsMax splits in turn (a warp
-// a unit up to kWarpMergeMaxSplits splits, a block a unit past that), then its warps the rows of the
-// requests cut into fewer, one warp a row as merge_row_few.
+// With one, a fixed grid (how many requests the plan cut is known only on the GPU): its warps take, in
+// turn, the (request, row, slice) units of the requests cut into 9 to kWarpMergeMaxSplits splits and the
+// rows of the requests cut into fewer (merge_row_few), one a warp; then its blocks the units of the
+// requests cut into more, one a block.
 template <bool HALF_PARTIALS>
 __global__ void __launch_bounds__(kMergeThreads, MLA_MERGE_MIN_BLOCKS)
     mla_merge_splits_kernel(const __grid_constant__ DecodeParams p) {
@@ -302,25 +341,30 @@ __global__ void __launch_bounds__(kMergeThreads, MLA_MERGE_MIN_BLOCKS)
     return Unit{b, unit / kMergeSlices % p.rows, unit % kMergeSlices, p.plan[layout.first_partial() + b],
                 p.plan[layout.count() + b]};
   };
-  // The units of requests cut into up to kWarpMergeMaxSplits splits: one a warp, eight a block.
+  // Warp-level work as one list: the units of requests cut into up to kWarpMergeMaxSplits splits (one
+  // a warp), then the rows of requests cut into at most kFewSplitsMax (one a warp, merge_row_few), so
+  // that a warp without a unit takes a row at once rather than after its block's units: where a batch
+  // has requests of each kind, a block's warps no longer wait out the three kinds one after another.
   const int warp = threadIdx.x >> 5;
-  for (int unit = blockIdx.x * kMergeGroups + warp; unit < units; unit += gridDim.x * kMergeGroups) {
-    const Unit u = unit_at(unit);
-    if (u.count <= kWarpMergeMaxSplits)
-      merge_slice_warp<HALF_PARTIALS>(p, u.b, u.row, u.slice, u.first_partial, u.count);
+  // int: at most the batch (< 2^16) x 1024 rows past the units.
+  const int work = units + p.plan[1] * p.rows;
+  for (int w = blockIdx.x * kMergeGroups + warp; w < work; w += gridDim.x * kMergeGroups) {
+    if (w < units) {
+      const Unit u = unit_at(w);
+      if (u.count <= kWarpMergeMaxSplits)
+        merge_slice_warp<HALF_PARTIALS>(p, u.b, u.row, u.slice, u.first_partial, u.count);
+    } else {
+      const int r = w - units;
+      const int b = p.plan[layout.merged() + r / p.rows];
+      merge_row_few<HALF_PARTIALS>(p, b, r % p.rows, p.plan[layout.first_partial() + b], p.plan[layout.count() + b]);
+    }
   }
-  // The others: one a block, so that even one request's units spread over the GPU.
+  // The units of longer requests: one a block, so that even one request's units spread over the GPU.
   for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
     const Unit u = unit_at(unit);
     if (u.count <= kWarpMergeMaxSplits) continue;  // the same for the whole block
     merge_slice<HALF_PARTIALS>(p, sh, u.b, u.row, u.slice, u.first_partial, u.count);
     __syncthreads();  // the next unit reuses the shared memory
-  }
-  const int warps = kMergeThreads / 32;
-  const long long rows = (long long)p.plan[1] * p.rows;
-  for (long long r = (long long)blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += (long long)gridDim.x * warps) {
-    const int b = p.plan[layout.merged() + static_cast<int>(r / p.rows)];
-    merge_row_few<HALF_PARTIALS>(p, b, r % p.rows, p.plan[layout.first_partial() + b], p.plan[layout.count() + b]);
   }
 }
 
