@@ -1,6 +1,6 @@
-// The warp-specialized decode kernel for the FP8 tiles (32 rows: the 128-head and MTP shapes; 16 rows:
-// up to 16 heads at q_len 1; the SM120 libraries run both, mla_decode.cu). The CTA holds three roles on the same
-// tile layout as mainloop.cuh (tile_config.h):
+// The warp-specialized decode kernel for the tiles of one row group: FP8 at 32 rows (the 128-head and MTP
+// shapes) and 16 rows (up to 16 heads at q_len 1), BF16 at 16 rows (mla_decode.cu says where each runs).
+// The CTA holds three roles on the same tile layout as mainloop.cuh (tile_config.h):
 //
 //   S warps (0-3)  Q (in shared memory at 32 rows, in registers at 16), QK^T by dim quarter, the
 //                  partial-score exchange (named barrier 1, S warps only) and the online softmax; P
@@ -15,14 +15,17 @@
 // behind both. On SM120 one CTA fits an SM (99 KB of shared memory per block), so this overlap is what
 // keeps its tensor pipe busy; mainloop.cuh's warps all stop together at every barrier.
 //
-// Hand-overs (mbarriers, parity-tracked by the tile's index i from the split's first tile):
-//   kv_full[i % 3]   loader -> S: tile i landed (each loader thread's arrival fires when its copies
-//                    have; the S warps' arrival on p_full passes it on to the O warps);
-//   p_full[i & 1]    S -> O: P and the factors of tile i are written;
-//   p_empty[i & 1]   O -> S: the O warps hold P of tile i in registers; S may write tile i + 2 there;
-//   kv_empty[i % 3]  O -> loader: P.V of tile i is done (so is its QK^T); the loader may refill its
-//                    stage with tile i + 3;
-//   stats_ready      S -> O: each row's 1 / sum and LSE are published (after the last tile).
+// Hand-overs (mbarriers, parity-tracked by the tile's index i from the split's first tile; the ring has
+// kStages stages, 3 for FP8 and 2 for BF16, whose 37 KB stages leave no room for a third in 99 KB):
+//   kv_full[i % kStages]   loader -> S: tile i landed (each loader thread's arrival fires when its
+//                          copies have; the S warps' arrival on p_full passes it on to the O warps);
+//   p_full[i & 1]          S -> O: P and the factors of tile i are written;
+//   p_empty[i & 1]         O -> S: the O warps hold P of tile i in registers; S may write tile i + 2 there;
+//   kv_empty[i % kStages]  O -> loader: P.V of tile i is done (so is its QK^T); the loader may refill
+//                          its stage with tile i + kStages;
+//   stats_ready            S -> O: each row's 1 / sum and LSE are published (after the last tile).
+// With two stages the loader fetches tile i + 1 while S works on tile i, once the O warps are done
+// with tile i - 1: one 37 KB tile in flight an SM, more than the memory's latency needs.
 #pragma once
 
 #include <stdint.h>
@@ -40,12 +43,12 @@
 
 namespace mla {
 
-// The shared memory the warp-specialized kernel adds after mainloop.cuh's map of tile C (an FP8 tile of
-// one row group: one warp per dim quarter in each role): a second P buffer, a second set of rescale
+// The shared memory the warp-specialized kernel adds after mainloop.cuh's map of tile C (a tile of one
+// row group: one warp per dim quarter in each role): a second P buffer, a second set of rescale
 // factors and the mbarriers.
 template <class C>
 struct WsLayout {
-  static_assert(C::kFp8 && C::kRowGroups == 1, "one row group of FP8 rows: a warp per dim quarter and role");
+  static_assert(C::kRowGroups == 1, "one row group: a warp per dim quarter and role");
   static constexpr int kRoleThreads = C::kThreads;  // 128: four warps for S, four for O
   static constexpr int kThreads = 3 * kRoleThreads;
   // Registers a thread holds once the roles have traded them (setmaxnreg, by warpgroup): the CTA's pool
@@ -59,7 +62,7 @@ struct WsLayout {
   static constexpr int kBarriers = 2 + 2 + 2 * C::kStages + 1;
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers;
   static constexpr int kScoreBarrier = 1;  // named barrier of the S warps
-  static_assert(C::kStages == 3, "the ring holds the tile the O warps read, the one S reads, the one loading");
+  static_assert(C::kStages >= 2, "the ring holds at least the tile the O warps read and the one S reads");
   static_assert(kRoleThreads % kBlockN == 0, "the loader's threads take whole tokens");
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "the warp-specialized tile does not fit the shared memory of a block");
 };
@@ -146,7 +149,7 @@ __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
     int page = page_for(0);
     for (int tile = tile_begin, i = 0; tile < tile_end; ++tile, ++i) {
       const int stage = i % C::kStages;
-      if (i >= C::kStages) mbarrier_wait(kv_empty(stage), (i / C::kStages - 1) & 1);  // tile i - 3 is done
+      if (i >= C::kStages) mbarrier_wait(kv_empty(stage), (i / C::kStages - 1) & 1);  // tile i - kStages is done
       load_kv_token<C, kLoaderThreadsPerToken>(kv_smem + stage * C::kStageBytes, p, tile, loader_token, loader_first,
                                                page);
       cp_async_mbarrier_arrive(kv_full(stage));
