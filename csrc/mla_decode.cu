@@ -67,7 +67,7 @@ void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t 
 // 1 only the 32-row FP8 tile warp-specialized, 2 both FP8 tiles, 3 the 16-row BF16 tile too.
 #ifndef MLA_WARP_SPECIALIZED
 #if defined(__CUDA_ARCH_LIST__) && __CUDA_ARCH_LIST__ >= 1200
-#define MLA_WARP_SPECIALIZED 2
+#define MLA_WARP_SPECIALIZED 3
 #else
 #define MLA_WARP_SPECIALIZED 0
 #endif

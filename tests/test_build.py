@@ -144,33 +144,41 @@ def kernels(code: str) -> dict[str, str]:
 
 WS_16_ROWS = "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb1ELi1ELi1EEEEEvNS_12DecodeParamsE"
 WS_32_ROWS = "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb1ELi1ELi2EEEEEvNS_12DecodeParamsE"
+WS_BF16_16_ROWS = "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb0ELi1ELi1EEEEEvNS_12DecodeParamsE"
 V1_FP8_16_ROWS = "_ZN3mla17mla_decode_kernelILb1ELi1ELi1EEEvNS_12DecodeParamsE"  # mla_decode_kernel<true, 1, 1>
 V1_FP8_32_ROWS = "_ZN3mla17mla_decode_kernelILb1ELi1ELi2EEEvNS_12DecodeParamsE"  # mla_decode_kernel<true, 1, 2>
+V1_BF16_16_ROWS = "_ZN3mla17mla_decode_kernelILb0ELi1ELi1EEEvNS_12DecodeParamsE"  # mla_decode_kernel<false, 1, 1>
+V1_BF16_32_ROWS = "_ZN3mla17mla_decode_kernelILb0ELi2ELi1EEEvNS_12DecodeParamsE"  # mla_decode_kernel<false, 2, 1>
 
 
-def test_sm120_runs_both_fp8_tiles_on_the_warp_specialized_kernel(built):
-    """On sm_120a (one CTA per SM) both FP8 tiles, 16 rows and 32, are the warp-specialized kernel: QK^T
-    on native QMMA, P.V on f16-accumulating HMMA, handed over through mbarriers, the KV loaded by a
-    warpgroup of its own that hands its registers to the other two; no v1 FP8 instance is built there.
-    sm_90a keeps v1's (two CTAs per SM) and builds no warp-specialized kernel."""
+def test_sm120_runs_the_one_row_group_tiles_on_the_warp_specialized_kernel(built):
+    """On sm_120a (one CTA per SM) the tiles of one row group, FP8 at 16 and 32 rows and BF16 at 16, are
+    the warp-specialized kernel: FP8 QK^T on native QMMA and P.V on f16-accumulating HMMA, BF16 both on
+    HMMA with fp32 sums; handed over through mbarriers, the KV loaded by a warpgroup of its own that hands
+    its registers to the other two. No v1 instance of those tiles is built there; the 32-row BF16 tile
+    (two row groups) stays v1's. sm_90a keeps v1's (two CTAs per SM) and builds no warp-specialized kernel."""
     sm120 = kernels(sass(built["sm_120a"]))
     ws = {name: code for name, code in sm120.items() if "mla_decode_ws_kernel" in name}
-    assert sorted(ws) == [WS_16_ROWS, WS_32_ROWS]
-    for code in ws.values():
-        assert re.search(r"QMMA\.16832\.F32\.E4M3\.E4M3", code) and re.search(r"HMMA\.16816\.F16\b", code)
+    assert sorted(ws) == sorted([WS_16_ROWS, WS_32_ROWS, WS_BF16_16_ROWS])
+    for name, code in ws.items():
+        if name == WS_BF16_16_ROWS:
+            assert re.search(r"HMMA\.16816\.F32\.BF16", code) and not re.search(r"QMMA|HMMA\.16816\.F16\b", code)
+        else:
+            assert re.search(r"QMMA\.16832\.F32\.E4M3\.E4M3", code) and re.search(r"HMMA\.16816\.F16\b", code)
         assert re.search(r"\bSYNCS\.", code), "P and the rescale factors are handed over through mbarriers"
         assert re.search(r"\bARRIVES\.LDGSTSBAR\b", code), "the loader's copies arrive on the stage's mbarrier"
         assert re.search(r"USETMAXREG\.DEALLOC", code) and re.search(r"USETMAXREG\.TRY_ALLOC", code), "registers traded"
         assert not re.search(r"\b(LDL|STL)\b", code)
     assert not [name for name in sm120 if name.startswith("_ZN3mla17mla_decode_kernelILb1E")]  # v1's FP8 instances
+    assert V1_BF16_16_ROWS not in sm120 and V1_BF16_32_ROWS in sm120
     sm90 = kernels(sass(built["sm_90a"]))
-    assert V1_FP8_16_ROWS in sm90 and V1_FP8_32_ROWS in sm90
+    assert {V1_FP8_16_ROWS, V1_FP8_32_ROWS, V1_BF16_16_ROWS, V1_BF16_32_ROWS} <= set(sm90)
     assert not [name for name in sm90 if "mla_decode_ws_kernel" in name]
 
 
 def test_a_dev_build_at_level_1_leaves_the_16_row_fp8_tile_on_v1(tmp_path):
     """MLA_WARP_SPECIALIZED=1 (a dev build for the A/B of docs/performance.md): on sm_120a only the FP8
-    32-row tile runs warp-specialized, built strict with no local memory; the 16-row tile is v1's."""
+    32-row tile runs warp-specialized, built strict with no local memory; the 16-row tiles are v1's."""
     env = dict(os.environ, MLA_BACKEND_CACHE_DIR=str(tmp_path), NVCC_APPEND_FLAGS="-DMLA_WARP_SPECIALIZED=1")
     command = [sys.executable, "-m", "mla_backend", "build", "--arch", "sm_120a", "--strict"]
     result = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -178,4 +186,4 @@ def test_a_dev_build_at_level_1_leaves_the_16_row_fp8_tile_on_v1(tmp_path):
     code = kernels(sass(build_dir("sm_120a", str(tmp_path)) / library_filename("sm_120a")))
     assert sorted(name for name in code if "mla_decode_ws_kernel" in name) == [WS_32_ROWS]
     assert not re.search(r"\b(LDL|STL)\b", code[WS_32_ROWS])
-    assert V1_FP8_16_ROWS in code and V1_FP8_32_ROWS not in code
+    assert V1_FP8_16_ROWS in code and V1_FP8_32_ROWS not in code and V1_BF16_16_ROWS in code

@@ -316,6 +316,7 @@ def test_the_bindings_own_checks_reach_python_as_errors(workspace):
             40,
             1,
             0,
+            None,
             1,
             1,
             0.1,
