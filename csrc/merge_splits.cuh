@@ -130,12 +130,11 @@ __device__ __forceinline__ void merge_slice(const DecodeParams& p, MergeShared& 
 // heads), a block a unit spent most of its time in merge_slice's barriers, unit after unit; with
 // more splits a warp's own round trips cost more than the block's barriers.
 //
-// The warp loads kWarpMergeBatch splits a batch, kWarpMergeBuffers batches in flight (2 x 2 by
-// default), and waits about one L2 round trip per batch: its sums take next to nothing. Fewer, wider
-// batches shorten that chain for the same registers (4 x 1 waits 4 round trips for 16 splits where
-// 2 x 2 waits 8; 4 x 2 and 8 x 1 spill at sm_90's 64 registers), and so might let a warp take up
-// to 32 splits (a split's weight sits in lane s). These are build settings for A/B runs:
-// MLA_WARP_MERGE_BATCH, MLA_WARP_MERGE_BUFFERS, MLA_WARP_MERGE_MAX_SPLITS.
+// f16 partials (FP8 problems) are loaded all at once, 2 registers a split, so a unit waits one L2
+// round trip for its partials. fp32 ones (4 registers a split) load kWarpMergeBatch splits a batch,
+// kWarpMergeBuffers batches in flight (2 x 2 by default), about one round trip per batch (4 x 2 and
+// 8 x 1 spill at sm_90's 64 registers). Build settings for A/B runs: MLA_WARP_MERGE_BATCH,
+// MLA_WARP_MERGE_BUFFERS, MLA_WARP_MERGE_MAX_SPLITS (a split's weight sits in lane s: at most 32).
 #ifndef MLA_WARP_MERGE_MAX_SPLITS
 #define MLA_WARP_MERGE_MAX_SPLITS 16
 #endif
@@ -161,6 +160,30 @@ __device__ __forceinline__ void merge_slice_warp(const DecodeParams& p, int b, i
   auto load_partial = [&](int s) {  // zeros past count
     return s < count ? load_partial4<HALF_PARTIALS>(p, first, dim, s) : make_float4(0.f, 0.f, 0.f, 0.f);
   };
+  if constexpr (HALF_PARTIALS) {
+    // Every split's 4 f16 dims (2 registers each) loaded at once with the LSEs: one round trip a unit.
+    uint2 raw[kWarpMergeMaxSplits];
+    const __half* part = static_cast<const __half*>(p.part_o);
+#pragma unroll
+    for (int s = 0; s < kWarpMergeMaxSplits; ++s)
+      raw[s] = s < count ? *reinterpret_cast<const uint2*>(part + (first + (long long)s * p.rows) * kDimV + dim)
+                         : make_uint2(0u, 0u);
+    const float lse = lane < count ? p.part_lse[first + (long long)lane * p.rows] : -INFINITY;
+    float best = lse;
+    for (int o = 16; o > 0; o >>= 1) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, o));
+    const float base = best == -INFINITY ? 0.f : best;
+    const float w_own = lane < count ? fast_exp2(lse - base) : 0.f;
+    float weight_sum = w_own;
+    for (int o = 16; o > 0; o >>= 1) weight_sum += __shfl_xor_sync(0xffffffffu, weight_sum, o);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int s = 0; s < kWarpMergeMaxSplits; ++s) {
+      const float2 lo = unpack2<true>(raw[s].x), hi = unpack2<true>(raw[s].y);
+      add_scaled(acc, __shfl_sync(0xffffffffu, w_own, s), make_float4(lo.x, lo.y, hi.x, hi.y));
+    }
+    store_merged4(p, b, row, slice, dim, acc, best, weight_sum);
+    return;
+  }
   // The first batch of splits is loaded with the LSEs, so that both round trips overlap.
   float4 v[kWarpMergeBatch];
 #pragma unroll
