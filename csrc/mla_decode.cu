@@ -75,8 +75,13 @@ void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t 
 #if MLA_WARP_SPECIALIZED && defined(__CUDA_ARCH_LIST__) && __CUDA_ARCH_LIST__ < 900
 #error "the warp-specialized kernel trades registers between its roles (setmaxnreg): sm_90a and newer"
 #endif
+// The level from which a tile of one row group runs warp-specialized.
+constexpr int warp_specialized_from(bool fp8, int rf) {
+  if (!fp8) return 3;
+  return rf == 2 ? 1 : 2;
+}
 template <bool FP8, int ROW_GROUPS, int RF>
-constexpr bool kWarpSpecialized = ROW_GROUPS == 1 && MLA_WARP_SPECIALIZED >= (!FP8 ? 3 : RF == 2 ? 1 : 2);
+constexpr bool kWarpSpecialized = ROW_GROUPS == 1 && MLA_WARP_SPECIALIZED >= warp_specialized_from(FP8, RF);
 
 template <bool FP8, int ROW_GROUPS, int RF>
 void launch_decode(const DecodeParams& params, cudaStream_t stream, bool pdl) {
