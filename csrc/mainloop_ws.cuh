@@ -51,11 +51,13 @@ struct WsLayout {
   static_assert(C::kRowGroups == 1, "one row group: a warp per dim quarter and role");
   static constexpr int kRoleThreads = C::kThreads;  // 128: four warps for S, four for O
   static constexpr int kThreads = 3 * kRoleThreads;
-  // Registers a thread holds once the roles have traded them (setmaxnreg, by warpgroup): the CTA's pool
-  // is 65536 / 384 = 168 a thread at launch; the loader gives up what its address arithmetic does not need.
+  // Registers a thread holds once the roles have traded them (setmaxnreg, by warpgroup): the CTA launches
+  // with 65536 / 384 = 168 a thread; the loader gives up what its address arithmetic does not need. The
+  // math roles' setmaxnreg.inc draws only on what that gave back (the SASS says CTAPOOL) and waits for
+  // as long as it falls short, so the roles must fit the launch allocation.
   static constexpr int kLoaderRegisters = 24;
   static constexpr int kMathRegisters = 240;
-  static_assert(kLoaderRegisters + 2 * kMathRegisters <= 3 * 168, "the roles hold no more than the CTA's pool");
+  static_assert(kLoaderRegisters + 2 * kMathRegisters <= 3 * 168, "the roles hold no more than the CTA launched with");
   static constexpr int kP1Offset = C::kSmemBytes;
   static constexpr int kCorr1Offset = kP1Offset + C::kPBytes;
   static constexpr int kBarrierOffset = (kCorr1Offset + C::kCorrBytes + 7) / 8 * 8;
