@@ -151,6 +151,24 @@ static_assert(kWarpMergeMaxSplits <= 32, "one lane holds each split's weight");
 static_assert(kWarpMergeMaxSplits % kWarpMergeBatch == 0, "batches of whole splits");
 static_assert(kWarpMergeBuffers == 1 || kWarpMergeBuffers == 2, "one batch in flight, or two");
 
+// A warp's LSE pass over up to 32 splits of a (request, row) whose first partial row is `first`: split
+// s's weight relative to the largest LSE (`best`, base 2) sits in lane s (`own`; empty splits and lanes
+// past count: 0), and every lane holds their sum.
+struct SplitWeights {
+  float best, own, sum;
+};
+__device__ __forceinline__ SplitWeights warp_split_weights(const DecodeParams& p, long long first, int count,
+                                                           int lane) {
+  const float lse = lane < count ? p.part_lse[first + (long long)lane * p.rows] : -INFINITY;
+  float best = lse;
+  for (int o = 16; o > 0; o >>= 1) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, o));
+  const float base = best == -INFINITY ? 0.f : best;
+  const float own = lane < count ? fast_exp2(lse - base) : 0.f;
+  float sum = own;
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  return {best, own, sum};
+}
+
 template <bool HALF_PARTIALS>
 __device__ __forceinline__ void merge_slice_warp(const DecodeParams& p, int b, int row, int slice, int first_partial,
                                                  int count) {
@@ -168,34 +186,21 @@ __device__ __forceinline__ void merge_slice_warp(const DecodeParams& p, int b, i
     for (int s = 0; s < kWarpMergeMaxSplits; ++s)
       raw[s] = s < count ? *reinterpret_cast<const uint2*>(part + (first + (long long)s * p.rows) * kDimV + dim)
                          : make_uint2(0u, 0u);
-    const float lse = lane < count ? p.part_lse[first + (long long)lane * p.rows] : -INFINITY;
-    float best = lse;
-    for (int o = 16; o > 0; o >>= 1) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, o));
-    const float base = best == -INFINITY ? 0.f : best;
-    const float w_own = lane < count ? fast_exp2(lse - base) : 0.f;
-    float weight_sum = w_own;
-    for (int o = 16; o > 0; o >>= 1) weight_sum += __shfl_xor_sync(0xffffffffu, weight_sum, o);
+    const SplitWeights weights = warp_split_weights(p, first, count, lane);
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int s = 0; s < kWarpMergeMaxSplits; ++s) {
       const float2 lo = unpack2<true>(raw[s].x), hi = unpack2<true>(raw[s].y);
-      add_scaled(acc, __shfl_sync(0xffffffffu, w_own, s), make_float4(lo.x, lo.y, hi.x, hi.y));
+      add_scaled(acc, __shfl_sync(0xffffffffu, weights.own, s), make_float4(lo.x, lo.y, hi.x, hi.y));
     }
-    store_merged4(p, b, row, slice, dim, acc, best, weight_sum);
+    store_merged4(p, b, row, slice, dim, acc, weights.best, weights.sum);
     return;
   }
   // The first batch of splits is loaded with the LSEs, so that both round trips overlap.
   float4 v[kWarpMergeBatch];
 #pragma unroll
   for (int i = 0; i < kWarpMergeBatch; ++i) v[i] = load_partial(i);
-  const float lse = lane < count ? p.part_lse[first + (long long)lane * p.rows] : -INFINITY;
-  float best = lse;
-  for (int o = 16; o > 0; o >>= 1) best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, o));
-  const float base = best == -INFINITY ? 0.f : best;
-  // Split s's weight sits in lane s; empty splits: weight 0, zeros written.
-  const float w_own = lane < count ? fast_exp2(lse - base) : 0.f;
-  float weight_sum = w_own;
-  for (int o = 16; o > 0; o >>= 1) weight_sum += __shfl_xor_sync(0xffffffffu, weight_sum, o);
+  const SplitWeights weights = warp_split_weights(p, first, count, lane);
 
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   // Not fully unrolled: that would load every split at once and double the registers.
@@ -208,7 +213,7 @@ __device__ __forceinline__ void merge_slice_warp(const DecodeParams& p, int b, i
     }
 #pragma unroll
     for (int i = 0; i < kWarpMergeBatch; ++i) {
-      add_scaled(acc, __shfl_sync(0xffffffffu, w_own, s0 + i), v[i]);
+      add_scaled(acc, __shfl_sync(0xffffffffu, weights.own, s0 + i), v[i]);
       if constexpr (kWarpMergeBuffers == 2) v[i] = next[i];
     }
     if constexpr (kWarpMergeBuffers == 1) {  // the next batch loads once this one is summed
@@ -216,7 +221,7 @@ __device__ __forceinline__ void merge_slice_warp(const DecodeParams& p, int b, i
       for (int i = 0; i < kWarpMergeBatch; ++i) v[i] = load_partial(s0 + kWarpMergeBatch + i);
     }
   }
-  store_merged4(p, b, row, slice, dim, acc, best, weight_sum);
+  store_merged4(p, b, row, slice, dim, acc, weights.best, weights.sum);
 }
 
 // Few splits (large batches: the split plan gives each request a handful): one warp per row, all
