@@ -1,14 +1,15 @@
-// The warp-specialized decode kernel for the tiles of one row group: FP8 at 32 rows (the 128-head and MTP
-// shapes) and 16 rows (up to 16 heads at q_len 1), BF16 at 16 rows (mla_decode.cu says where each runs).
-// The CTA holds three roles on the same tile layout as mainloop.cuh (tile_config.h):
+// The warp-specialized decode kernel: FP8 at 32 rows (the 128-head and MTP shapes) and 16 rows (up to
+// 16 heads at q_len 1), BF16 at 16 rows and at 32 in two row groups (mla_decode.cu says where each
+// runs). The CTA holds three roles on the same tile layout as mainloop.cuh (tile_config.h), each of
+// the math roles 4 x row groups warps (a warp per dim quarter of its row group):
 //
-//   S warps (0-3)  Q (in shared memory at 32 rows, in registers at 16), QK^T by dim quarter, the
-//                  partial-score exchange (named barrier 1, S warps only) and the online softmax; P
-//                  and the rescale factors go into one of two buffers, handed over with an mbarrier
+//   S warps        Q (in shared memory for FP8 at 32 rows, else in registers), QK^T by dim quarter,
+//                  the partial-score exchange (named barrier 1, S warps only) and the online softmax;
+//                  P and the rescale factors go into one of two buffers, handed over with an mbarrier
 //                  (p_full);
-//   O warps (4-7)  P.V by dim quarter into the accumulators, the epilogue;
-//   loader (8-11)  the page ids and the KV cp.async ring, kStages tiles ahead; it hands most of its
-//                  registers to the other roles (setmaxnreg, which takes whole warpgroups).
+//   O warps        P.V by dim quarter into the accumulators, the epilogue;
+//   loader         four warps: the page ids and the KV cp.async ring, kStages tiles ahead; it hands
+//                  most of its registers to the other roles (setmaxnreg, which takes whole warpgroups).
 //
 // So the softmax and the score exchange run while the O warps multiply P.V of the tile before, and
 // neither waits on the loads' address arithmetic or the block table: the loader's copies land
@@ -43,21 +44,26 @@
 
 namespace mla {
 
-// The shared memory the warp-specialized kernel adds after mainloop.cuh's map of tile C (a tile of one
-// row group: one warp per dim quarter in each role): a second P buffer, a second set of rescale
-// factors and the mbarriers.
+// The warp-specialized kernel's roles and the shared memory it adds after mainloop.cuh's map of tile C:
+// a second P buffer, a second set of rescale factors and the mbarriers.
 template <class C>
 struct WsLayout {
-  static_assert(C::kRowGroups == 1, "one row group: a warp per dim quarter and role");
-  static constexpr int kRoleThreads = C::kThreads;  // 128: four warps for S, four for O
-  static constexpr int kThreads = 3 * kRoleThreads;
-  // Registers a thread holds once the roles have traded them (setmaxnreg, by warpgroup): the CTA launches
-  // with 65536 / 384 = 168 a thread; the loader gives up what its address arithmetic does not need. The
-  // math roles' setmaxnreg.inc draws only on what that gave back (the SASS says CTAPOOL) and waits for
-  // as long as it falls short, so the roles must fit the launch allocation.
+  static constexpr int kRoleWarps = C::kWarps;  // S warps, and as many O warps: 4 x row groups
+  static constexpr int kRoleThreads = C::kThreads;
+  static constexpr int kLoaderThreads = 128;
+  static constexpr int kThreads = 2 * kRoleThreads + kLoaderThreads;
+  // Registers a thread holds once the roles have traded them (setmaxnreg, by warpgroup): the CTA's pool
+  // is 65536 a CTA, kLaunchRegisters a thread at launch (168 at one row group, 96 at two); the loader
+  // gives up what its address arithmetic does not need, the math roles share the rest (240 and 120).
+  // The math roles' setmaxnreg.inc draws only on what the loader gave back (the SASS says CTAPOOL) and
+  // waits for as long as it falls short, so the roles must fit the pool.
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
   static constexpr int kLoaderRegisters = 24;
-  static constexpr int kMathRegisters = 240;
-  static_assert(kLoaderRegisters + 2 * kMathRegisters <= 3 * 168, "the roles hold no more than the CTA launched with");
+  static constexpr int kMathPool = (65536 - kLoaderRegisters * kLoaderThreads) / (2 * kRoleThreads) / 8 * 8;
+  static constexpr int kMathRegisters = kMathPool < 240 ? kMathPool : 240;
+  static_assert(kLoaderRegisters * kLoaderThreads + kMathRegisters * 2 * kRoleThreads <= 65536,
+                "the roles hold no more than the CTA's pool");
+  static_assert(kRoleWarps % 4 == 0, "setmaxnreg trades registers by whole warpgroups");
   static constexpr int kP1Offset = C::kSmemBytes;
   static constexpr int kCorr1Offset = kP1Offset + C::kPBytes;
   static constexpr int kBarrierOffset = (kCorr1Offset + C::kCorrBytes + 7) / 8 * 8;
@@ -65,7 +71,7 @@ struct WsLayout {
   static constexpr int kSmemBytes = kBarrierOffset + 8 * kBarriers;
   static constexpr int kScoreBarrier = 1;  // named barrier of the S warps
   static_assert(C::kStages >= 2, "the ring holds at least the tile the O warps read and the one S reads");
-  static_assert(kRoleThreads % kBlockN == 0, "the loader's threads take whole tokens");
+  static_assert(kLoaderThreads % kBlockN == 0, "the loader's threads take whole tokens");
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "the warp-specialized tile does not fit the shared memory of a block");
 };
 
@@ -79,11 +85,12 @@ __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t kv_smem = smem_u32(smem);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const bool s_role = warp < 4, loader = warp >= 8;
-  constexpr int kLoaderThreadsPerToken = L::kRoleThreads / kBlockN;
+  const bool s_role = warp < L::kRoleWarps, loader = warp >= 2 * L::kRoleWarps;
+  constexpr int kLoaderThreadsPerToken = L::kLoaderThreads / kBlockN;
   const int loader_token = (threadIdx.x - 2 * L::kRoleThreads) / kLoaderThreadsPerToken;
   const int loader_first = threadIdx.x % kLoaderThreadsPerToken;
-  const WarpRole w{lane, warp & 3, 0, lane >> 2, lane & 3};
+  const int role_warp = warp % L::kRoleWarps;  // the S or O warp's place: dim quarter, row group
+  const WarpRole w{lane, role_warp & 3, role_warp >> 2, lane >> 2, lane & 3};
 
   const uint32_t barriers = kv_smem + L::kBarrierOffset;
   auto p_full = [&](int i) { return barriers + 8 * (i & 1); };
@@ -98,7 +105,7 @@ __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
     }
     for (int s = 0; s < C::kStages; ++s) {
       mbarrier_init(kv_empty(s), L::kRoleThreads);
-      mbarrier_init(kv_full(s), L::kRoleThreads);
+      mbarrier_init(kv_full(s), L::kLoaderThreads);
     }
     mbarrier_init(stats_ready, L::kRoleThreads);
   }
@@ -117,11 +124,16 @@ __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
   const int* bt_row = p.block_tables + (long long)b * p.bt_stride;
   const int guess_len = p.max_seq_len, guess_begin = split * tiles_per_split(guess_len, item.splits);
   int guessed_page[C::kStages];
+  // Rows of an S or O thread: fragment f, half h -> row = warp_row0 + 16 f + 8 h + g.
+  const int warp_row0 = blockIdx.x * C::kTileRows + w.wr * C::kRowsPerWarp;
+  // At two row groups the CTA launches at 96 registers a thread, too few to hold Q's fragments through
+  // the prologue: the S warps load them once they hold their share (below).
+  constexpr bool kEarlyQ = L::kLaunchRegisters >= 128;
   if (s_role) {
     if constexpr (C::kQInSmem)
       q_load.issue(q_smem, p, b, blockIdx.x * C::kTileRows);
-    else
-      load_q_fragments<C>(qf, p, b, blockIdx.x * C::kTileRows, w);
+    else if constexpr (kEarlyQ)
+      load_q_fragments<C>(qf, p, b, warp_row0, w);
   }
   if (loader) {
 #pragma unroll
@@ -131,7 +143,6 @@ __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
   const int seq_len = request_len(p, b);
   const SplitTiles tiles = split_tiles(seq_len, split, item.splits);
   const int tile_begin = tiles.begin, tile_end = tiles.end;
-  const int warp_row0 = blockIdx.x * C::kTileRows;  // one row group: every warp covers all the tile's rows
   float* row_stats_smem = reinterpret_cast<float*>(smem + C::kScoresOffset);
   __syncthreads();  // the mbarriers are initialised
 
@@ -162,6 +173,7 @@ __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
   } else if (s_role) {
     setmaxnreg_inc<L::kMathRegisters>();
     float* scores = reinterpret_cast<float*>(smem + C::kScoresOffset);
+    if constexpr (!C::kQInSmem && !kEarlyQ) load_q_fragments<C>(qf, p, b, warp_row0, w);
     if constexpr (C::kQInSmem) {
       q_load.finish(q_smem);
       cp_async_commit();
@@ -169,7 +181,8 @@ __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
     }
     const float scale_log2 = read_scale(p.bmm1_ptr, p.bmm1) * kLog2e;
     const int first_masked = seq_len - p.q_len + 1;
-    OnlineSoftmax<C> softmax(w.wd * C::kSoftRows, reinterpret_cast<float*>(smem + C::kExactSumOffset), lane);
+    OnlineSoftmax<C> softmax(w.wr * C::kRowsPerWarp + w.wd * C::kSoftRows,
+                             reinterpret_cast<float*>(smem + C::kExactSumOffset), lane);
 
     for (int tile = tile_begin, i = 0; tile < tile_end; ++tile, ++i) {
       const uint32_t stage = kv_smem + (i % C::kStages) * C::kStageBytes;

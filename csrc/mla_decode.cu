@@ -61,10 +61,10 @@ void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t 
 // The tiles of one row group (FP8 at 16 and 32 rows, BF16 at 16) run the warp-specialized kernel
 // (mainloop_ws.cuh) where one CTA fills an SM (SM120: 100 KB of shared memory), so that its math warps
 // are two per sub-partition and a loader warpgroup keeps the ring full; where two v1 CTAs fit (SM90,
-// SM100) those hold twice the rows instead (docs/performance.md). The 32-row BF16 tile keeps v1's two
-// row groups (eight warps): its Q and ring do not fit 99 KB in one. Each library is built for one
+// SM100) those hold twice the rows instead (docs/performance.md). Each library is built for one
 // architecture (__CUDA_ARCH_LIST__); MLA_WARP_SPECIALIZED overrides (dev builds): 0 runs v1 everywhere,
-// 1 only the 32-row FP8 tile warp-specialized, 2 both FP8 tiles, 3 the 16-row BF16 tile too.
+// 1 only the 32-row FP8 tile warp-specialized, 2 both FP8 tiles, 3 the 16-row BF16 tile too, 4 the
+// 32-row BF16 tile (two row groups: 20 warps at 120 registers for the math roles) as well.
 #ifndef MLA_WARP_SPECIALIZED
 #if defined(__CUDA_ARCH_LIST__) && __CUDA_ARCH_LIST__ >= 1200
 #define MLA_WARP_SPECIALIZED 3
@@ -75,13 +75,13 @@ void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t 
 #if MLA_WARP_SPECIALIZED && defined(__CUDA_ARCH_LIST__) && __CUDA_ARCH_LIST__ < 900
 #error "the warp-specialized kernel trades registers between its roles (setmaxnreg): sm_90a and newer"
 #endif
-// The level from which a tile of one row group runs warp-specialized.
-constexpr int warp_specialized_from(bool fp8, int rf) {
-  if (!fp8) return 3;
+// The level from which a tile runs warp-specialized.
+constexpr int warp_specialized_from(bool fp8, int row_groups, int rf) {
+  if (!fp8) return row_groups == 1 ? 3 : 4;
   return rf == 2 ? 1 : 2;
 }
 template <bool FP8, int ROW_GROUPS, int RF>
-constexpr bool kWarpSpecialized = ROW_GROUPS == 1 && MLA_WARP_SPECIALIZED >= warp_specialized_from(FP8, RF);
+constexpr bool kWarpSpecialized = MLA_WARP_SPECIALIZED >= warp_specialized_from(FP8, ROW_GROUPS, RF);
 
 template <bool FP8, int ROW_GROUPS, int RF>
 void launch_decode(const DecodeParams& params, cudaStream_t stream, bool pdl) {
