@@ -52,17 +52,17 @@ struct WsLayout {
   static constexpr int kRoleThreads = C::kThreads;
   static constexpr int kLoaderThreads = 128;
   static constexpr int kThreads = 2 * kRoleThreads + kLoaderThreads;
-  // Registers a thread holds once the roles have traded them (setmaxnreg, by warpgroup): the CTA's pool
-  // is 65536 a CTA, kLaunchRegisters a thread at launch (168 at one row group, 96 at two); the loader
-  // gives up what its address arithmetic does not need, the math roles share the rest (240 and 120).
-  // The math roles' setmaxnreg.inc draws only on what the loader gave back (the SASS says CTAPOOL) and
-  // waits for as long as it falls short, so the roles must fit the pool.
+  // Registers a thread holds once the roles have traded them (setmaxnreg, by warpgroup). The CTA keeps
+  // what it launched with, kLaunchRegisters a thread (168 at one row group, 96 at two): setmaxnreg.inc
+  // takes only what the loader's setmaxnreg.dec gave back (the SASS says CTAPOOL), and waits forever for more. So the math
+  // roles share the launch allocation less the loader's 24 (240 and 112 a thread).
   static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
   static constexpr int kLoaderRegisters = 24;
-  static constexpr int kMathPool = (65536 - kLoaderRegisters * kLoaderThreads) / (2 * kRoleThreads) / 8 * 8;
+  static constexpr int kMathPool =
+      (kLaunchRegisters * kThreads - kLoaderRegisters * kLoaderThreads) / (2 * kRoleThreads) / 8 * 8;
   static constexpr int kMathRegisters = kMathPool < 240 ? kMathPool : 240;
-  static_assert(kLoaderRegisters * kLoaderThreads + kMathRegisters * 2 * kRoleThreads <= 65536,
-                "the roles hold no more than the CTA's pool");
+  static_assert(kLoaderRegisters * kLoaderThreads + kMathRegisters * 2 * kRoleThreads <= kLaunchRegisters * kThreads,
+                "the roles hold no more than the CTA launched with");
   static_assert(kRoleWarps % 4 == 0, "setmaxnreg trades registers by whole warpgroups");
   static constexpr int kP1Offset = C::kSmemBytes;
   static constexpr int kCorr1Offset = kP1Offset + C::kPBytes;

@@ -64,7 +64,7 @@ void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t 
 // SM100) those hold twice the rows instead (docs/performance.md). Each library is built for one
 // architecture (__CUDA_ARCH_LIST__); MLA_WARP_SPECIALIZED overrides (dev builds): 0 runs v1 everywhere,
 // 1 only the 32-row FP8 tile warp-specialized, 2 both FP8 tiles, 3 the 16-row BF16 tile too, 4 the
-// 32-row BF16 tile (two row groups: 20 warps at 120 registers for the math roles) as well.
+// 32-row BF16 tile (two row groups: 20 warps at 112 registers for the math roles) as well.
 #ifndef MLA_WARP_SPECIALIZED
 #if defined(__CUDA_ARCH_LIST__) && __CUDA_ARCH_LIST__ >= 1200
 #define MLA_WARP_SPECIALIZED 3
