@@ -54,8 +54,8 @@ struct WsLayout {
   static constexpr int kThreads = 2 * kRoleThreads + kLoaderThreads;
   // Registers a thread holds once the roles have traded them (setmaxnreg, by warpgroup). The CTA keeps
   // what it launched with, kLaunchRegisters a thread (168 at one row group, 96 at two): setmaxnreg.inc
-  // takes only what the loader's setmaxnreg.dec gave back (the SASS says CTAPOOL), and waits forever for more. So the
-  // math roles share the launch allocation less the loader's 24 (240 and 112 a thread).
+  // takes only what the loader's setmaxnreg.dec gave back (the SASS says CTAPOOL) and waits forever for
+  // more. So the math roles share the launch allocation less the loader's 24 (240 and 112 a thread).
   static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
   static constexpr int kLoaderRegisters = 24;
   static constexpr int kMathPool =

@@ -58,16 +58,16 @@ void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t 
   MLA_CUDA_CHECK(cudaGetLastError());
 }
 
-// The tiles of one row group (FP8 at 16 and 32 rows, BF16 at 16) run the warp-specialized kernel
-// (mainloop_ws.cuh) where one CTA fills an SM (SM120: 100 KB of shared memory), so that its math warps
-// are two per sub-partition and a loader warpgroup keeps the ring full; where two v1 CTAs fit (SM90,
-// SM100) those hold twice the rows instead (docs/performance.md). Each library is built for one
-// architecture (__CUDA_ARCH_LIST__); MLA_WARP_SPECIALIZED overrides (dev builds): 0 runs v1 everywhere,
-// 1 only the 32-row FP8 tile warp-specialized, 2 both FP8 tiles, 3 the 16-row BF16 tile too, 4 the
-// 32-row BF16 tile (two row groups: 20 warps at 112 registers for the math roles) as well.
+// Every tile (FP8 at 16 and 32 rows, BF16 at 16 and at 32 in two row groups) runs the warp-specialized
+// kernel (mainloop_ws.cuh) where one CTA fills an SM (SM120: 100 KB of shared memory), so that its math
+// warps are two (four at two row groups) per sub-partition and a loader warpgroup keeps the ring full;
+// where two v1 CTAs fit (SM90, SM100) those hold twice the rows instead (docs/performance.md). Each
+// library is built for one architecture (__CUDA_ARCH_LIST__); MLA_WARP_SPECIALIZED overrides (dev
+// builds): 0 runs v1 everywhere, 1 only the 32-row FP8 tile warp-specialized, 2 both FP8 tiles, 3 the
+// 16-row BF16 tile too, 4 the 32-row BF16 tile (20 warps, 112 registers for the math roles) as well.
 #ifndef MLA_WARP_SPECIALIZED
 #if defined(__CUDA_ARCH_LIST__) && __CUDA_ARCH_LIST__ >= 1200
-#define MLA_WARP_SPECIALIZED 3
+#define MLA_WARP_SPECIALIZED 4
 #else
 #define MLA_WARP_SPECIALIZED 0
 #endif
