@@ -4,8 +4,9 @@
 
 docs/performance.md ("Where the cache sits in GPU memory") saw 16 heads x 128 x 16k step up by 15-17%
 once the cache starts 4 GiB on (FlashMLA: 8 GiB), while the same pages scattered over one large pool
-did not. Here one FP8 cache is placed N GiB into one pool allocation (as vLLM holds its cache) and
-read five ways at each N, so that the candidate mechanisms part:
+did not. Here one FP8 cache is placed two ways: N GiB into one pool allocation (as vLLM holds its
+cache), and as an allocation of its own made while N GiB were held by another (the earlier table's
+way); each placement is read five ways, so that the candidate mechanisms part:
 
   ours, FlashMLA        the two kernels, pages of each request at random over the cache
   ours, pages in order  the same cache with each request's pages consecutive: access order
@@ -58,6 +59,19 @@ def placed_at(problem, gib: int):
     )  # fmt: skip
 
 
+def allocated_after(problem, gib: int):
+    """The problem on the GPU, its cache an allocation of its own made while ``gib`` GiB were held by
+    another (freed before the timing): how the earlier placement table moved the cache."""
+    held = torch.empty(gib << 30, dtype=torch.uint8, device="cuda") if gib else None
+    placed = replace(
+        problem, query=problem.query.cuda(), kv_cache=problem.kv_cache.cuda(),
+        block_tables=problem.block_tables.cuda(), seq_lens=problem.seq_lens.cuda(),
+    )  # fmt: skip
+    del held
+    torch.cuda.empty_cache()
+    return placed
+
+
 def times_at(problem, workspace) -> list[float]:
     """Ours, FlashMLA, ours on in-order pages, the cache's copy and its page gather, in µs."""
     pages = problem.block_tables[used_pages(problem)].long()
@@ -77,13 +91,16 @@ def main() -> int:
     problem = make_paged_problem([SEQ] * BATCH, 1, HEADS, 64, torch.float8_e4m3fn, "cpu", extra_pages=0)
     nbytes = problem.kv_cache.nbytes
     print(f"H{HEADS} B{BATCH} {SEQ // 1024}k FP8, {nbytes / 1e9:.2f} GB of cache; µs (GB/s)")
-    print(f"{'offset':>7} | {'ours':>14} | {'FlashMLA':>14} | {'ours, in order':>14} | {'copy':>14} | {'gather':>14}")
-    for gib in OFFSETS_GIB:
-        placed = placed_at(problem, gib)
-        cells = " | ".join(f"{us:6.1f} ({nbytes / us / 1e3:5.0f})" for us in times_at(placed, workspace))
-        print(f"{gib:>3} GiB | {cells}", flush=True)
-        del placed
-        torch.cuda.empty_cache()
+    columns = ("ours", "FlashMLA", "ours, in order", "copy", "gather")
+    print(f"{'placement':>17} | " + " | ".join(f"{c:>14}" for c in columns) + " | virtual address")
+    for how, place in (("in a pool", placed_at), ("after", allocated_after)):
+        for gib in OFFSETS_GIB:
+            placed = place(problem, gib)
+            address = placed.kv_cache.data_ptr() / 2**30
+            cells = " | ".join(f"{us:6.1f} ({nbytes / us / 1e3:5.0f})" for us in times_at(placed, workspace))
+            print(f"{how:>9} {gib:>3} GiB | {cells} | at {address:.1f} GiB", flush=True)
+            del placed
+            torch.cuda.empty_cache()
     return 0
 
 
