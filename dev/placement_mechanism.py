@@ -4,9 +4,10 @@
 
 docs/performance.md ("Where the cache sits in GPU memory") saw 16 heads x 128 x 16k step up by 15-17%
 once the cache starts 4 GiB on (FlashMLA: 8 GiB), while the same pages scattered over one large pool
-did not. Here one FP8 cache is placed two ways: N GiB into one pool allocation (as vLLM holds its
-cache), and as an allocation of its own made while N GiB were held by another (the earlier table's
-way); each placement is read five ways, so that the candidate mechanisms part:
+did not. Here one FP8 cache is placed three ways: N GiB into one pool allocation; as an allocation of
+its own made while N GiB were held by another (the earlier table's way); and at the start of a pool
+allocated while N GiB were held (vLLM's: its pool comes after the weights). Each placement is read
+five ways, so that the candidate mechanisms part:
 
   ours, FlashMLA        the two kernels, pages of each request at random over the cache
   ours, pages in order  the same cache with each request's pages consecutive: access order
@@ -72,6 +73,22 @@ def allocated_after(problem, gib: int):
     return placed
 
 
+def pool_after(problem, gib: int):
+    """The cache at the start of a pool 4 GiB larger than it, allocated while ``gib`` GiB were held by
+    another allocation (freed before the timing): vLLM's way, its pool allocated after the weights."""
+    held = torch.empty(gib << 30, dtype=torch.uint8, device="cuda") if gib else None
+    pool = torch.empty(problem.kv_cache.nbytes + (4 << 30), dtype=torch.uint8, device="cuda")
+    cache = pool[: problem.kv_cache.nbytes].view(problem.kv_cache.dtype).view(problem.kv_cache.shape)
+    cache.copy_(problem.kv_cache)
+    placed = replace(
+        problem, query=problem.query.cuda(), kv_cache=cache,
+        block_tables=problem.block_tables.cuda(), seq_lens=problem.seq_lens.cuda(),
+    )  # fmt: skip
+    del held
+    torch.cuda.empty_cache()
+    return placed
+
+
 def times_at(problem, workspace) -> list[float]:
     """Ours, FlashMLA, ours on in-order pages, the cache's copy and its page gather, in µs."""
     pages = problem.block_tables[used_pages(problem)].long()
@@ -93,12 +110,12 @@ def main() -> int:
     print(f"H{HEADS} B{BATCH} {SEQ // 1024}k FP8, {nbytes / 1e9:.2f} GB of cache; µs (GB/s)")
     columns = ("ours", "FlashMLA", "ours, in order", "copy", "gather")
     print(f"{'placement':>17} | " + " | ".join(f"{c:>14}" for c in columns) + " | virtual address")
-    for how, place in (("in a pool", placed_at), ("after", allocated_after)):
+    for how, place in (("in a pool", placed_at), ("after", allocated_after), ("pool after", pool_after)):
         for gib in OFFSETS_GIB:
             placed = place(problem, gib)
             address = placed.kv_cache.data_ptr() / 2**30
             cells = " | ".join(f"{us:6.1f} ({nbytes / us / 1e3:5.0f})" for us in times_at(placed, workspace))
-            print(f"{how:>9} {gib:>3} GiB | {cells} | at {address:.1f} GiB", flush=True)
+            print(f"{how:>10} {gib:>2} GiB | {cells} | at {address:.1f} GiB", flush=True)
             del placed
             torch.cuda.empty_cache()
     return 0
