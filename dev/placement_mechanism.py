@@ -23,6 +23,7 @@ Graph replay, median; GB/s counts the cache's bytes each side reads (copy and ga
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import torch
@@ -112,6 +113,25 @@ def times_at(problem, workspace) -> list[float]:
     ]
 
 
+def time_course(problem, workspace, gib: int = 32, rounds: int = 12) -> None:
+    """Ours timed again and again from the moment ``gib`` GiB are freed: whether the slowdown is the
+    placement (it stays) or something the free set going (it fades)."""
+    placed = placed_at(problem, 0)
+    call = ours(placed, workspace)
+    baseline = time_graph([call])
+    held = torch.empty(gib << 30, dtype=torch.uint8, device="cuda")
+    held.fill_(1)
+    torch.cuda.synchronize()
+    del held
+    torch.cuda.empty_cache()
+    freed = time.perf_counter()
+    course = []
+    for _ in range(rounds):
+        us = time_graph([call])
+        course.append(f"{(time.perf_counter() - freed) * 1e3:.0f} ms: {us:.1f}")
+    print(f"ours, {baseline:.1f} µs before freeing {gib} GiB; after it: " + ", ".join(course), flush=True)
+
+
 def main() -> int:
     workspace = torch.zeros(512 << 20, dtype=torch.uint8, device="cuda")
     problem = make_paged_problem([SEQ] * BATCH, 1, HEADS, 64, torch.float8_e4m3fn, "cpu", extra_pages=0)
@@ -129,6 +149,7 @@ def main() -> int:
             del placed
             HELD.clear()
             torch.cuda.empty_cache()
+    time_course(problem, workspace)
     return 0
 
 
