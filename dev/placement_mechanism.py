@@ -7,8 +7,7 @@ once the cache starts 4 GiB on (FlashMLA: 8 GiB), while the same pages scattered
 did not. Here one FP8 cache is placed four ways: N GiB into one pool allocation; as an allocation of
 its own made while N GiB were held by another, freed before the timing (the earlier table's way) or
 kept through it; and at the start of a pool allocated while N GiB were held (vLLM's: its pool comes
-after the weights). Each placement is read
-five ways, so that the candidate mechanisms part:
+after the weights). Each placement is read five ways, so that the candidate mechanisms part:
 
   ours, FlashMLA        the two kernels, pages of each request at random over the cache
   ours, pages in order  the same cache with each request's pages consecutive: access order
@@ -16,9 +15,10 @@ five ways, so that the candidate mechanisms part:
   gather                torch's index_select of the pages in the block table's order (41 KB pieces
                         at random over the cache): random pages with no attention math
 
-If the copy slows with the offset, the memory behind those addresses is slower for anyone; if only the
-random-page readers do, it is address translation (pages touched at random need more of the TLB).
-Graph replay, median; GB/s counts the cache's bytes each side reads (copy and gather write as many).
+Each kind of reader is timed by bench.time_graph, which replays for bench.WARMUP_S before timing; the
+last line times ours with no such wait, again and again from the moment 32 GiB are freed. What it
+showed on an H100 (docs/performance.md): no placement is slower; for about 2.5 ms per GiB freed the
+GPU is, which the benchmark's warm-up now outlasts.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def time_course(problem, workspace, gib: int = 32, rounds: int = 12) -> None:
     freed = time.perf_counter()
     course = []
     for _ in range(rounds):
-        us = time_graph([call])
+        us = time_graph([call], warmup_s=0)
         course.append(f"{(time.perf_counter() - freed) * 1e3:.0f} ms: {us:.1f}")
     print(f"ours, {baseline:.1f} µs before freeing {gib} GiB; after it: " + ", ".join(course), flush=True)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -22,6 +23,10 @@ from .peers import PEERS, SM_SCALE
 L2_FLUSH_BYTES = 256 << 20
 FULL_GRID = [(h, b, s) for h in (16, 128) for b in (1, 8, 64, 128) for s in (1024, 4096, 16384, 32768)]
 QUICK_GRID = [(16, 128, 16384), (128, 64, 8192), (16, 1, 32768), (128, 1, 32768)]
+# After a large free the GPU runs about 15% slower for about 2.5 ms per GiB freed (the driver's work on
+# the freed memory; docs/performance.md, "Where the cache sits in GPU memory"), and capturing a graph
+# empties the allocator's cache, so replays run this long before any is timed: 40 GiB freed.
+WARMUP_S = 0.1
 
 
 def copies_past_l2(kv_bytes: int) -> int:
@@ -43,8 +48,8 @@ class Row:
     note: str = ""
 
 
-def time_graph(calls, replays: int = 15) -> float:
-    """Median microseconds per call over graph replays of all ``calls``."""
+def time_graph(calls, replays: int = 15, warmup_s: float = WARMUP_S) -> float:
+    """Median microseconds per call over graph replays of all ``calls``, after ``warmup_s`` of replays."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -55,8 +60,11 @@ def time_graph(calls, replays: int = 15) -> float:
     with torch.cuda.graph(graph):
         for fn in calls:
             fn()
-    for _ in range(3):
+    warm_until, warmed = time.perf_counter() + warmup_s, 0
+    while warmed < 3 or time.perf_counter() < warm_until:
         graph.replay()
+        torch.cuda.synchronize()
+        warmed += 1
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
