@@ -175,7 +175,7 @@ for part in ${PART//,/ }; do
     realdims) run python3 integration/real_dims.py --heads "$HEADS" --kv "$KV" --out "$OUT" ;;
     variants) run python3 dev/variant_error.py ;;
     inputs) run python3 dev/input_ab.py ;;
-    placement) run python3 dev/cache_placement.py ;;
+    placement) run python3 dev/placement_mechanism.py ;;
     profile)  # ours from .gpu/dist, FlashMLA, and ours from .gpu/ab (as ours_base) where carried
       ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
       runs=(ours flashmla)
