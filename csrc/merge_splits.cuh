@@ -369,6 +369,12 @@ __global__ void __launch_bounds__(kMergeThreads, MLA_MERGE_MIN_BLOCKS)
     return Unit{b, unit / kMergeSlices % p.rows, unit % kMergeSlices, p.plan[layout.first_partial() + b],
                 p.plan[layout.count() + b]};
   };
+  // Whether any request takes a block per unit (more than kWarpMergeMaxSplits splits), asked by the
+  // whole block at once, a request's count a thread: where none does, no block walks the unit list
+  // below, which looks each unit's request up in turn (two dependent reads a unit) only to skip it.
+  bool block_units = false;
+  for (int i = threadIdx.x; i < p.plan[2]; i += kMergeThreads)
+    block_units |= p.plan[layout.count() + p.plan[many_at - i]] > kWarpMergeMaxSplits;
   // Warp-level work as one list: the units of requests cut into up to kWarpMergeMaxSplits splits (one
   // a warp), then the rows of requests cut into at most kFewSplitsMax (one a warp, merge_row_few), so
   // that a warp without a unit takes a row at once rather than after its block's units: where a batch
@@ -388,6 +394,7 @@ __global__ void __launch_bounds__(kMergeThreads, MLA_MERGE_MIN_BLOCKS)
     }
   }
   // The units of longer requests: one a block, so that even one request's units spread over the GPU.
+  if (!__syncthreads_or(block_units)) return;
   for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
     const Unit u = unit_at(unit);
     if (u.count <= kWarpMergeMaxSplits) continue;  // the same for the whole block
