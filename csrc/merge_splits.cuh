@@ -369,12 +369,20 @@ __global__ void __launch_bounds__(kMergeThreads, MLA_MERGE_MIN_BLOCKS)
     return Unit{b, unit / kMergeSlices % p.rows, unit % kMergeSlices, p.plan[layout.first_partial() + b],
                 p.plan[layout.count() + b]};
   };
-  // Whether any request takes a block per unit (more than kWarpMergeMaxSplits splits), asked by the
-  // whole block at once, a request's count a thread: where none does, no block walks the unit list
-  // below, which looks each unit's request up in turn (two dependent reads a unit) only to skip it.
-  bool block_units = false;
-  for (int i = threadIdx.x; i < p.plan[2]; i += kMergeThreads)
-    block_units |= p.plan[layout.count() + p.plan[many_at - i]] > kWarpMergeMaxSplits;
+  // The requests that take a block per unit (more than kWarpMergeMaxSplits splits) are listed in shared
+  // memory, kMergeThreads of the many-split list at a time, a request a thread: the block loop below
+  // then takes only their units, where looking each unit's request up in turn (two dependent reads a
+  // unit) to skip the warp units cost more than the merge of a batch with no such request. The first
+  // lookups are issued before the warp-level work, so that it hides them.
+  __shared__ int4 block_requests[kMergeThreads];  // (request, first partial, count)
+  __shared__ int listed_before[kMergeGroups];
+  const int many = p.plan[2];
+  auto lookup = [&](int i) {
+    if (i >= many) return make_int4(0, 0, 0, 0);
+    const int b = p.plan[many_at - i];
+    return make_int4(b, p.plan[layout.first_partial() + b], p.plan[layout.count() + b], 0);
+  };
+  int4 mine = lookup(threadIdx.x);
   // Warp-level work as one list: the units of requests cut into up to kWarpMergeMaxSplits splits (one
   // a warp), then the rows of requests cut into at most kFewSplitsMax (one a warp, merge_row_few), so
   // that a warp without a unit takes a row at once rather than after its block's units: where a batch
@@ -394,12 +402,26 @@ __global__ void __launch_bounds__(kMergeThreads, MLA_MERGE_MIN_BLOCKS)
     }
   }
   // The units of longer requests: one a block, so that even one request's units spread over the GPU.
-  if (!__syncthreads_or(block_units)) return;
-  for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
-    const Unit u = unit_at(unit);
-    if (u.count <= kWarpMergeMaxSplits) continue;  // the same for the whole block
-    merge_slice<HALF_PARTIALS>(p, sh, u.b, u.row, u.slice, u.first_partial, u.count);
-    __syncthreads();  // the next unit reuses the shared memory
+  const int lane = threadIdx.x & 31;
+  for (int base = 0; base < many; base += kMergeThreads) {
+    if (base > 0) mine = lookup(base + static_cast<int>(threadIdx.x));
+    const bool takes_block = mine.z > kWarpMergeMaxSplits;
+    const unsigned ballot = __ballot_sync(0xffffffffu, takes_block);
+    if (lane == 0) listed_before[warp] = __popc(ballot);
+    __syncthreads();  // also: the last chunk's units are done with block_requests
+    int at = __popc(ballot & ((1u << lane) - 1)), listed = 0;
+    for (int w = 0; w < kMergeGroups; ++w) {
+      at += w < warp ? listed_before[w] : 0;
+      listed += listed_before[w];
+    }
+    if (takes_block) block_requests[at] = mine;
+    __syncthreads();
+    // int: at most kMergeThreads requests x 128 rows x 4 slices.
+    for (int unit = blockIdx.x; unit < listed * p.rows * kMergeSlices; unit += gridDim.x) {
+      const int4 r = block_requests[unit / (kMergeSlices * p.rows)];
+      merge_slice<HALF_PARTIALS>(p, sh, r.x, unit / kMergeSlices % p.rows, unit % kMergeSlices, r.y, r.z);
+      __syncthreads();  // the next unit reuses the shared memory
+    }
   }
 }
 
