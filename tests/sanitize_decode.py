@@ -48,6 +48,10 @@ for dtype, heads, q_len, lengths in [
     (torch.float8_e4m3fn, 16, 1, [3000, 10, 0, 200]),
     (torch.bfloat16, 128, 2, [2000, 64, 1, 40] * 9),
     (torch.float8_e4m3fn, 20, 2, [0, 0, 0, 0]),
+    # One request of about 38 splits (a block per merge unit) beside requests of about 10 (a warp per
+    # unit) and unsplit ones, on an H100's plan: the merge's shared list of block requests.
+    (torch.float8_e4m3fn, 16, 1, [6000] + [1500] * 7 + [100] * 8),
+    (torch.bfloat16, 16, 1, [6000] + [1500] * 7 + [100] * 8),
 ]:
     config = MLABackendConfig.from_sources({"backend": "xqa"})
     layers = [make_paged_problem(lengths, q_len, heads, 16, dtype, "cuda", seed=s) for s in range(2)]
