@@ -359,15 +359,20 @@ __global__ void __launch_bounds__(kMergeThreads, MLA_MERGE_MIN_BLOCKS)
   }
   const PlanLayout layout{p.batch, p.plan_pieces};
   const int many_at = layout.merged() + layout.max_merged() - 1;  // that list runs backwards
+  const int many = p.plan[2];
   // int: at most max_merged (half the plan's partials) x 128 rows x 4 slices.
-  const int units = p.plan[2] * p.rows * kMergeSlices;
+  const int units = many * p.rows * kMergeSlices;
+  // Request i of the many-split list: (request, first partial, count).
+  auto many_request = [&](int i) {
+    const int b = p.plan[many_at - i];
+    return make_int4(b, p.plan[layout.first_partial() + b], p.plan[layout.count() + b], 0);
+  };
   struct Unit {
     int b, row, slice, first_partial, count;
   };
   auto unit_at = [&](int unit) {
-    const int b = p.plan[many_at - unit / (kMergeSlices * p.rows)];
-    return Unit{b, unit / kMergeSlices % p.rows, unit % kMergeSlices, p.plan[layout.first_partial() + b],
-                p.plan[layout.count() + b]};
+    const int4 r = many_request(unit / (kMergeSlices * p.rows));
+    return Unit{r.x, unit / kMergeSlices % p.rows, unit % kMergeSlices, r.y, r.z};
   };
   // The requests that take a block per unit (more than kWarpMergeMaxSplits splits) are listed in shared
   // memory, kMergeThreads of the many-split list at a time, a request a thread: the block loop below
@@ -376,12 +381,7 @@ __global__ void __launch_bounds__(kMergeThreads, MLA_MERGE_MIN_BLOCKS)
   // first lookups are issued before the warp-level work, so that it hides them.
   __shared__ int4 block_requests[kMergeThreads];  // (request, first partial, count)
   __shared__ int listed_before[kMergeGroups];
-  const int many = p.plan[2];
-  auto lookup = [&](int i) {
-    if (i >= many) return make_int4(0, 0, 0, 0);
-    const int b = p.plan[many_at - i];
-    return make_int4(b, p.plan[layout.first_partial() + b], p.plan[layout.count() + b], 0);
-  };
+  auto lookup = [&](int i) { return i < many ? many_request(i) : make_int4(0, 0, 0, 0); };
   int4 mine = lookup(threadIdx.x);
   // Warp-level work as one list: the units of requests cut into up to kWarpMergeMaxSplits splits (one
   // a warp), then the rows of requests cut into at most kFewSplitsMax (one a warp, merge_row_few), so
