@@ -50,53 +50,48 @@ def in_order(problem):
     return replace(problem, block_tables=table)
 
 
-def placed_at(problem, gib: int):
-    """The problem on the GPU, its cache ``gib`` GiB into a pool allocation that holds it at the end."""
-    nbytes = problem.kv_cache.nbytes
-    pool = torch.empty((gib << 30) + nbytes, dtype=torch.uint8, device="cuda")
-    cache = pool[gib << 30 :].view(problem.kv_cache.dtype).view(problem.kv_cache.shape)
-    cache.copy_(problem.kv_cache)
+def on_gpu(problem, cache: torch.Tensor):
+    """The problem on the GPU with ``cache`` (on the GPU already) as its KV cache."""
     return replace(
         problem, query=problem.query.cuda(), kv_cache=cache,
         block_tables=problem.block_tables.cuda(), seq_lens=problem.seq_lens.cuda(),
     )  # fmt: skip
 
 
-HELD: list[torch.Tensor] = []  # what allocated_after_held_kept holds through its timing
+def cache_in(pool: torch.Tensor, start: int, problem) -> torch.Tensor:
+    """The problem's cache copied into ``pool`` from byte ``start`` on."""
+    cache = pool[start : start + problem.kv_cache.nbytes].view(problem.kv_cache.dtype).view(problem.kv_cache.shape)
+    return cache.copy_(problem.kv_cache)
 
 
-def allocated_after(problem, gib: int, keep: bool = False):
-    """The problem on the GPU, its cache an allocation of its own made while ``gib`` GiB were held by
-    another: freed before the timing (the earlier placement table's way), or kept through it."""
+def placed_at(problem, gib: int):
+    """The problem on the GPU, its cache ``gib`` GiB into a pool allocation that holds it at the end."""
+    pool = torch.empty((gib << 30) + problem.kv_cache.nbytes, dtype=torch.uint8, device="cuda")
+    return on_gpu(problem, cache_in(pool, gib << 30, problem)), None
+
+
+def while_held(gib: int, place, keep: bool = False):
+    """``place()`` run while ``gib`` GiB are held by another allocation, which is freed before the timing
+    (the earlier placement table's way) or, with ``keep``, returned to be held through it."""
     held = torch.empty(gib << 30, dtype=torch.uint8, device="cuda") if gib else None
-    placed = replace(
-        problem, query=problem.query.cuda(), kv_cache=problem.kv_cache.cuda(),
-        block_tables=problem.block_tables.cuda(), seq_lens=problem.seq_lens.cuda(),
-    )  # fmt: skip
-    HELD[:] = [held] if keep and held is not None else []
-    del held
+    placed = place()
+    if not keep:
+        held = None
     torch.cuda.empty_cache()
-    return placed
+    return placed, held
 
 
-def allocated_after_held_kept(problem, gib: int):
-    return allocated_after(problem, gib, keep=True)
-
-
-def pool_after(problem, gib: int):
-    """The cache at the start of a pool 4 GiB larger than it, allocated while ``gib`` GiB were held by
-    another allocation (freed before the timing): vLLM's way, its pool allocated after the weights."""
-    held = torch.empty(gib << 30, dtype=torch.uint8, device="cuda") if gib else None
-    pool = torch.empty(problem.kv_cache.nbytes + (4 << 30), dtype=torch.uint8, device="cuda")
-    cache = pool[: problem.kv_cache.nbytes].view(problem.kv_cache.dtype).view(problem.kv_cache.shape)
-    cache.copy_(problem.kv_cache)
-    placed = replace(
-        problem, query=problem.query.cuda(), kv_cache=cache,
-        block_tables=problem.block_tables.cuda(), seq_lens=problem.seq_lens.cuda(),
-    )  # fmt: skip
-    del held
-    torch.cuda.empty_cache()
-    return placed
+def placements(problem) -> dict:
+    """Each placement's way to put the problem on the GPU at N GiB: (problem, what to hold while timed)."""
+    pooled = problem.kv_cache.nbytes + (4 << 30)  # vLLM's pool, 4 GiB larger than this cache
+    return {
+        "in a pool": lambda gib: placed_at(problem, gib),
+        "after": lambda gib: while_held(gib, lambda: on_gpu(problem, problem.kv_cache.cuda())),
+        "held kept": lambda gib: while_held(gib, lambda: on_gpu(problem, problem.kv_cache.cuda()), keep=True),
+        "pool after": lambda gib: while_held(
+            gib, lambda: on_gpu(problem, cache_in(torch.empty(pooled, dtype=torch.uint8, device="cuda"), 0, problem))
+        ),
+    }
 
 
 def times_at(problem, workspace) -> list[float]:
@@ -116,7 +111,7 @@ def times_at(problem, workspace) -> list[float]:
 def time_course(problem, workspace, gib: int = 32, rounds: int = 12) -> None:
     """Ours timed again and again from the moment ``gib`` GiB are freed: whether the slowdown is the
     placement (it stays) or something the free set going (it fades)."""
-    placed = placed_at(problem, 0)
+    placed, _ = placed_at(problem, 0)
     call = ours(placed, workspace)
     baseline = time_graph([call])
     held = torch.empty(gib << 30, dtype=torch.uint8, device="cuda")
@@ -138,15 +133,13 @@ def main() -> int:
     print(f"H{HEADS} B{BATCH} {SEQ // 1024}k FP8, {nbytes / 1e9:.2f} GB of cache; µs (GB/s)")
     columns = ("ours", "FlashMLA", "ours, in order", "copy", "gather")
     print(f"{'placement':>17} | " + " | ".join(f"{c:>14}" for c in columns) + " | virtual address")
-    placements = [("in a pool", placed_at), ("after", allocated_after), ("held kept", allocated_after_held_kept)]
-    for how, place in [*placements, ("pool after", pool_after)]:
+    for how, place in placements(problem).items():
         for gib in OFFSETS_GIB:
-            placed = place(problem, gib)
+            placed, held = place(gib)
             address = placed.kv_cache.data_ptr() / 2**30
             cells = " | ".join(f"{us:6.1f} ({nbytes / us / 1e3:5.0f})" for us in times_at(placed, workspace))
             print(f"{how:>10} {gib:>2} GiB | {cells} | at {address:.1f} GiB", flush=True)
-            del placed
-            HELD.clear()
+            del placed, held
             torch.cuda.empty_cache()
     time_course(problem, workspace)
     return 0
