@@ -1,0 +1,305 @@
+// A wgmma decode main loop for Hopper, as a standalone probe (sm_90a): the tile of dev/wgmma_probe.cu
+// (QK^T on warpgroup 0, P.V split over both warpgroups, V read in place from the K tile) fed from a
+// paged BF16 cache with cp.async into a two-stage ring, an online softmax in warpgroup 0's S
+// fragments, and the exact LSE (P summed in fp32 before it is rounded to bf16). One CTA per 64 query
+// rows (128 heads: two CTAs a request) over the whole context: no split KV, contexts a multiple of the
+// 64-token page, no masking. It answers how far such a loop gets toward issue #32's BF16 target
+// (128 x 64 x 8k <= 360 us) before the kernel's contracts (splits, masks, scales, FP8) are added.
+//
+//   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o wgmma_decode_probe dev/wgmma_decode_probe.cu
+//   ./wgmma_decode_probe [batch] [context]      (default 64 8192: check two CTAs, then time)
+//   ./wgmma_decode_probe --corrupt [batch] [context]   (request 0 reads a wrong page: the check must fail)
+#include <string.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "wgmma_tile.cuh"
+
+constexpr int kHeads = 128;
+constexpr int kPage = kTokens;                                                  // one 64-token page a tile
+constexpr int kSmemBytes = 3 * kTileBytes + kAtomBytes + 2 * kRows * 4 + 1024;  // Q, 2 KV stages, P, per-row floats
+
+__device__ inline float fast_exp2(float x) {  // ex2.approx: 2^-inf = 0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ inline void cp_async_16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// 64 rows of 576 bf16 (row stride `pitch` elements) into the swizzled layout, 16 bytes a thread a step.
+__device__ inline void load_tile(uint8_t* dst, const __nv_bfloat16* src, long long pitch) {
+  const uint32_t base = smem_u32(dst);
+  for (int c = threadIdx.x; c < kRows * kHeadDim / 8; c += kThreads) {
+    const int row = c / (kHeadDim / 8), col = c % (kHeadDim / 8) * 8;
+    cp_async_16(base + swizzled(row, col), src + row * pitch + col);
+  }
+}
+
+// Request blockIdx.y, query rows 64 * blockIdx.x on: O (fp32, normalised) and the LSE (natural log).
+// SPLIT_QK: each warpgroup runs QK^T for 32 of the tile's 64 tokens (m64n32) and its half of the
+// softmax, the two halves' row maxima exchanged through shared memory; else warpgroup 0 runs all of
+// QK^T and the softmax while warpgroup 1 waits.
+template <bool SPLIT_QK>
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_kernel(const __nv_bfloat16* q, const __nv_bfloat16* kv, const int* block_table, int pages, float scale_log2,
+                  float* o_out, float* lse_out) {
+  extern __shared__ uint8_t raw[];
+  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* sq = base;
+  auto stage = [&](int tile) { return base + (1 + tile % 2) * kTileBytes; };  // the two-stage ring
+  uint8_t* sp = base + 3 * kTileBytes;
+  // Per-row floats: [2][64] a warpgroup's value for each row (SPLIT_QK: its half's maximum, at the end its
+  // half's sum), or the rescale factors and the sums (warpgroup 0's softmax).
+  float* per_row = reinterpret_cast<float*>(sp + kAtomBytes);
+  const int b = blockIdx.y;
+  const long long first_row = (long long)b * kHeads + blockIdx.x * kRows;
+  const int* pages_of_b = block_table + (long long)b * pages;
+
+  load_tile(sq, q + first_row * kHeadDim, kHeadDim);
+  load_tile(stage(0), kv + (long long)pages_of_b[0] * kPage * kHeadDim, kHeadDim);
+  cp_async_commit();
+
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  const int row0 = 16 * (t / 32) + (t % 32) / 4, col0 = 2 * (t % 4);  // accumulator fragment origin
+  const uint32_t q_addr = smem_u32(sq), p_addr = smem_u32(sp);
+  float o[128];
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  // Rows row0 and row0 + 8: the running maximum (base 2) and the exact sum of P (this warpgroup's half
+  // of the tokens where SPLIT_QK; warpgroup 0 alone otherwise).
+  float row_max[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f};
+  constexpr int kCols = SPLIT_QK ? 32 : 64;  // tokens of a tile in one warpgroup's S
+  constexpr int kJ = kCols / 8;
+
+  for (int tile = 0; tile < pages; ++tile) {
+    __syncthreads();  // the previous tile's P and stage are read by both warpgroups
+    if (tile + 1 < pages) load_tile(stage(tile + 1), kv + (long long)pages_of_b[tile + 1] * kPage * kHeadDim, kHeadDim);
+    cp_async_commit();
+    cp_async_wait<1>();    // this tile (and Q) landed
+    fence_async_shared();  // cp.async writes are generic-proxy: made visible to wgmma
+    __syncthreads();
+    const uint32_t k_addr = smem_u32(stage(tile));
+    float corr[2] = {1.f, 1.f};
+    if (SPLIT_QK || wg == 0) {
+      float s[kCols / 2];
+      for (int i = 0; i < kCols / 2; ++i) s[i] = 0.f;
+      const int first_token = SPLIT_QK ? 32 * wg : 0;
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+        const int off = ks / 4 * kAtomBytes + ks % 4 * 32;
+        const uint64_t a = descriptor(q_addr + off, 16, 1024),
+                       k = descriptor(k_addr + off + first_token * 128, 16, 1024);
+        if constexpr (SPLIT_QK)
+          wgmma_m64n32_ss_kmajor(s, a, k, ks > 0);
+        else
+          wgmma_m64n64_ss_kmajor(s, a, k, ks > 0);
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+      // Online softmax, base 2: a row's scores sit in the four lanes of a quad.
+      float m[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        m[h] = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kJ; ++j) m[h] = fmaxf(m[h], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]) * scale_log2);
+        m[h] = fmaxf(m[h], __shfl_xor_sync(0xffffffffu, m[h], 1));
+        m[h] = fmaxf(m[h], __shfl_xor_sync(0xffffffffu, m[h], 2));
+        if (SPLIT_QK && t % 4 == 0) per_row[64 * wg + row0 + 8 * h] = m[h];
+      }
+      if constexpr (SPLIT_QK) {
+        __syncthreads();  // both halves' maxima are in shared memory
+        for (int h = 0; h < 2; ++h) m[h] = fmaxf(m[h], per_row[64 * (1 - wg) + row0 + 8 * h]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        m[h] = fmaxf(m[h], row_max[h]);
+        corr[h] = fast_exp2(row_max[h] - m[h]);  // first tile: exp2(-inf) = 0
+        float local = 0.f;
+#pragma unroll
+        for (int j = 0; j < kJ; ++j) {
+          const float p0 = fast_exp2(s[4 * j + 2 * h] * scale_log2 - m[h]),
+                      p1 = fast_exp2(s[4 * j + 2 * h + 1] * scale_log2 - m[h]);
+          local += p0 + p1;  // the exact sum: before P is rounded to bf16
+          *reinterpret_cast<__nv_bfloat162*>(sp + swizzled(row0 + 8 * h, first_token + 8 * j + col0)) =
+              __floats2bfloat162_rn(p0, p1);
+        }
+        local += __shfl_xor_sync(0xffffffffu, local, 1);
+        local += __shfl_xor_sync(0xffffffffu, local, 2);
+        sum[h] = sum[h] * corr[h] + local;
+        row_max[h] = m[h];
+        if (!SPLIT_QK && t % 4 == 0) per_row[row0 + 8 * h] = corr[h];
+      }
+      fence_async_shared();
+    }
+    __syncthreads();  // P (and warpgroup 0's rescale factors) in shared memory
+    if constexpr (!SPLIT_QK)
+      for (int h = 0; h < 2; ++h) corr[h] = per_row[row0 + 8 * h];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o[4 * j] *= corr[0];
+      o[4 * j + 1] *= corr[0];
+      o[4 * j + 2] *= corr[1];
+      o[4 * j + 3] *= corr[1];
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kt = 0; kt < kTokens / 16; ++kt) {
+      const uint64_t a = descriptor(p_addr + kt * 32, 16, 1024);
+      const uint64_t v = descriptor(k_addr + 4 * wg * kAtomBytes + kt * 16 * 128, kAtomBytes, 1024);
+      wgmma_m64n256_ss_bmn(o, a, v, 1);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+  }
+  // The rows' sums into shared memory (both halves where SPLIT_QK), then O normalised and the LSE.
+  if ((SPLIT_QK || wg == 0) && t % 4 == 0)
+    for (int h = 0; h < 2; ++h) per_row[64 * (SPLIT_QK ? wg : 1) + row0 + 8 * h] = sum[h];
+  __syncthreads();
+  float total[2];
+  for (int h = 0; h < 2; ++h) total[h] = per_row[64 + row0 + 8 * h] + (SPLIT_QK ? per_row[row0 + 8 * h] : 0.f);
+  if (wg == 0 && t % 4 == 0)
+    for (int h = 0; h < 2; ++h) lse_out[first_row + row0 + 8 * h] = (row_max[h] + log2f(total[h])) * 0.69314718f;
+  for (int j = 0; j < 32; ++j)
+    for (int e = 0; e < 2; ++e) {
+      const int col = 256 * wg + 8 * j + col0 + e;
+      o_out[(first_row + row0) * kDimV + col] = o[4 * j + e] / total[0];
+      o_out[(first_row + row0 + 8) * kDimV + col] = o[4 * j + 2 + e] / total[1];
+    }
+}
+
+int main(int argc, char** argv) {
+  const bool corrupt = argc > 1 && strcmp(argv[1], "--corrupt") == 0;
+  const int arg = corrupt ? 2 : 1;  // [batch] [context] follow the flag, if any
+  const int batch = argc > arg ? atoi(argv[arg]) : 64;
+  const int context = argc > arg + 1 ? atoi(argv[arg + 1]) : 8192;
+  const int pages = context / kPage;
+  if (batch < 1 || pages < 1 || context % kPage != 0) {
+    fprintf(stderr, "batch >= 1, context a multiple of %d\n", kPage);
+    return 2;
+  }
+  const float scale = 0.07f;
+  std::mt19937 rng(20261127);
+  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
+  const long long cache_pages = (long long)batch * pages;
+  std::vector<__nv_bfloat16> hq((size_t)batch * kHeads * kHeadDim), hkv((size_t)cache_pages * kPage * kHeadDim);
+  for (auto& x : hq) x = __float2bfloat16(uniform(rng));
+  for (auto& x : hkv) x = __float2bfloat16(uniform(rng));
+  std::vector<int> table(cache_pages);  // every request's pages scattered over the cache
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+
+  // float64 reference for two CTAs: request 0's first 64 rows and the last request's last 64.
+  struct Cta {
+    int b, block;
+  };
+  const Cta checked[2] = {{0, 0}, {batch - 1, kHeads / kRows - 1}};
+  std::vector<double> o_ref(2 * kRows * kDimV), lse_ref(2 * kRows);
+  for (int c = 0; c < 2; ++c)
+    for (int r = 0; r < kRows; ++r) {
+      const __nv_bfloat16* qr = &hq[((size_t)checked[c].b * kHeads + checked[c].block * kRows + r) * kHeadDim];
+      std::vector<double> logits(context);
+      for (int n = 0; n < context; ++n) {
+        const __nv_bfloat16* k = &hkv[((size_t)table[checked[c].b * pages + n / kPage] * kPage + n % kPage) * kHeadDim];
+        double acc = 0;
+        for (int d = 0; d < kHeadDim; ++d) acc += (double)__bfloat162float(qr[d]) * (double)__bfloat162float(k[d]);
+        logits[n] = acc * scale;
+      }
+      const double m = *std::max_element(logits.begin(), logits.end());
+      double total = 0;
+      for (double& x : logits) total += (x = std::exp(x - m));
+      lse_ref[c * kRows + r] = m + std::log(total);
+      double* o = &o_ref[(c * kRows + r) * kDimV];
+      for (int n = 0; n < context; ++n) {
+        const __nv_bfloat16* v = &hkv[((size_t)table[checked[c].b * pages + n / kPage] * kPage + n % kPage) * kHeadDim];
+        for (int d = 0; d < kDimV; ++d) o[d] += logits[n] / total * (double)__bfloat162float(v[d]);
+      }
+    }
+  if (corrupt) table[0] = table[cache_pages - 1];  // request 0's first page: one of the last request's
+
+  __nv_bfloat16 *dq, *dkv;
+  int* dtable;
+  float *dout, *dlse;
+  CHECK(cudaMalloc(&dq, hq.size() * 2));
+  CHECK(cudaMalloc(&dkv, hkv.size() * 2));
+  CHECK(cudaMalloc(&dtable, table.size() * 4));
+  CHECK(cudaMalloc(&dout, (size_t)batch * kHeads * kDimV * 4));
+  CHECK(cudaMalloc(&dlse, (size_t)batch * kHeads * 4));
+  CHECK(cudaMemcpy(dq, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dkv, hkv.data(), hkv.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  const dim3 grid(kHeads / kRows, batch);
+  const float scale_log2 = scale * 1.4426950408889634f;
+  auto launch = [&](bool split_qk) {
+    auto kernel = split_qk ? decode_kernel<true> : decode_kernel<false>;
+    CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    kernel<<<grid, kThreads, kSmemBytes>>>(dq, dkv, dtable, pages, scale_log2, dout, dlse);
+    CHECK(cudaGetLastError());
+  };
+  const char* names[] = {"QK^T on warpgroup 0", "QK^T split over both warpgroups"};
+  bool all_ok = true;
+  for (int split_qk = 0; split_qk < 2; ++split_qk) {
+    CHECK(cudaMemset(dout, 0xFF, (size_t)batch * kHeads * kDimV * 4));  // NaN: rows left unwritten fail
+    CHECK(cudaMemset(dlse, 0xFF, (size_t)batch * kHeads * 4));
+    launch(split_qk);
+    CHECK(cudaDeviceSynchronize());
+    double num = 0, den = 0, lse_err = 0;
+    for (int c = 0; c < 2; ++c) {
+      const long long first = (long long)checked[c].b * kHeads + checked[c].block * kRows;
+      std::vector<float> o(kRows * kDimV), lse(kRows);
+      CHECK(cudaMemcpy(o.data(), dout + first * kDimV, o.size() * 4, cudaMemcpyDeviceToHost));
+      CHECK(cudaMemcpy(lse.data(), dlse + first, lse.size() * 4, cudaMemcpyDeviceToHost));
+      for (int i = 0; i < kRows * kDimV; ++i) {
+        const double d = std::isfinite(o[i]) ? o[i] - o_ref[c * kRows * kDimV + i] : 1e300;
+        num += d * d;
+        den += o_ref[c * kRows * kDimV + i] * o_ref[c * kRows * kDimV + i];
+      }
+      for (int r = 0; r < kRows; ++r)
+        lse_err = std::max(lse_err, std::isfinite(lse[r]) ? std::fabs(lse[r] - lse_ref[c * kRows + r]) : 1e300);
+    }
+    const double o_err = std::sqrt(num / den);
+    // P rounded to bf16 (8 bits) before P.V: about 2e-3 relative, the BF16 tolerance of tests/ is 5e-3.
+    const bool ok = o_err < 5e-3 && lse_err < 1e-3;
+    all_ok = all_ok && ok;
+    printf("%-32s check (batch %d, context %d, two CTAs): O rel L2 %.2e, LSE max abs %.2e vs float64: %s\n",
+           names[split_qk], batch, context, o_err, lse_err, ok ? "PASS" : "FAIL");
+  }
+  if (corrupt) return all_ok ? 1 : 0;  // --corrupt: succeeds only if the checks failed
+  if (!all_ok) return 1;
+
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  const double flops = 2.0 * batch * kHeads * context * (kHeadDim + kDimV);
+  const double bytes = (double)cache_pages * kPage * kHeadDim * 2;
+  std::vector<float> ms[2];
+  for (int rep = 0; rep < 24; ++rep) {  // the two variants interleaved; the first two rounds warm up
+    const int split_qk = rep % 2;
+    CHECK(cudaEventRecord(start));
+    launch(split_qk);
+    CHECK(cudaEventRecord(stop));
+    CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    CHECK(cudaEventElapsedTime(&t, start, stop));
+    if (rep >= 4) ms[split_qk].push_back(t);
+  }
+  for (int split_qk = 0; split_qk < 2; ++split_qk) {
+    std::sort(ms[split_qk].begin(), ms[split_qk].end());
+    const double us = ms[split_qk][ms[split_qk].size() / 2] * 1e3;
+    printf("%-32s 128 x %d x %d, BF16, page 64: %.1f us  %.0f TFLOP/s  %.0f GB/s of cache (median of 10, %d CTAs)\n",
+           names[split_qk], batch, context, us, flops / us / 1e6, bytes / us / 1e3, grid.x * grid.y);
+  }
+  return 0;
+}
