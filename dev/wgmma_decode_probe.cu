@@ -9,6 +9,8 @@
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o wgmma_decode_probe dev/wgmma_decode_probe.cu
 //   ./wgmma_decode_probe [batch] [context]      (default 64 8192: check two CTAs, then time)
 //   ./wgmma_decode_probe --corrupt [batch] [context]   (request 0 reads a wrong page: the check must fail)
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <string.h>
 
 #include <algorithm>
@@ -20,8 +22,9 @@
 #include "wgmma_tile.cuh"
 
 constexpr int kHeads = 128;
-constexpr int kPage = kTokens;                                                  // one 64-token page a tile
-constexpr int kSmemBytes = 3 * kTileBytes + kAtomBytes + 2 * kRows * 4 + 1024;  // Q, 2 KV stages, P, per-row floats
+constexpr int kPage = kTokens;  // one 64-token page a tile
+// Q, two KV stages, P, per-row floats, the stages' mbarriers, the 1024-byte alignment
+constexpr int kSmemBytes = 3 * kTileBytes + kAtomBytes + 2 * kRows * 4 + 2 * 8 + 1024;
 
 __device__ inline float fast_exp2(float x) {  // ex2.approx: 2^-inf = 0
   float y;
@@ -38,6 +41,30 @@ __device__ inline void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+__device__ inline void mbarrier_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ inline void mbarrier_expect_bytes(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ inline void mbarrier_wait(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// One 64-row x 64-column box of the cache's tensor map (rows `row` on, columns `col` on) into shared
+// memory in the 128-byte swizzle, its bytes counted on `bar`.
+__device__ inline void tma_load_box(uint32_t dst, const CUtensorMap* map, int col, int row, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          dst),
+      "l"(map), "r"(col), "r"(row), "r"(bar)
+      : "memory");
+}
+
 // 64 rows of 576 bf16 (row stride `pitch` elements) into the swizzled layout, 16 bytes a thread a step.
 __device__ inline void load_tile(uint8_t* dst, const __nv_bfloat16* src, long long pitch) {
   const uint32_t base = smem_u32(dst);
@@ -51,10 +78,10 @@ __device__ inline void load_tile(uint8_t* dst, const __nv_bfloat16* src, long lo
 // SPLIT_QK: each warpgroup runs QK^T for 32 of the tile's 64 tokens (m64n32) and its half of the
 // softmax, the two halves' row maxima exchanged through shared memory; else warpgroup 0 runs all of
 // QK^T and the softmax while warpgroup 1 waits.
-template <bool SPLIT_QK>
+template <bool SPLIT_QK, bool TMA>
 __global__ void __launch_bounds__(kThreads, 1)
-    decode_kernel(const __nv_bfloat16* q, const __nv_bfloat16* kv, const int* block_table, int pages, float scale_log2,
-                  float* o_out, float* lse_out) {
+    decode_kernel(const __nv_bfloat16* q, const __nv_bfloat16* kv, const __grid_constant__ CUtensorMap kv_map,
+                  const int* block_table, int pages, float scale_log2, float* o_out, float* lse_out) {
   extern __shared__ uint8_t raw[];
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
   uint8_t* sq = base;
@@ -63,13 +90,34 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Per-row floats: [2][64] a warpgroup's value for each row (SPLIT_QK: its half's maximum, at the end its
   // half's sum), or the rescale factors and the sums (warpgroup 0's softmax).
   float* per_row = reinterpret_cast<float*>(sp + kAtomBytes);
+  const uint32_t full_bar = smem_u32(per_row + 2 * kRows);  // TMA: a stage's mbarrier, 8 bytes each
   const int b = blockIdx.y;
   const long long first_row = (long long)b * kHeads + blockIdx.x * kRows;
   const int* pages_of_b = block_table + (long long)b * pages;
+  // TMA: thread 0 fetches a page as its nine 64-column boxes, counted on the stage's mbarrier.
+  auto fetch_page = [&](int tile) {
+    const uint32_t bar = full_bar + 8 * (tile % 2), dst = smem_u32(stage(tile));
+    mbarrier_expect_bytes(bar, kTileBytes);
+    for (int atom = 0; atom < kAtoms; ++atom)
+      tma_load_box(dst + atom * kAtomBytes, &kv_map, atom * kAtomCols, pages_of_b[tile] * kPage, bar);
+  };
 
   load_tile(sq, q + first_row * kHeadDim, kHeadDim);
-  load_tile(stage(0), kv + (long long)pages_of_b[0] * kPage * kHeadDim, kHeadDim);
   cp_async_commit();
+  if constexpr (TMA) {
+    if (threadIdx.x == 0) {
+      mbarrier_init(full_bar, 1);
+      mbarrier_init(full_bar + 8, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      fetch_page(0);
+    }
+  } else {
+    load_tile(stage(0), kv + (long long)pages_of_b[0] * kPage * kHeadDim, kHeadDim);
+    cp_async_commit();
+  }
+  cp_async_wait<TMA ? 0 : 1>();  // Q landed
+  fence_async_shared();
+  __syncthreads();
 
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   const int row0 = 16 * (t / 32) + (t % 32) / 4, col0 = 2 * (t % 4);  // accumulator fragment origin
@@ -84,11 +132,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   for (int tile = 0; tile < pages; ++tile) {
     __syncthreads();  // the previous tile's P and stage are read by both warpgroups
-    if (tile + 1 < pages) load_tile(stage(tile + 1), kv + (long long)pages_of_b[tile + 1] * kPage * kHeadDim, kHeadDim);
-    cp_async_commit();
-    cp_async_wait<1>();    // this tile (and Q) landed
-    fence_async_shared();  // cp.async writes are generic-proxy: made visible to wgmma
-    __syncthreads();
+    if constexpr (TMA) {
+      if (threadIdx.x == 0 && tile + 1 < pages) fetch_page(tile + 1);
+      mbarrier_wait(full_bar + 8 * (tile % 2), (tile / 2) & 1);  // async-proxy writes: wgmma reads them as they are
+    } else {
+      if (tile + 1 < pages)
+        load_tile(stage(tile + 1), kv + (long long)pages_of_b[tile + 1] * kPage * kHeadDim, kHeadDim);
+      cp_async_commit();
+      cp_async_wait<1>();    // this tile landed
+      fence_async_shared();  // cp.async writes are generic-proxy: made visible to wgmma
+      __syncthreads();
+    }
     const uint32_t k_addr = smem_u32(stage(tile));
     float corr[2] = {1.f, 1.f};
     if (SPLIT_QK || wg == 0) {
@@ -242,18 +296,40 @@ int main(int argc, char** argv) {
   CHECK(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   const dim3 grid(kHeads / kRows, batch);
   const float scale_log2 = scale * 1.4426950408889634f;
-  auto launch = [&](bool split_qk) {
-    auto kernel = split_qk ? decode_kernel<true> : decode_kernel<false>;
+  // The cache as a 2-D tensor of (pages x 64) rows of 576 bf16, read in 64 x 64 boxes with the
+  // 128-byte swizzle: a box lands as one atom of the layout wgmma reads.
+  CUtensorMap kv_map;
+  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  cudaDriverEntryPointQueryResult found;
+  CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode), 12000,
+                                         cudaEnableDefault, &found));
+  if (found != cudaDriverEntryPointSuccess) {
+    fprintf(stderr, "cuTensorMapEncodeTiled not found\n");
+    return 2;
+  }
+  const cuuint64_t dims[2] = {kHeadDim, (cuuint64_t)cache_pages * kPage}, strides[1] = {kHeadDim * 2};
+  const cuuint32_t box[2] = {kAtomCols, kPage}, element_strides[2] = {1, 1};
+  const CUresult encoded = encode(&kv_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, dkv, dims, strides, box,
+                                  element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (encoded != CUDA_SUCCESS) {
+    fprintf(stderr, "cuTensorMapEncodeTiled: error %d\n", (int)encoded);
+    return 2;
+  }
+  constexpr int kVariants = 3;
+  const char* names[kVariants] = {"cp.async, QK^T on warpgroup 0", "cp.async, QK^T split", "TMA, QK^T on warpgroup 0"};
+  auto launch = [&](int variant) {
+    auto kernel = variant == 0 ? decode_kernel<false, false>
+                               : (variant == 1 ? decode_kernel<true, false> : decode_kernel<false, true>);
     CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    kernel<<<grid, kThreads, kSmemBytes>>>(dq, dkv, dtable, pages, scale_log2, dout, dlse);
+    kernel<<<grid, kThreads, kSmemBytes>>>(dq, dkv, kv_map, dtable, pages, scale_log2, dout, dlse);
     CHECK(cudaGetLastError());
   };
-  const char* names[] = {"QK^T on warpgroup 0", "QK^T split over both warpgroups"};
   bool all_ok = true;
-  for (int split_qk = 0; split_qk < 2; ++split_qk) {
+  for (int variant = 0; variant < kVariants; ++variant) {
     CHECK(cudaMemset(dout, 0xFF, (size_t)batch * kHeads * kDimV * 4));  // NaN: rows left unwritten fail
     CHECK(cudaMemset(dlse, 0xFF, (size_t)batch * kHeads * 4));
-    launch(split_qk);
+    launch(variant);
     CHECK(cudaDeviceSynchronize());
     double num = 0, den = 0, lse_err = 0;
     for (int c = 0; c < 2; ++c) {
@@ -274,7 +350,7 @@ int main(int argc, char** argv) {
     const bool ok = o_err < 5e-3 && lse_err < 1e-3;
     all_ok = all_ok && ok;
     printf("%-32s check (batch %d, context %d, two CTAs): O rel L2 %.2e, LSE max abs %.2e vs float64: %s\n",
-           names[split_qk], batch, context, o_err, lse_err, ok ? "PASS" : "FAIL");
+           names[variant], batch, context, o_err, lse_err, ok ? "PASS" : "FAIL");
   }
   if (corrupt) return all_ok ? 1 : 0;  // --corrupt: succeeds only if the checks failed
   if (!all_ok) return 1;
@@ -284,22 +360,22 @@ int main(int argc, char** argv) {
   CHECK(cudaEventCreate(&stop));
   const double flops = 2.0 * batch * kHeads * context * (kHeadDim + kDimV);
   const double bytes = (double)cache_pages * kPage * kHeadDim * 2;
-  std::vector<float> ms[2];
-  for (int rep = 0; rep < 24; ++rep) {  // the two variants interleaved; the first two rounds warm up
-    const int split_qk = rep % 2;
+  std::vector<float> ms[kVariants];
+  for (int rep = 0; rep < 12 * kVariants; ++rep) {  // the variants interleaved; the first two rounds warm up
+    const int variant = rep % kVariants;
     CHECK(cudaEventRecord(start));
-    launch(split_qk);
+    launch(variant);
     CHECK(cudaEventRecord(stop));
     CHECK(cudaEventSynchronize(stop));
     float t = 0;
     CHECK(cudaEventElapsedTime(&t, start, stop));
-    if (rep >= 4) ms[split_qk].push_back(t);
+    if (rep >= 2 * kVariants) ms[variant].push_back(t);
   }
-  for (int split_qk = 0; split_qk < 2; ++split_qk) {
-    std::sort(ms[split_qk].begin(), ms[split_qk].end());
-    const double us = ms[split_qk][ms[split_qk].size() / 2] * 1e3;
+  for (int variant = 0; variant < kVariants; ++variant) {
+    std::sort(ms[variant].begin(), ms[variant].end());
+    const double us = ms[variant][ms[variant].size() / 2] * 1e3;
     printf("%-32s 128 x %d x %d, BF16, page 64: %.1f us  %.0f TFLOP/s  %.0f GB/s of cache (median of 10, %d CTAs)\n",
-           names[split_qk], batch, context, us, flops / us / 1e6, bytes / us / 1e3, grid.x * grid.y);
+           names[variant], batch, context, us, flops / us / 1e6, bytes / us / 1e3, grid.x * grid.y);
   }
   return 0;
 }
