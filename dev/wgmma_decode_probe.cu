@@ -55,6 +55,25 @@ __device__ inline void mbarrier_wait(uint32_t bar, int parity) {
       "r"(parity)
       : "memory");
 }
+// The same box into shared memory at this offset in every CTA of `cta_mask` (cluster ranks), counted on
+// the mbarrier at `bar`'s offset in each.
+__device__ inline void tma_multicast_box(uint32_t dst, const CUtensorMap* map, int col, int row, uint32_t bar,
+                                         uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
+      "%3}], [%4], %5;\n" ::"r"(dst),
+      "l"(map), "r"(col), "r"(row), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
+__device__ inline void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ inline int cluster_rank() {
+  int rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+
 // One 64-row x 64-column box of the cache's tensor map (rows `row` on, columns `col` on) into shared
 // memory in the 128-byte swizzle, its bytes counted on `bar`.
 __device__ inline void tma_load_box(uint32_t dst, const CUtensorMap* map, int col, int row, uint32_t bar) {
@@ -78,7 +97,10 @@ __device__ inline void load_tile(uint8_t* dst, const __nv_bfloat16* src, long lo
 // SPLIT_QK: each warpgroup runs QK^T for 32 of the tile's 64 tokens (m64n32) and its half of the
 // softmax, the two halves' row maxima exchanged through shared memory; else warpgroup 0 runs all of
 // QK^T and the softmax while warpgroup 1 waits.
-template <bool SPLIT_QK, bool TMA>
+// MULTICAST (with TMA): the two CTAs of a request form a cluster; each fetches every other box of a page
+// into both, so that the SMs pull each page once per request instead of twice. The ring's reuse then
+// waits on both CTAs (a cluster barrier where the others use the CTA's).
+template <bool SPLIT_QK, bool TMA, bool MULTICAST>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const __nv_bfloat16* q, const __nv_bfloat16* kv, const __grid_constant__ CUtensorMap kv_map,
                   const int* block_table, int pages, float scale_log2, float* o_out, float* lse_out) {
@@ -97,9 +119,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   // TMA: thread 0 fetches a page as its nine 64-column boxes, counted on the stage's mbarrier.
   auto fetch_page = [&](int tile) {
     const uint32_t bar = full_bar + 8 * (tile % 2), dst = smem_u32(stage(tile));
-    mbarrier_expect_bytes(bar, kTileBytes);
-    for (int atom = 0; atom < kAtoms; ++atom)
-      tma_load_box(dst + atom * kAtomBytes, &kv_map, atom * kAtomCols, pages_of_b[tile] * kPage, bar);
+    mbarrier_expect_bytes(bar, kTileBytes);  // with MULTICAST, half of them come from the other CTA
+    for (int atom = MULTICAST ? cluster_rank() : 0; atom < kAtoms; atom += MULTICAST ? 2 : 1) {
+      if constexpr (MULTICAST)
+        tma_multicast_box(dst + atom * kAtomBytes, &kv_map, atom * kAtomCols, pages_of_b[tile] * kPage, bar, 0b11);
+      else
+        tma_load_box(dst + atom * kAtomBytes, &kv_map, atom * kAtomCols, pages_of_b[tile] * kPage, bar);
+    }
+  };
+  // Until every CTA that writes into this one's ring is done reading it too.
+  auto ring_sync = [] {
+    if constexpr (MULTICAST)
+      cluster_sync();
+    else
+      __syncthreads();
   };
 
   load_tile(sq, q + first_row * kHeadDim, kHeadDim);
@@ -109,8 +142,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbarrier_init(full_bar, 1);
       mbarrier_init(full_bar + 8, 1);
       asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-      fetch_page(0);
     }
+    ring_sync();  // the mbarriers initialised before any CTA's copy signals them
+    if (threadIdx.x == 0) fetch_page(0);
   } else {
     load_tile(stage(0), kv + (long long)pages_of_b[0] * kPage * kHeadDim, kHeadDim);
     cp_async_commit();
@@ -131,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kJ = kCols / 8;
 
   for (int tile = 0; tile < pages; ++tile) {
-    __syncthreads();  // the previous tile's P and stage are read by both warpgroups
+    ring_sync();  // the previous tile's P and stage are read by both warpgroups (of both CTAs)
     if constexpr (TMA) {
       if (threadIdx.x == 0 && tile + 1 < pages) fetch_page(tile + 1);
       mbarrier_wait(full_bar + 8 * (tile % 2), (tile / 2) & 1);  // async-proxy writes: wgmma reads them as they are
@@ -218,6 +252,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_commit();
     wgmma_wait_all();
   }
+  if constexpr (MULTICAST) cluster_sync();  // no CTA leaves while its copies may still land in the other
   // The rows' sums into shared memory (both halves where SPLIT_QK), then O normalised and the LSE.
   if ((SPLIT_QK || wg == 0) && t % 4 == 0)
     for (int h = 0; h < 2; ++h) per_row[64 * (SPLIT_QK ? wg : 1) + row0 + 8 * h] = sum[h];
@@ -316,13 +351,27 @@ int main(int argc, char** argv) {
     fprintf(stderr, "cuTensorMapEncodeTiled: error %d\n", (int)encoded);
     return 2;
   }
-  constexpr int kVariants = 3;
-  const char* names[kVariants] = {"cp.async, QK^T on warpgroup 0", "cp.async, QK^T split", "TMA, QK^T on warpgroup 0"};
+  constexpr int kVariants = 4;
+  const char* names[kVariants] = {"cp.async, QK^T on warpgroup 0", "cp.async, QK^T split", "TMA, QK^T on warpgroup 0",
+                                  "TMA multicast in a 2-CTA cluster"};
+  decltype(&decode_kernel<false, false, false>) kernels[kVariants] = {
+      decode_kernel<false, false, false>, decode_kernel<true, false, false>, decode_kernel<false, true, false>,
+      decode_kernel<false, true, true>};
   auto launch = [&](int variant) {
-    auto kernel = variant == 0 ? decode_kernel<false, false>
-                               : (variant == 1 ? decode_kernel<true, false> : decode_kernel<false, true>);
-    CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    kernel<<<grid, kThreads, kSmemBytes>>>(dq, dkv, kv_map, dtable, pages, scale_log2, dout, dlse);
+    CHECK(cudaFuncSetAttribute(kernels[variant], cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = kSmemBytes;
+    cudaLaunchAttribute cluster[1];
+    cluster[0].id = cudaLaunchAttributeClusterDimension;
+    cluster[0].val.clusterDim.x = kHeads / kRows;  // the request's two CTAs
+    cluster[0].val.clusterDim.y = 1;
+    cluster[0].val.clusterDim.z = 1;
+    config.attrs = cluster;
+    config.numAttrs = variant == 3 ? 1 : 0;
+    CHECK(cudaLaunchKernelEx(&config, kernels[variant], (const __nv_bfloat16*)dq, (const __nv_bfloat16*)dkv, kv_map,
+                             (const int*)dtable, pages, scale_log2, dout, dlse));
     CHECK(cudaGetLastError());
   };
   bool all_ok = true;
