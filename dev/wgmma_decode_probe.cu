@@ -1,16 +1,20 @@
 // A wgmma decode main loop for Hopper, as a standalone probe (sm_90a): the tile of dev/wgmma_probe.cu
 // (QK^T on warpgroup 0, P.V split over both warpgroups, V read in place from the K tile) fed from a
-// paged BF16 cache with cp.async into a two-stage ring, an online softmax in warpgroup 0's S
-// fragments, and the exact LSE (P summed in fp32 before it is rounded to bf16). One CTA per 64 query
-// rows (128 heads: two CTAs a request) over the whole context: no split KV, contexts a multiple of the
-// 64-token page, no masking. It answers how far such a loop gets toward issue #32's BF16 target
-// (128 x 64 x 8k <= 360 us) before the kernel's contracts (splits, masks, scales, FP8) are added.
+// paged cache into a two-stage ring, an online softmax in warpgroup 0's S fragments, and the exact LSE
+// (P summed in fp32 before it is rounded). One CTA per 64 query rows (128 heads: two CTAs a request)
+// over the whole context: no split KV, contexts a multiple of the 64-token page, no masking, no cache
+// scales. It answers how far such a loop gets toward issue #32's targets (128 x 64 x 8k: BF16 <= 360
+// us, FP8 <= 330) before the kernel's contracts are added. BF16 runs four ways (cp.async or TMA
+// loads, QK^T on one warpgroup or split over both, TMA multicast in a 2-CTA cluster); FP8 (--fp8)
+// fetches e4m3 pages with TMA and widens them to f16 in shared memory, Q converted to f16 once.
 //
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o wgmma_decode_probe dev/wgmma_decode_probe.cu
-//   ./wgmma_decode_probe [batch] [context]      (default 64 8192: check two CTAs, then time)
-//   ./wgmma_decode_probe --corrupt [batch] [context]   (request 0 reads a wrong page: the check must fail)
+//   ./wgmma_decode_probe [--fp8] [batch] [context]   (default 64 8192: check two CTAs, then time)
+//   ./wgmma_decode_probe --corrupt [--fp8] [batch] [context]   (request 0 reads a wrong page: must fail)
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <string.h>
 
 #include <algorithm>
@@ -23,6 +27,11 @@
 
 constexpr int kHeads = 128;
 constexpr int kPage = kTokens;  // one 64-token page a tile
+// FP8: a page (64 x 576 e4m3) arrives as three 192-column boxes, unswizzled, into one of two staging
+// buffers in the second stage's place; it is widened to f16 into the first stage, which the MMAs read.
+constexpr int kFp8BoxCols = 192;
+constexpr int kFp8BoxBytes = kPage * kFp8BoxCols;
+constexpr int kFp8PageBytes = kPage * kHeadDim;
 // Q, two KV stages, P, per-row floats, the stages' mbarriers, the 1024-byte alignment
 constexpr int kSmemBytes = 3 * kTileBytes + kAtomBytes + 2 * kRows * 4 + 2 * 8 + 1024;
 
@@ -30,6 +39,16 @@ __device__ inline float fast_exp2(float x) {  // ex2.approx: 2^-inf = 0
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// Four e4m3 (a word) as four f16 (two words), exactly.
+__device__ inline uint2 e4m3x4_to_f16x4(uint32_t four) {
+  uint2 out;
+  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\n"
+      "cvt.rn.f16x2.e4m3x2 %0, lo;\ncvt.rn.f16x2.e4m3x2 %1, hi;\n}\n"
+      : "=r"(out.x), "=r"(out.y)
+      : "r"(four));
+  return out;
 }
 
 __device__ inline void cp_async_16(uint32_t dst, const void* src) {
@@ -74,8 +93,8 @@ __device__ inline int cluster_rank() {
   return rank;
 }
 
-// One 64-row x 64-column box of the cache's tensor map (rows `row` on, columns `col` on) into shared
-// memory in the 128-byte swizzle, its bytes counted on `bar`.
+// One box of the cache's tensor map (rows `row` on, columns `col` on) into shared memory, in the map's
+// swizzle, its bytes counted on `bar`.
 __device__ inline void tma_load_box(uint32_t dst, const CUtensorMap* map, int col, int row, uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
@@ -100,14 +119,17 @@ __device__ inline void load_tile(uint8_t* dst, const __nv_bfloat16* src, long lo
 // MULTICAST (with TMA): the two CTAs of a request form a cluster; each fetches every other box of a page
 // into both, so that the SMs pull each page once per request instead of twice. The ring's reuse then
 // waits on both CTAs (a cluster barrier where the others use the CTA's).
-template <bool SPLIT_QK, bool TMA, bool MULTICAST>
+// FP8 (with TMA): an e4m3 cache, widened to f16 in shared memory; Q converted to f16 once; f16 MMAs, P
+// in f16.
+template <bool SPLIT_QK, bool TMA, bool MULTICAST, bool FP8 = false>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_kernel(const __nv_bfloat16* q, const __nv_bfloat16* kv, const __grid_constant__ CUtensorMap kv_map,
                   const int* block_table, int pages, float scale_log2, float* o_out, float* lse_out) {
   extern __shared__ uint8_t raw[];
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
   uint8_t* sq = base;
-  auto stage = [&](int tile) { return base + (1 + tile % 2) * kTileBytes; };  // the two-stage ring
+  auto stage = [&](int tile) { return base + (1 + (FP8 ? 0 : tile % 2)) * kTileBytes; };      // the two-stage ring
+  auto staging = [&](int tile) { return base + 2 * kTileBytes + tile % 2 * kFp8PageBytes; };  // FP8's ring
   uint8_t* sp = base + 3 * kTileBytes;
   // Per-row floats: [2][64] a warpgroup's value for each row (SPLIT_QK: its half's maximum, at the end its
   // half's sum), or the rescale factors and the sums (warpgroup 0's softmax).
@@ -118,7 +140,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int* pages_of_b = block_table + (long long)b * pages;
   // TMA: thread 0 fetches a page as its nine 64-column boxes, counted on the stage's mbarrier.
   auto fetch_page = [&](int tile) {
-    const uint32_t bar = full_bar + 8 * (tile % 2), dst = smem_u32(stage(tile));
+    const uint32_t bar = full_bar + 8 * (tile % 2);
+    if constexpr (FP8) {
+      mbarrier_expect_bytes(bar, kFp8PageBytes);
+      for (int box = 0; box < kHeadDim / kFp8BoxCols; ++box)
+        tma_load_box(smem_u32(staging(tile)) + box * kFp8BoxBytes, &kv_map, box * kFp8BoxCols, pages_of_b[tile] * kPage,
+                     bar);
+      return;
+    }
+    const uint32_t dst = smem_u32(stage(tile));
     mbarrier_expect_bytes(bar, kTileBytes);  // with MULTICAST, half of them come from the other CTA
     for (int atom = MULTICAST ? cluster_rank() : 0; atom < kAtoms; atom += MULTICAST ? 2 : 1) {
       if constexpr (MULTICAST)
@@ -135,7 +165,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncthreads();
   };
 
-  load_tile(sq, q + first_row * kHeadDim, kHeadDim);
+  if constexpr (FP8) {  // Q as f16, 8 values a thread a step
+    for (int c = threadIdx.x; c < kRows * kHeadDim / 8; c += kThreads) {
+      const int row = c / (kHeadDim / 8), col = c % (kHeadDim / 8) * 8;
+      const uint4 raw = *reinterpret_cast<const uint4*>(q + (first_row + row) * kHeadDim + col);
+      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+      uint32_t halves[4];
+      for (int i = 0; i < 4; ++i) {
+        const __half2 h = __float22half2_rn(__bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[i])));
+        halves[i] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+      *reinterpret_cast<uint4*>(sq + swizzled(row, col)) = make_uint4(halves[0], halves[1], halves[2], halves[3]);
+    }
+  } else {
+    load_tile(sq, q + first_row * kHeadDim, kHeadDim);
+  }
   cp_async_commit();
   if constexpr (TMA) {
     if (threadIdx.x == 0) {
@@ -169,6 +213,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (TMA) {
       if (threadIdx.x == 0 && tile + 1 < pages) fetch_page(tile + 1);
       mbarrier_wait(full_bar + 8 * (tile % 2), (tile / 2) & 1);  // async-proxy writes: wgmma reads them as they are
+      if constexpr (FP8) {  // the page widened into the f16 stage, 16 e4m3 a thread a step
+        const uint8_t* src = staging(tile);
+        for (int c = threadIdx.x; c < kFp8PageBytes / 16; c += kThreads) {
+          const int box = c / (kFp8BoxBytes / 16), row = c % (kFp8BoxBytes / 16) / (kFp8BoxCols / 16);
+          const int col = box * kFp8BoxCols + c % (kFp8BoxCols / 16) * 16;
+          const uint4 raw =
+              *reinterpret_cast<const uint4*>(src + box * kFp8BoxBytes + row * kFp8BoxCols + col % kFp8BoxCols);
+          const uint2 a = e4m3x4_to_f16x4(raw.x), b2 = e4m3x4_to_f16x4(raw.y), c2 = e4m3x4_to_f16x4(raw.z),
+                      d = e4m3x4_to_f16x4(raw.w);
+          *reinterpret_cast<uint4*>(stage(tile) + swizzled(row, col)) = make_uint4(a.x, a.y, b2.x, b2.y);
+          *reinterpret_cast<uint4*>(stage(tile) + swizzled(row, col + 8)) = make_uint4(c2.x, c2.y, d.x, d.y);
+        }
+        fence_async_shared();  // generic-proxy stores, read by wgmma
+        __syncthreads();
+      }
     } else {
       if (tile + 1 < pages)
         load_tile(stage(tile + 1), kv + (long long)pages_of_b[tile + 1] * kPage * kHeadDim, kHeadDim);
@@ -190,9 +249,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint64_t a = descriptor(q_addr + off, 16, 1024),
                        k = descriptor(k_addr + off + first_token * 128, 16, 1024);
         if constexpr (SPLIT_QK)
-          wgmma_m64n32_ss_kmajor(s, a, k, ks > 0);
+          wgmma_m64n32_ss_kmajor<FP8>(s, a, k, ks > 0);
         else
-          wgmma_m64n64_ss_kmajor(s, a, k, ks > 0);
+          wgmma_m64n64_ss_kmajor<FP8>(s, a, k, ks > 0);
       }
       wgmma_commit();
       wgmma_wait_all();
@@ -220,9 +279,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int j = 0; j < kJ; ++j) {
           const float p0 = fast_exp2(s[4 * j + 2 * h] * scale_log2 - m[h]),
                       p1 = fast_exp2(s[4 * j + 2 * h + 1] * scale_log2 - m[h]);
-          local += p0 + p1;  // the exact sum: before P is rounded to bf16
-          *reinterpret_cast<__nv_bfloat162*>(sp + swizzled(row0 + 8 * h, first_token + 8 * j + col0)) =
-              __floats2bfloat162_rn(p0, p1);
+          local += p0 + p1;  // the exact sum: before P is rounded to bf16 (f16)
+          uint8_t* p = sp + swizzled(row0 + 8 * h, first_token + 8 * j + col0);
+          if constexpr (FP8)
+            *reinterpret_cast<__half2*>(p) = __floats2half2_rn(p0, p1);
+          else
+            *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(p0, p1);
         }
         local += __shfl_xor_sync(0xffffffffu, local, 1);
         local += __shfl_xor_sync(0xffffffffu, local, 2);
@@ -247,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kt = 0; kt < kTokens / 16; ++kt) {
       const uint64_t a = descriptor(p_addr + kt * 32, 16, 1024);
       const uint64_t v = descriptor(k_addr + 4 * wg * kAtomBytes + kt * 16 * 128, kAtomBytes, 1024);
-      wgmma_m64n256_ss_bmn(o, a, v, 1);
+      wgmma_m64n256_ss_bmn<FP8>(o, a, v, 1);
     }
     wgmma_commit();
     wgmma_wait_all();
@@ -270,8 +332,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 int main(int argc, char** argv) {
-  const bool corrupt = argc > 1 && strcmp(argv[1], "--corrupt") == 0;
-  const int arg = corrupt ? 2 : 1;  // [batch] [context] follow the flag, if any
+  bool corrupt = false, fp8 = false;
+  int arg = 1;  // [batch] [context] follow the flags
+  for (; arg < argc && argv[arg][0] == '-'; ++arg) {
+    corrupt = corrupt || strcmp(argv[arg], "--corrupt") == 0;
+    fp8 = fp8 || strcmp(argv[arg], "--fp8") == 0;
+  }
   const int batch = argc > arg ? atoi(argv[arg]) : 64;
   const int context = argc > arg + 1 ? atoi(argv[arg + 1]) : 8192;
   const int pages = context / kPage;
@@ -283,9 +349,24 @@ int main(int argc, char** argv) {
   std::mt19937 rng(20261127);
   std::uniform_real_distribution<float> uniform(-1.f, 1.f);
   const long long cache_pages = (long long)batch * pages;
-  std::vector<__nv_bfloat16> hq((size_t)batch * kHeads * kHeadDim), hkv((size_t)cache_pages * kPage * kHeadDim);
+  // The cache as the kernel reads it (bf16 or e4m3 bytes) and as the reference reads it (their values).
+  const size_t cache_elems = (size_t)cache_pages * kPage * kHeadDim;
+  const int elem_bytes = fp8 ? 1 : 2;
+  std::vector<__nv_bfloat16> hq((size_t)batch * kHeads * kHeadDim);
+  std::vector<uint8_t> cache_bytes(cache_elems * elem_bytes);
+  std::vector<float> hkv(cache_elems);
   for (auto& x : hq) x = __float2bfloat16(uniform(rng));
-  for (auto& x : hkv) x = __float2bfloat16(uniform(rng));
+  for (size_t i = 0; i < cache_elems; ++i) {
+    if (fp8) {
+      const __nv_fp8_e4m3 x(uniform(rng));
+      cache_bytes[i] = x.__x;
+      hkv[i] = float(x);
+    } else {
+      const __nv_bfloat16 x = __float2bfloat16(uniform(rng));
+      memcpy(&cache_bytes[2 * i], &x, 2);
+      hkv[i] = __bfloat162float(x);
+    }
+  }
   std::vector<int> table(cache_pages);  // every request's pages scattered over the cache
   std::iota(table.begin(), table.end(), 0);
   std::shuffle(table.begin(), table.end(), rng);
@@ -301,9 +382,9 @@ int main(int argc, char** argv) {
       const __nv_bfloat16* qr = &hq[((size_t)checked[c].b * kHeads + checked[c].block * kRows + r) * kHeadDim];
       std::vector<double> logits(context);
       for (int n = 0; n < context; ++n) {
-        const __nv_bfloat16* k = &hkv[((size_t)table[checked[c].b * pages + n / kPage] * kPage + n % kPage) * kHeadDim];
+        const float* k = &hkv[((size_t)table[checked[c].b * pages + n / kPage] * kPage + n % kPage) * kHeadDim];
         double acc = 0;
-        for (int d = 0; d < kHeadDim; ++d) acc += (double)__bfloat162float(qr[d]) * (double)__bfloat162float(k[d]);
+        for (int d = 0; d < kHeadDim; ++d) acc += (double)__bfloat162float(qr[d]) * k[d];
         logits[n] = acc * scale;
       }
       const double m = *std::max_element(logits.begin(), logits.end());
@@ -312,22 +393,23 @@ int main(int argc, char** argv) {
       lse_ref[c * kRows + r] = m + std::log(total);
       double* o = &o_ref[(c * kRows + r) * kDimV];
       for (int n = 0; n < context; ++n) {
-        const __nv_bfloat16* v = &hkv[((size_t)table[checked[c].b * pages + n / kPage] * kPage + n % kPage) * kHeadDim];
-        for (int d = 0; d < kDimV; ++d) o[d] += logits[n] / total * (double)__bfloat162float(v[d]);
+        const float* v = &hkv[((size_t)table[checked[c].b * pages + n / kPage] * kPage + n % kPage) * kHeadDim];
+        for (int d = 0; d < kDimV; ++d) o[d] += logits[n] / total * v[d];
       }
     }
   if (corrupt) table[0] = table[cache_pages - 1];  // request 0's first page: one of the last request's
 
-  __nv_bfloat16 *dq, *dkv;
+  __nv_bfloat16* dq;
+  uint8_t* dkv;
   int* dtable;
   float *dout, *dlse;
   CHECK(cudaMalloc(&dq, hq.size() * 2));
-  CHECK(cudaMalloc(&dkv, hkv.size() * 2));
+  CHECK(cudaMalloc(&dkv, cache_bytes.size()));
   CHECK(cudaMalloc(&dtable, table.size() * 4));
   CHECK(cudaMalloc(&dout, (size_t)batch * kHeads * kDimV * 4));
   CHECK(cudaMalloc(&dlse, (size_t)batch * kHeads * 4));
   CHECK(cudaMemcpy(dq, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(dkv, hkv.data(), hkv.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dkv, cache_bytes.data(), cache_bytes.size(), cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   const dim3 grid(kHeads / kRows, batch);
   const float scale_log2 = scale * 1.4426950408889634f;
@@ -342,21 +424,29 @@ int main(int argc, char** argv) {
     fprintf(stderr, "cuTensorMapEncodeTiled not found\n");
     return 2;
   }
-  const cuuint64_t dims[2] = {kHeadDim, (cuuint64_t)cache_pages * kPage}, strides[1] = {kHeadDim * 2};
-  const cuuint32_t box[2] = {kAtomCols, kPage}, element_strides[2] = {1, 1};
-  const CUresult encoded = encode(&kv_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, dkv, dims, strides, box,
-                                  element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  // FP8: 192-column boxes, unswizzled (the widening pass writes the swizzle).
+  const cuuint64_t dims[2] = {kHeadDim, (cuuint64_t)cache_pages * kPage},
+                   strides[1] = {(cuuint64_t)kHeadDim * elem_bytes};
+  const cuuint32_t box[2] = {fp8 ? (cuuint32_t)kFp8BoxCols : (cuuint32_t)kAtomCols, kPage}, element_strides[2] = {1, 1};
+  const CUresult encoded = encode(&kv_map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                                  dkv, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                  fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (encoded != CUDA_SUCCESS) {
     fprintf(stderr, "cuTensorMapEncodeTiled: error %d\n", (int)encoded);
     return 2;
   }
-  constexpr int kVariants = 4;
-  const char* names[kVariants] = {"cp.async, QK^T on warpgroup 0", "cp.async, QK^T split", "TMA, QK^T on warpgroup 0",
-                                  "TMA multicast in a 2-CTA cluster"};
-  decltype(&decode_kernel<false, false, false>) kernels[kVariants] = {
+  // BF16: four ways to run the loop; FP8: TMA alone.
+  const int kVariants = fp8 ? 1 : 4;
+  const char* names[4] = {"cp.async, QK^T on warpgroup 0", "cp.async, QK^T split", "TMA, QK^T on warpgroup 0",
+                          "TMA multicast in a 2-CTA cluster"};
+  decltype(&decode_kernel<false, false, false>) kernels[4] = {
       decode_kernel<false, false, false>, decode_kernel<true, false, false>, decode_kernel<false, true, false>,
       decode_kernel<false, true, true>};
+  if (fp8) {
+    names[0] = "FP8 widened to f16, TMA";
+    kernels[0] = decode_kernel<false, true, false, true>;
+  }
   auto launch = [&](int variant) {
     CHECK(cudaFuncSetAttribute(kernels[variant], cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     cudaLaunchConfig_t config = {};
@@ -369,7 +459,7 @@ int main(int argc, char** argv) {
     cluster[0].val.clusterDim.y = 1;
     cluster[0].val.clusterDim.z = 1;
     config.attrs = cluster;
-    config.numAttrs = variant == 3 ? 1 : 0;
+    config.numAttrs = !fp8 && variant == 3 ? 1 : 0;
     CHECK(cudaLaunchKernelEx(&config, kernels[variant], (const __nv_bfloat16*)dq, (const __nv_bfloat16*)dkv, kv_map,
                              (const int*)dtable, pages, scale_log2, dout, dlse));
     CHECK(cudaGetLastError());
@@ -395,7 +485,7 @@ int main(int argc, char** argv) {
         lse_err = std::max(lse_err, std::isfinite(lse[r]) ? std::fabs(lse[r] - lse_ref[c * kRows + r]) : 1e300);
     }
     const double o_err = std::sqrt(num / den);
-    // P rounded to bf16 (8 bits) before P.V: about 2e-3 relative, the BF16 tolerance of tests/ is 5e-3.
+    // P rounded to bf16 (8 bits; f16 for FP8) before P.V: about 2e-3 relative, the BF16 tolerance of tests/ is 5e-3.
     const bool ok = o_err < 5e-3 && lse_err < 1e-3;
     all_ok = all_ok && ok;
     printf("%-32s check (batch %d, context %d, two CTAs): O rel L2 %.2e, LSE max abs %.2e vs float64: %s\n",
@@ -408,8 +498,8 @@ int main(int argc, char** argv) {
   CHECK(cudaEventCreate(&start));
   CHECK(cudaEventCreate(&stop));
   const double flops = 2.0 * batch * kHeads * context * (kHeadDim + kDimV);
-  const double bytes = (double)cache_pages * kPage * kHeadDim * 2;
-  std::vector<float> ms[kVariants];
+  const double bytes = (double)cache_elems * elem_bytes;
+  std::vector<float> ms[4];
   for (int rep = 0; rep < 12 * kVariants; ++rep) {  // the variants interleaved; the first two rounds warm up
     const int variant = rep % kVariants;
     CHECK(cudaEventRecord(start));
@@ -423,8 +513,9 @@ int main(int argc, char** argv) {
   for (int variant = 0; variant < kVariants; ++variant) {
     std::sort(ms[variant].begin(), ms[variant].end());
     const double us = ms[variant][ms[variant].size() / 2] * 1e3;
-    printf("%-32s 128 x %d x %d, BF16, page 64: %.1f us  %.0f TFLOP/s  %.0f GB/s of cache (median of 10, %d CTAs)\n",
-           names[variant], batch, context, us, flops / us / 1e6, bytes / us / 1e3, grid.x * grid.y);
+    printf("%-32s 128 x %d x %d, %s, page 64: %.1f us  %.0f TFLOP/s  %.0f GB/s of cache (median of 10, %d CTAs)\n",
+           names[variant], batch, context, fp8 ? "FP8" : "BF16", us, flops / us / 1e6, bytes / us / 1e3,
+           grid.x * grid.y);
   }
   return 0;
 }
