@@ -41,6 +41,15 @@ __device__ inline float fast_exp2(float x) {  // ex2.approx: 2^-inf = 0
   return y;
 }
 
+__device__ inline uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ inline void st_shared_v4(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
 // Four e4m3 (a word) as four f16 (two words), exactly.
 __device__ inline uint2 e4m3x4_to_f16x4(uint32_t four) {
   uint2 out;
@@ -214,16 +223,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (threadIdx.x == 0 && tile + 1 < pages) fetch_page(tile + 1);
       mbarrier_wait(full_bar + 8 * (tile % 2), (tile / 2) & 1);  // async-proxy writes: wgmma reads them as they are
       if constexpr (FP8) {  // the page widened into the f16 stage, 16 e4m3 a thread a step
-        const uint8_t* src = staging(tile);
-        for (int c = threadIdx.x; c < kFp8PageBytes / 16; c += kThreads) {
+        const uint32_t src = smem_u32(staging(tile)), dst = smem_u32(stage(tile));
+        constexpr int kSteps = kFp8PageBytes / 16 / kThreads;
+        static_assert(kFp8PageBytes / 16 % kThreads == 0, "whole steps of 16 bytes a thread");
+        uint4 raw[kSteps];
+#pragma unroll  // every load of the page issued before the first conversion waits
+        for (int i = 0; i < kSteps; ++i) {
+          const int c = threadIdx.x + i * kThreads;
+          raw[i] = ld_shared_v4(src + c / (kFp8BoxBytes / 16) * kFp8BoxBytes + c % (kFp8BoxBytes / 16) * 16);
+        }
+#pragma unroll
+        for (int i = 0; i < kSteps; ++i) {
+          const int c = threadIdx.x + i * kThreads;
           const int box = c / (kFp8BoxBytes / 16), row = c % (kFp8BoxBytes / 16) / (kFp8BoxCols / 16);
           const int col = box * kFp8BoxCols + c % (kFp8BoxCols / 16) * 16;
-          const uint4 raw =
-              *reinterpret_cast<const uint4*>(src + box * kFp8BoxBytes + row * kFp8BoxCols + col % kFp8BoxCols);
-          const uint2 a = e4m3x4_to_f16x4(raw.x), b2 = e4m3x4_to_f16x4(raw.y), c2 = e4m3x4_to_f16x4(raw.z),
-                      d = e4m3x4_to_f16x4(raw.w);
-          *reinterpret_cast<uint4*>(stage(tile) + swizzled(row, col)) = make_uint4(a.x, a.y, b2.x, b2.y);
-          *reinterpret_cast<uint4*>(stage(tile) + swizzled(row, col + 8)) = make_uint4(c2.x, c2.y, d.x, d.y);
+          const uint2 w0 = e4m3x4_to_f16x4(raw[i].x), w1 = e4m3x4_to_f16x4(raw[i].y), w2 = e4m3x4_to_f16x4(raw[i].z),
+                      w3 = e4m3x4_to_f16x4(raw[i].w);
+          st_shared_v4(dst + swizzled(row, col), make_uint4(w0.x, w0.y, w1.x, w1.y));
+          st_shared_v4(dst + swizzled(row, col + 8), make_uint4(w2.x, w2.y, w3.x, w3.y));
         }
         fence_async_shared();  // generic-proxy stores, read by wgmma
         __syncthreads();
