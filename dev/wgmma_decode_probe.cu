@@ -46,6 +46,9 @@ __device__ inline uint4 ld_shared_v4(uint32_t addr) {
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
   return v;
 }
+__device__ inline void st_shared_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
 __device__ inline void st_shared_v4(uint32_t addr, uint4 v) {
   asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
@@ -297,11 +300,15 @@ __global__ void __launch_bounds__(kThreads, 1)
           const float p0 = fast_exp2(s[4 * j + 2 * h] * scale_log2 - m[h]),
                       p1 = fast_exp2(s[4 * j + 2 * h + 1] * scale_log2 - m[h]);
           local += p0 + p1;  // the exact sum: before P is rounded to bf16 (f16)
-          uint8_t* p = sp + swizzled(row0 + 8 * h, first_token + 8 * j + col0);
-          if constexpr (FP8)
-            *reinterpret_cast<__half2*>(p) = __floats2half2_rn(p0, p1);
-          else
-            *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(p0, p1);
+          uint32_t pair;
+          if constexpr (FP8) {
+            const __half2 h2 = __floats2half2_rn(p0, p1);
+            pair = *reinterpret_cast<const uint32_t*>(&h2);
+          } else {
+            const __nv_bfloat162 b2 = __floats2bfloat162_rn(p0, p1);
+            pair = *reinterpret_cast<const uint32_t*>(&b2);
+          }
+          st_shared_b32(p_addr + swizzled(row0 + 8 * h, first_token + 8 * j + col0), pair);
         }
         local += __shfl_xor_sync(0xffffffffu, local, 1);
         local += __shfl_xor_sync(0xffffffffu, local, 2);
