@@ -35,12 +35,6 @@ constexpr int kFp8PageBytes = kPage * kHeadDim;
 // Q, two KV stages, P, per-row floats, the stages' mbarriers, the 1024-byte alignment
 constexpr int kSmemBytes = 3 * kTileBytes + kAtomBytes + 2 * kRows * 4 + 2 * 8 + 1024;
 
-__device__ inline float fast_exp2(float x) {  // ex2.approx: 2^-inf = 0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 __device__ inline uint4 ld_shared_v4(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
@@ -49,42 +43,8 @@ __device__ inline uint4 ld_shared_v4(uint32_t addr) {
 __device__ inline void st_shared_b32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
-__device__ inline void st_shared_v4(uint32_t addr, uint4 v) {
-  asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-}
-// Four e4m3 (a word) as four f16 (two words), exactly.
-__device__ inline uint2 e4m3x4_to_f16x4(uint32_t four) {
-  uint2 out;
-  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %2;\n"
-      "cvt.rn.f16x2.e4m3x2 %0, lo;\ncvt.rn.f16x2.e4m3x2 %1, hi;\n}\n"
-      : "=r"(out.x), "=r"(out.y)
-      : "r"(four));
-  return out;
-}
-
-__device__ inline void cp_async_16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ inline void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ inline void mbarrier_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
-}
 __device__ inline void mbarrier_expect_bytes(uint32_t bar, int bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ inline void mbarrier_wait(uint32_t bar, int parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nwait_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
 }
 // The same box into shared memory at this offset in every CTA of `cta_mask` (cluster ranks), counted on
 // the mbarrier at `bar`'s offset in each.
@@ -120,7 +80,7 @@ __device__ inline void load_tile(uint8_t* dst, const __nv_bfloat16* src, long lo
   const uint32_t base = smem_u32(dst);
   for (int c = threadIdx.x; c < kRows * kHeadDim / 8; c += kThreads) {
     const int row = c / (kHeadDim / 8), col = c % (kHeadDim / 8) * 8;
-    cp_async_16(base + swizzled(row, col), src + row * pitch + col);
+    cp_async_16(base + swizzled(row, col), src + row * pitch + col, 16);
   }
 }
 
@@ -181,13 +141,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int c = threadIdx.x; c < kRows * kHeadDim / 8; c += kThreads) {
       const int row = c / (kHeadDim / 8), col = c % (kHeadDim / 8) * 8;
       const uint4 raw = *reinterpret_cast<const uint4*>(q + (first_row + row) * kHeadDim + col);
-      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-      uint32_t halves[4];
-      for (int i = 0; i < 4; ++i) {
-        const __half2 h = __float22half2_rn(__bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[i])));
-        halves[i] = *reinterpret_cast<const uint32_t*>(&h);
-      }
-      *reinterpret_cast<uint4*>(sq + swizzled(row, col)) = make_uint4(halves[0], halves[1], halves[2], halves[3]);
+      auto to_f16 = [](uint32_t bf16x2) {
+        const float2 pair = unpack2<false>(bf16x2);
+        return pack2<true>(pair.x, pair.y);
+      };
+      *reinterpret_cast<uint4*>(sq + swizzled(row, col)) =
+          make_uint4(to_f16(raw.x), to_f16(raw.y), to_f16(raw.z), to_f16(raw.w));
     }
   } else {
     load_tile(sq, q + first_row * kHeadDim, kHeadDim);
@@ -240,10 +199,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int c = threadIdx.x + i * kThreads;
           const int box = c / (kFp8BoxBytes / 16), row = c % (kFp8BoxBytes / 16) / (kFp8BoxCols / 16);
           const int col = box * kFp8BoxCols + c % (kFp8BoxCols / 16) * 16;
-          const uint2 w0 = e4m3x4_to_f16x4(raw[i].x), w1 = e4m3x4_to_f16x4(raw[i].y), w2 = e4m3x4_to_f16x4(raw[i].z),
-                      w3 = e4m3x4_to_f16x4(raw[i].w);
-          st_shared_v4(dst + swizzled(row, col), make_uint4(w0.x, w0.y, w1.x, w1.y));
-          st_shared_v4(dst + swizzled(row, col + 8), make_uint4(w2.x, w2.y, w3.x, w3.y));
+          uint32_t f16[8];
+          e4m3x4_to_f16x4(raw[i].x, f16[0], f16[1]);
+          e4m3x4_to_f16x4(raw[i].y, f16[2], f16[3]);
+          e4m3x4_to_f16x4(raw[i].z, f16[4], f16[5]);
+          e4m3x4_to_f16x4(raw[i].w, f16[6], f16[7]);
+          st_shared_v4(dst + swizzled(row, col), f16[0], f16[1], f16[2], f16[3]);
+          st_shared_v4(dst + swizzled(row, col + 8), f16[4], f16[5], f16[6], f16[7]);
         }
         fence_async_shared();  // generic-proxy stores, read by wgmma
         __syncthreads();
@@ -300,15 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const float p0 = fast_exp2(s[4 * j + 2 * h] * scale_log2 - m[h]),
                       p1 = fast_exp2(s[4 * j + 2 * h + 1] * scale_log2 - m[h]);
           local += p0 + p1;  // the exact sum: before P is rounded to bf16 (f16)
-          uint32_t pair;
-          if constexpr (FP8) {
-            const __half2 h2 = __floats2half2_rn(p0, p1);
-            pair = *reinterpret_cast<const uint32_t*>(&h2);
-          } else {
-            const __nv_bfloat162 b2 = __floats2bfloat162_rn(p0, p1);
-            pair = *reinterpret_cast<const uint32_t*>(&b2);
-          }
-          st_shared_b32(p_addr + swizzled(row0 + 8 * h, first_token + 8 * j + col0), pair);
+          st_shared_b32(p_addr + swizzled(row0 + 8 * h, first_token + 8 * j + col0), pack2<FP8>(p0, p1));
         }
         local += __shfl_xor_sync(0xffffffffu, local, 1);
         local += __shfl_xor_sync(0xffffffffu, local, 2);

@@ -1,13 +1,27 @@
 // The pieces of a 64-row MLA tile on Hopper's wgmma that dev/wgmma_probe.cu and
 // dev/wgmma_decode_probe.cu share: the 128-byte-swizzled shared-memory layout of a [64][576] bf16
 // operand, its matrix descriptors, the wgmma instructions at the shapes the tile uses, and a
-// CUDA return-code check. sm_90a only.
+// CUDA return-code check. sm_90a only. The kernels' own PTX wrappers (csrc/ptx.cuh) serve the rest.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include "../csrc/ptx.cuh"
+
+using mla::cp_async_16;
+using mla::cp_async_commit;
+using mla::cp_async_wait;
+using mla::e4m3x4_to_f16x4;
+using mla::fast_exp2;
+using mla::mbarrier_init;
+using mla::mbarrier_wait;
+using mla::pack2;
+using mla::smem_u32;
+using mla::st_shared_v4;
+using mla::unpack2;
 
 #define CHECK(call)                                                                           \
   do {                                                                                        \
@@ -46,11 +60,19 @@ __device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.al
 __device__ inline void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 // Generic-proxy shared-memory stores made visible to wgmma's (async proxy) reads.
 __device__ inline void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ inline void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id)); }
 
 // D (64 x N fp32, N / 2 registers a thread) = A.B (+ D where accumulate): both operands in shared
 // memory, bf16 (or f16: F16); B K-major (QK^T: K rows) or MN-major (P.V: V rows read in place), the last
-// immediate.
+// immediate. Each instruction's operand list is a macro of its element type; MLA_DEFINE_WGMMA makes
+// the wrapper that picks bf16 or f16.
+#define MLA_DEFINE_WGMMA(name, REGS, INSTRUCTION)                                                            \
+  template <bool F16 = false>                                                                                \
+  __device__ __forceinline__ void name(float (&d)[REGS], uint64_t desc_a, uint64_t desc_b, int accumulate) { \
+    if constexpr (F16)                                                                                       \
+      INSTRUCTION("f16");                                                                                    \
+    else                                                                                                     \
+      INSTRUCTION("bf16");                                                                                   \
+  }
 #define MLA_WGMMA_M64N32_KMAJOR(TYPE)                                                                               \
   asm volatile(                                                                                                     \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                                  \
@@ -59,14 +81,7 @@ __device__ inline void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;\
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), \
         "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])                    \
       : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-template <bool F16 = false>
-__device__ __forceinline__ void wgmma_m64n32_ss_kmajor(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
-                                                       int accumulate) {
-  if constexpr (F16)
-    MLA_WGMMA_M64N32_KMAJOR("f16");
-  else
-    MLA_WGMMA_M64N32_KMAJOR("bf16");
-}
+MLA_DEFINE_WGMMA(wgmma_m64n32_ss_kmajor, 16, MLA_WGMMA_M64N32_KMAJOR)
 #undef MLA_WGMMA_M64N32_KMAJOR
 #define MLA_WGMMA_M64N64_KMAJOR(TYPE)                                                                                 \
   asm volatile(                                                                                                       \
@@ -79,14 +94,7 @@ __device__ __forceinline__ void wgmma_m64n32_ss_kmajor(float (&d)[16], uint64_t 
         "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),       \
         "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                     \
       : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-template <bool F16 = false>
-__device__ __forceinline__ void wgmma_m64n64_ss_kmajor(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
-                                                       int accumulate) {
-  if constexpr (F16)
-    MLA_WGMMA_M64N64_KMAJOR("f16");
-  else
-    MLA_WGMMA_M64N64_KMAJOR("bf16");
-}
+MLA_DEFINE_WGMMA(wgmma_m64n64_ss_kmajor, 32, MLA_WGMMA_M64N64_KMAJOR)
 #undef MLA_WGMMA_M64N64_KMAJOR
 #define MLA_WGMMA_M64N256_BMN(TYPE)                                                                                   \
   asm volatile(                                                                                                       \
@@ -116,14 +124,6 @@ __device__ __forceinline__ void wgmma_m64n64_ss_kmajor(float (&d)[32], uint64_t 
         "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),             \
         "+f"(d[126]), "+f"(d[127])                                                                                    \
       : "l"(desc_a), "l"(desc_b), "r"(accumulate))
-template <bool F16 = false>
-__device__ __forceinline__ void wgmma_m64n256_ss_bmn(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
-                                                     int accumulate) {
-  if constexpr (F16)
-    MLA_WGMMA_M64N256_BMN("f16");
-  else
-    MLA_WGMMA_M64N256_BMN("bf16");
-}
+MLA_DEFINE_WGMMA(wgmma_m64n256_ss_bmn, 128, MLA_WGMMA_M64N256_BMN)
 #undef MLA_WGMMA_M64N256_BMN
-
-__device__ inline uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+#undef MLA_DEFINE_WGMMA
