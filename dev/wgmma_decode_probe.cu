@@ -355,12 +355,16 @@ int main(int argc, char** argv) {
   };
   const Cta checked[2] = {{0, 0}, {batch - 1, kHeads / kRows - 1}};
   std::vector<double> o_ref(2 * kRows * kDimV), lse_ref(2 * kRows);
+  // Token n of request b's cache row (its K, whose first 512 values are its V), through the page table.
+  auto cache_row = [&](int b, int n) {
+    return &hkv[((size_t)table[b * pages + n / kPage] * kPage + n % kPage) * kHeadDim];
+  };
   for (int c = 0; c < 2; ++c)
     for (int r = 0; r < kRows; ++r) {
       const __nv_bfloat16* qr = &hq[((size_t)checked[c].b * kHeads + checked[c].block * kRows + r) * kHeadDim];
       std::vector<double> logits(context);
       for (int n = 0; n < context; ++n) {
-        const float* k = &hkv[((size_t)table[checked[c].b * pages + n / kPage] * kPage + n % kPage) * kHeadDim];
+        const float* k = cache_row(checked[c].b, n);
         double acc = 0;
         for (int d = 0; d < kHeadDim; ++d) acc += (double)__bfloat162float(qr[d]) * k[d];
         logits[n] = acc * scale;
@@ -371,7 +375,7 @@ int main(int argc, char** argv) {
       lse_ref[c * kRows + r] = m + std::log(total);
       double* o = &o_ref[(c * kRows + r) * kDimV];
       for (int n = 0; n < context; ++n) {
-        const float* v = &hkv[((size_t)table[checked[c].b * pages + n / kPage] * kPage + n % kPage) * kHeadDim];
+        const float* v = cache_row(checked[c].b, n);
         for (int d = 0; d < kDimV; ++d) o[d] += logits[n] / total * v[d];
       }
     }
