@@ -209,12 +209,17 @@ MUTATIONS = [
     M("mla_backend/config.py", 'extra="forbid"', 'extra="ignore"', "unknown settings ignored"),
     M("mla_backend/config.py", "        ge=1,\n", "        ge=0,\n", "zero splits accepted"),
     M(
-        "mla_backend/config.py",
-        "    if trtllm_ok:\n",
+        "mla_backend/route.py",
+        "    if capability in TRTLLM_GEN_CAPABILITIES and has_flashinfer:\n",
         "    if capability in TRTLLM_GEN_CAPABILITIES:\n",
         "auto picks trtllm-gen without FlashInfer",
     ),
-    M("mla_backend/config.py", "        if not xqa_ok:\n", "        if False:\n", "xqa forced anywhere"),
+    M(
+        "mla_backend/route.py",
+        "        if arch is None:\n            raise",
+        "        if False:\n            raise",
+        "xqa forced anywhere",
+    ),
     M(
         "mla_backend/config.py",
         "values.update(dict(overrides or {}))",
@@ -325,8 +330,8 @@ MUTATIONS = [
     ),
     M(
         "mla_backend/vllm/backend.py",
-        "heads = model_config.get_num_attention_heads(parallel) * parallel.decode_context_parallel_size",
-        "heads = model_config.get_num_attention_heads(parallel)",
+        "DecodeShape(local_heads * dcp,",
+        "DecodeShape(local_heads,",
         "DCP's gathered heads not counted",
     ),
     M(
@@ -343,7 +348,7 @@ MUTATIONS = [
     ),
     M(
         "mla_backend/vllm/backend.py",
-        'if len(parts) == 2 and (self.route.kernel != "bundled" or any(',
+        'if len(parts) == 2 and (route.kernel != "bundled" or any(',
         "if len(parts) == 2 and (any(",
         "split query sent to a route that needs it whole",
     ),
@@ -438,16 +443,16 @@ MUTATIONS = [
         "lse.reshape(tokens, heads)",
         "FlashMLA's LSE read in its own layout",
     ),
-    M("mla_backend/vllm/engine_best.py", "if speedup <= 1.0:", "if speedup < 0.5:", "FlashMLA taken where slower"),
+    M("mla_backend/sm90_table.py", "if speedup <= 1.0:", "if speedup < 0.5:", "FlashMLA taken where slower"),
     M(
-        "mla_backend/vllm/engine_best.py",
+        "mla_backend/sm90_table.py",
         'if not entry["flashmla_correct"]:',
         "if False:",
         "FlashMLA taken where it failed its check",
     ),
     M(
         "mla_backend/vllm/backend.py",
-        "        if schedule is not None:  # auto on SM90",
+        '        if route.kernel == "flashmla":  # auto on SM90',
         "        if False:  # auto on SM90",
         "planned batches still sent to ours",
     ),
@@ -464,17 +469,17 @@ MUTATIONS = [
         "plan ignores the draft tokens",
     ),
     # the op's backend argument (resolved for GPU tensors before any launch)
-    M("mla_backend/kernel_choice.py", '    if backend != "auto":\n', "    if False:\n", "backend argument ignored"),
+    M("mla_backend/route.py", '    if backend != "auto":\n', "    if False:\n", "backend argument ignored"),
     M(
-        "mla_backend/kernel_choice.py",
-        "resolve_backend(config, config.capability(torch.cuda.get_device_capability(device)))",
-        "resolve_backend(config, torch.cuda.get_device_capability(device))",
+        "mla_backend/route.py",
+        "resolve_route(config, config.capability(torch.cuda.get_device_capability(device)))",
+        "resolve_route(config, torch.cuda.get_device_capability(device))",
         "capability override ignored by the op",
     ),
     M(
-        "mla_backend/kernel_choice.py",
-        '    if resolution.kernel == "fallback":',
-        "    if False:",
+        "mla_backend/route.py",
+        '    if route.kernel == "fallback":\n        raise BackendUnavailableError(',
+        "    if False:\n        raise BackendUnavailableError(",
         "op launches with no kernel",
     ),
     # the Triton fallback against vLLM's real op (Triton's interpreter)
@@ -505,27 +510,27 @@ MUTATIONS = [
     ),
     # the route table lookup
     M(
-        "mla_backend/vllm/engine_best.py",
+        "mla_backend/sm90_table.py",
         "return min(close, key=distance) if close else None",
         "return close[0] if close else None",
         "the first close measurement, not the nearest",
     ),
     M(
-        "mla_backend/vllm/engine_best.py",
-        'return (abs(math.log2(entry["heads"] / shape.heads)), abs(math.log2(entry["q_len"] / shape.q_len)))',
-        'return (abs(math.log2(entry["q_len"] / shape.q_len)), abs(math.log2(entry["heads"] / shape.heads)))',
+        "mla_backend/sm90_table.py",
+        'return (abs(math.log2(entry["heads"] / heads)), abs(math.log2(entry["q_len"] / q_len)))',
+        'return (abs(math.log2(entry["q_len"] / q_len)), abs(math.log2(entry["heads"] / heads)))',
         "nearest by query tokens first",
     ),
     M(
-        "mla_backend/vllm/engine_best.py",
+        "mla_backend/sm90_table.py",
         '    close = [e for e in entries if e["kv"] == kv and max(distance(e)) <= limit]',
         "    close = [e for e in entries if max(distance(e)) <= limit]",
         "a class borrows the other KV dtype's measurement",
     ),
     M(
-        "mla_backend/vllm/engine_best.py",
-        "        table = load_table()\n",
-        '        table = {"device": "none", "date": "", "entries": []}\n',
+        "mla_backend/sm90_table.py",
+        "    table = load_table()\n    entry = nearest(",
+        '    table = {"device": "none", "date": "", "entries": []}\n    entry = nearest(',
         "the shipped table never read",
     ),
     # the op's contract: what the property tests found

@@ -25,7 +25,7 @@ Pass rules; exit status 1 if any run fails them:
   is checked in float64 in the same run: greedy tokens agree up to its first tie. The workers run
   in processes of their own, out of the forward_mqa check's reach.
 - Engine-best runs (--parts enginebest): `auto` at page 64 with CUDA graphs, fp8 and bf16 caches; on
-  SM90 the route is the one the installed table (mla_backend/vllm/sm90_routes.json) picks, vLLM's
+  SM90 the route is the one the installed table (mla_backend/sm90_routes.json) picks, vLLM's
   FlashMLA where it is faster, its outputs checked in float64 as ours are. The other parts pin
   page-64 engines to our kernels (backend xqa). --parts enginebest_parallel (two GPUs) does the same
   with TP 2 and DCP 2, each rank's route and forward_mqa checked; where FlashMLA serves, the
@@ -96,20 +96,20 @@ def engine_best_parallel_specs() -> list[EngineSpec]:
 
 def expected_engine_best_route(spec: EngineSpec, heads: int) -> str:
     """ "flashmla" where the installed route table hands this engine's decode to FlashMLA, else "bundled"."""
-    from mla_backend.config import MLABackendConfig, resolve_backend
-    from mla_backend.vllm import engine_best
+    from mla_backend.config import MLABackendConfig
+    from mla_backend.route import DecodeShape, resolve_route
+    from mla_backend.vllm.backend import vllm_engine
 
     capability = torch.cuda.get_device_capability()
     config = MLABackendConfig(**spec.mla_backend)
-    shape = engine_best.ShapeClass(
+    shape = DecodeShape(
         heads // spec.tp * spec.dcp,  # each rank's heads, gathered over DCP
         1 + spec.spec_tokens,
-        spec.block_size,
         spec.kv_cache_dtype == "fp8",
-        spec.dcp,
+        spec.block_size,
+        dcp=spec.dcp,
     )
-    best = engine_best.choose(config, resolve_backend(config, capability), capability, shape)
-    return "flashmla" if best.use_flashmla else "bundled"
+    return resolve_route(config, capability, shape, vllm_engine()).kernel
 
 
 def spec_decode_specs() -> list[EngineSpec]:

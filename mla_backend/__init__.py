@@ -2,10 +2,11 @@
 
 FlashInfer's MLA decode functions are here under their own names, signatures and conventions, so
 switching is a change of import; ``mla_decode`` is the package's own op (natural-log LSE), and
-``plan_decode`` plans a step's split-KV once for all its layers' calls.
+``plan_decode`` plans a step's split-KV once for all its layers' calls; ``resolve_route`` says which
+kernel serves a decode, and why.
 """
 
-from .config import BackendUnavailableError, MLABackendConfig, Resolution, resolve_backend
+from .config import BackendUnavailableError, MLABackendConfig
 from .decode import mla_decode
 from .flashinfer_api import (
     batch_mla_paged_attention,
@@ -14,6 +15,7 @@ from .flashinfer_api import (
 )
 from .launcher import DecodePlan
 from .reference import mla_decode_reference
+from .route import DecodeShape, Route, resolve_route
 from .step_plan import plan_buffer, plan_decode
 
 __version__ = "0.1.0"
@@ -21,14 +23,15 @@ __version__ = "0.1.0"
 __all__ = [
     "BackendUnavailableError",
     "DecodePlan",
+    "DecodeShape",
     "MLABackendConfig",
-    "Resolution",
+    "Route",
     "batch_mla_paged_attention",
     "mla_decode",
     "mla_decode_reference",
     "plan_buffer",
     "plan_decode",
-    "resolve_backend",
+    "resolve_route",
     "trtllm_batch_decode_with_kv_cache_mla",
     "xqa_batch_decode_with_kv_cache_mla",
 ]

@@ -13,7 +13,12 @@ from .kernel_build import KernelVariant
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mla_backend", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("doctor", help="versions, GPUs and which kernel serves decode, and why")
+    doctor = sub.add_parser("doctor", help="versions, GPUs and which kernel serves decode, and why")
+    doctor.add_argument(
+        "--routes",
+        action="store_true",
+        help="print the route of each GPU type at a few shapes (docs/design.md's table)",
+    )
     demo = sub.add_parser("demo", help="decode a small seeded DeepSeek-V3 through vLLM with the plugin")
     demo.add_argument("--heads", type=int, default=16)
     demo.add_argument("--batch", type=int, default=32)
@@ -53,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "doctor":
         from .tools.doctor import main as doctor
 
-        return doctor()
+        return doctor(routes=args.routes)
     if args.command == "demo":
         from .tools.demo import main as demo
 

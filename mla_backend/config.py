@@ -1,4 +1,4 @@
-"""Settings of mla_backend and the choice of the kernel that serves decode.
+"""Settings of mla_backend (route.py decides, from them and the GPU, which kernel serves decode).
 
 Sources, later ones win: defaults < environment (``MLA_BACKEND``, ``MLA_BACKEND_<FIELD>``)
 < explicit values (Python kwargs or vLLM's ``--additional-config '{"mla_backend": {...}}'``).
@@ -7,25 +7,18 @@ Sources, later ones win: defaults < environment (``MLA_BACKEND``, ``MLA_BACKEND_
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .kernel_build import KernelVariant
 from .kernel_constants import MAX_KV_SPLITS
-from .targets import ARCH_BY_CAPABILITY, TRTLLM_GEN_CAPABILITIES, served_capabilities
 
 BackendName = Literal["auto", "xqa", "trtllm-gen"]
 Fp8QkName = Literal["auto", "f16", "e4m3"]
 Fp8PvName = Literal["auto", "f32", "f16"]
-# What serves decode: the bundled mma.sync kernels (what backend="xqa" forces), FlashInfer's
-# trtllm-gen, or, on a GPU neither serves, the engine's own portable MLA decode ("fallback": vLLM's
-# Triton MLA; the op itself has none and refuses).
-KernelName = Literal["bundled", "trtllm-gen", "fallback"]
 
 ENV_PREFIX = "MLA_BACKEND"
 # Environment variable -> field. MLA_BACKEND alone names the backend, as users expect.
@@ -89,7 +82,8 @@ class MLABackendConfig(BaseModel):
         "auto",
         description="How the FP8 kernels sum P.V: f32 (f16 x f16 + f32 MMA), or f16 within each 16-token "
         "step and f32 across them (f16-accumulate MMA: twice the f32 rate on GeForce Blackwell; built "
-        "for sm_90a, sm_120a, sm_121a). auto: f32 everywhere (docs/performance.md says why).",
+        "for sm_90a, sm_120a, sm_121a). auto: f16 on sm_120a and sm_121a, where P.V bounds the tensor "
+        "pipe at 128 heads and the error over the FP8 sweep matched f32's; f32 elsewhere (docs/performance.md).",
     )
 
     @property
@@ -166,80 +160,6 @@ def _parse_env(var: str, raw: str) -> Any:
 
 class BackendUnavailableError(ValueError):
     """An explicitly requested backend cannot run on this device."""
-
-
-@dataclass(frozen=True)
-class Resolution:
-    kernel: KernelName
-    reason: str
-
-    @property
-    def backend(self) -> BackendName:
-        """The op's ``backend`` value that runs this kernel."""
-        if self.kernel == "fallback":
-            raise BackendUnavailableError(f"no mla_backend kernel serves this GPU: {self.reason}")
-        return "xqa" if self.kernel == "bundled" else self.kernel
-
-
-def flashinfer_available() -> bool:
-    return importlib.util.find_spec("flashinfer") is not None
-
-
-def _cc(capability: tuple[int, int]) -> str:
-    return f"{capability[0]}.{capability[1]}"
-
-
-def xqa_supported(capability: tuple[int, int]) -> bool:
-    """The bundled kernels are built for this exact capability (targets.ARCH_BY_CAPABILITY)."""
-    return (int(capability[0]), int(capability[1])) in ARCH_BY_CAPABILITY
-
-
-def resolve_backend(
-    config: MLABackendConfig,
-    capability: tuple[int, int],
-    has_flashinfer: bool | None = None,
-) -> Resolution:
-    """Pick the kernel that serves decode on a device of ``capability``.
-
-    Raises ``BackendUnavailableError`` when an explicit backend cannot run here.
-    """
-    capability = (int(capability[0]), int(capability[1]))
-    has_flashinfer = flashinfer_available() if has_flashinfer is None else has_flashinfer
-    cc = _cc(capability)
-    xqa_ok = xqa_supported(capability)
-    trtllm_ok = capability in TRTLLM_GEN_CAPABILITIES and has_flashinfer
-
-    if config.backend == "xqa":
-        if not xqa_ok:
-            raise BackendUnavailableError(
-                f"backend='xqa' needs compute capability {served_capabilities()}; this GPU is {cc}. "
-                "Use backend='auto' to fall back to the engine's portable MLA decode instead."
-            )
-        return Resolution("bundled", f"backend='xqa' requested; SM {cc} runs the bundled mma.sync kernels")
-    if config.backend == "trtllm-gen":
-        if capability not in TRTLLM_GEN_CAPABILITIES:
-            raise BackendUnavailableError(
-                f"backend='trtllm-gen' needs compute capability 10.0 or 10.3 (B200/B300/GB300); this GPU is {cc}. "
-                "Use backend='auto' to pick the bundled kernels or the portable fallback instead."
-            )
-        if not has_flashinfer:
-            raise BackendUnavailableError(
-                f"backend='trtllm-gen' needs FlashInfer (pip install flashinfer-python); SM {cc} could run it "
-                "but flashinfer is not importable. Use backend='auto' to use the bundled kernels instead."
-            )
-        return Resolution("trtllm-gen", f"backend='trtllm-gen' requested; SM {cc} with FlashInfer installed")
-
-    # auto
-    if trtllm_ok:
-        return Resolution("trtllm-gen", f"auto: SM {cc} with FlashInfer installed -> FlashInfer trtllm-gen")
-    if xqa_ok:
-        why = ", FlashInfer is not installed" if capability in TRTLLM_GEN_CAPABILITIES else ""
-        return Resolution("bundled", f"auto: SM {cc}{why} -> bundled mma.sync kernels")
-    return Resolution(
-        "fallback",
-        f"auto: SM {cc} is not served by the bundled kernels (built for {served_capabilities()}) "
-        "-> the engine's portable MLA decode",
-    )
 
 
 def format_validation_error(err: ValidationError) -> str:

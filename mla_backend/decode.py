@@ -14,9 +14,9 @@ import torch
 
 from .checks import DecodeProblem, check_decode_inputs, check_page_ids
 from .config import BackendName, BackendUnavailableError, MLABackendConfig, default_config
-from .kernel_choice import resolve_kernel
 from .launcher import DecodePlan
 from .reference import mla_decode_reference
+from .route import Route, op_route
 from .step_plan import check_plan
 
 Scale = float | torch.Tensor
@@ -91,6 +91,21 @@ def _run_flashinfer_trtllm_gen(problem: DecodeProblem, workspace_buffer, enable_
         lse.copy_(lse_log2.float().view(lse.shape) * LN2)
 
 
+def call_kernel(device: torch.device, config: MLABackendConfig, backend: BackendName, route: Route | None) -> str:
+    """The kernel this call runs: the float64 reference for CPU tensors, else the route's kernel."""
+    if route is None:
+        return op_route(device, config, backend).kernel
+    if not isinstance(route, Route):
+        raise TypeError(f"route must come from mla_backend.route.resolve_route, got {type(route).__name__}")
+    if backend != "auto":
+        raise ValueError(f"pass backend={backend!r} or a route, not both: the route names the kernel")
+    if device.type != "cuda":
+        return "reference"
+    if route.kernel not in ("bundled", "trtllm-gen"):
+        raise BackendUnavailableError(f"the op runs the bundled kernels or trtllm-gen, not {route.describe()}")
+    return route.kernel
+
+
 def check_lse_buffer(lse: torch.Tensor, shapes: list[tuple[int, ...]], device: torch.device) -> None:
     """A caller's LSE buffer: float32, one of ``shapes``, on the query's device."""
     if not isinstance(lse, torch.Tensor):
@@ -121,6 +136,7 @@ def mla_decode(
     config: MLABackendConfig | None = None,
     qk_nope_head_dim: int = 128,
     plan: DecodePlan | None = None,
+    route: Route | None = None,
 ):
     """Paged MLA decode; returns ``out``, or ``(out, lse)`` with ``return_lse=True``.
 
@@ -132,6 +148,8 @@ def mla_decode(
     settings read from the environment. ``qk_nope_head_dim`` is the model's pre-absorption nope dim,
     which only FlashInfer's trtllm-gen route takes. ``plan``: the step's split plan from
     ``step_plan.plan_decode`` for this batch and workspace (without one, the call plans its own).
+    ``route``: the engine's route (route.resolve_route), resolved once and used as given; without
+    one the call resolves the GPU's from ``config`` and ``backend``.
     """
     problem = check_decode_inputs(
         query,
@@ -148,7 +166,8 @@ def mla_decode(
     rows = (problem.batch, problem.q_len, problem.heads)
     if lse is not None:
         check_lse_buffer(lse, [rows, (problem.batch * problem.q_len, problem.heads)], problem.device)
-    config, kernel = resolve_kernel(problem.device, config or default_config(), backend)
+    config = config or default_config()
+    kernel = call_kernel(problem.device, config, backend, route)
     if plan is not None:
         check_plan(plan, problem, workspace_buffer, config)
     wanted = lse is not None or return_lse

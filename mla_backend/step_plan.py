@@ -20,9 +20,9 @@ import torch
 from . import shapes
 from .checks import DecodeProblem, _require
 from .config import MLABackendConfig, default_config
-from .kernel_choice import resolve_kernel
 from .kernel_constants import MAX_PLAN_PIECES
 from .launcher import DecodePlan, launch_plan, plan_ints, plan_partials_bytes, workspace_capacity
+from .route import Route, op_route
 
 
 def plan_buffer(max_batch: int, device: torch.device | str) -> torch.Tensor:
@@ -80,6 +80,7 @@ def plan_decode(
     q_len: int = 1,
     buffer: torch.Tensor | None = None,
     config: MLABackendConfig | None = None,
+    route: Route | None = None,
 ) -> DecodePlan | None:
     """Plan the split-KV of a step's decode calls on the GPU, from ``seq_lens`` as they are when the
     stream reaches it. Pass the result as ``mla_decode(..., plan=...)`` to every call of the step
@@ -87,12 +88,15 @@ def plan_decode(
     splits). ``buffer`` (from ``plan_buffer``) keeps the plan at one address for CUDA graphs; without
     it a new tensor holds it. None where the step's calls plan for themselves: CPU tensors, a
     kernel other than the bundled one, a fixed ``num_kv_splits``, or a batch too small to gain.
+    ``route``: the engine's route, as its calls get it (without one, the GPU's from ``config``).
     Raises ``BackendUnavailableError`` on a GPU no kernel serves, as ``mla_decode`` does.
     """
     _check_plan_inputs(seq_lens, block_tables, page_size, heads, q_len, kv_dtype, workspace_buffer, buffer)
     config = config or default_config()
     device = seq_lens.device
-    if config.num_kv_splits is not None or resolve_kernel(device, config)[1] != "bundled":
+    if config.num_kv_splits is not None or device.type != "cuda":
+        return None
+    if (route or op_route(device, config)).kernel != "bundled":
         return None
     batch = seq_lens.shape[0]
     if buffer is None:

@@ -1,57 +1,9 @@
-"""Config model: parsing from Python, environment and additional_config; backend resolution."""
+"""Config model: parsing from Python, environment and additional_config."""
 
 import pytest
 from pydantic import ValidationError
 
-from mla_backend.config import (
-    BackendUnavailableError,
-    MLABackendConfig,
-    resolve_backend,
-)
-
-CAPABILITIES = [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0), (12, 1)]
-XQA = {(8, 9), (9, 0), (10, 0), (10, 3), (12, 0), (12, 1)}
-TRTLLM = {(10, 0), (10, 3)}
-
-
-def expected(backend, cc, has_fi):
-    """The resolution table of the foundation issue, written out independently."""
-    if backend == "xqa":
-        return "bundled" if cc in XQA else "error"
-    if backend == "trtllm-gen":
-        return "trtllm-gen" if cc in TRTLLM and has_fi else "error"
-    if cc[0] == 10:
-        return "trtllm-gen" if has_fi else "bundled"
-    return "bundled" if cc in XQA else "fallback"
-
-
-@pytest.mark.parametrize("cc", CAPABILITIES)
-@pytest.mark.parametrize("backend", ["auto", "xqa", "trtllm-gen"])
-@pytest.mark.parametrize("has_fi", [True, False])
-def test_resolution_matrix(cc, backend, has_fi):
-    config = MLABackendConfig(backend=backend)
-    want = expected(backend, cc, has_fi)
-    if want == "error":
-        with pytest.raises(BackendUnavailableError) as info:
-            resolve_backend(config, cc, has_fi)
-        message = str(info.value)
-        assert f"{cc[0]}.{cc[1]}" in message and "backend='auto'" in message and backend in message
-    else:
-        resolution = resolve_backend(config, cc, has_fi)
-        assert resolution.kernel == want
-        assert f"{cc[0]}.{cc[1]}" in resolution.reason
-
-
-@pytest.mark.parametrize("cc", CAPABILITIES)
-@pytest.mark.parametrize("has_fi", [True, False])
-def test_an_automatic_resolution_is_the_one_its_backend_value_forces(cc, has_fi):
-    resolution = resolve_backend(MLABackendConfig(), cc, has_fi)
-    if resolution.kernel == "fallback":  # no backend value names the engine's own kernel
-        with pytest.raises(BackendUnavailableError, match="no mla_backend kernel serves this GPU"):
-            resolution.backend
-        return
-    forced = resolve_backend(MLABackendConfig(backend=resolution.backend), cc, has_fi)
-    assert forced.kernel == resolution.kernel
+from mla_backend.config import MLABackendConfig
 
 
 def test_defaults():

@@ -509,15 +509,12 @@ def test_the_worker_check_starts_after_the_model_loads_arms_on_the_first_step_an
             events.append("check")
 
         def summary(self):
-            return {"steps": events.count("step")}
+            return {"steps": events.count("step"), "routes": ["flashmla"]}
 
     monkeypatch.setattr(GPUModelRunner, "load_model", lambda runner: events.append("load"))
     monkeypatch.setattr(GPUModelRunner, "execute_model", lambda runner: events.append("step"))
     monkeypatch.setattr(GPUModelRunner, "_mla_worker_check", False, raising=False)
     monkeypatch.setattr(check, "start_checker", lambda settings: events.append("start") or Checker())
-    from mla_backend.vllm import backend
-
-    monkeypatch.setattr(backend, "ROUTES_CHOSEN", {"flashmla"})
     monkeypatch.setenv(check.ENV, json.dumps({"backend": "CUSTOM", "kv": "fp8", "dir": str(tmp_path)}))
     check.install()
     runner = object.__new__(GPUModelRunner)

@@ -1,23 +1,26 @@
 """`auto` on SM90 hands decode to vLLM's FlashMLA where the route table says it is faster: the
-choice, the shipped table, the builder's per-batch plan and forward_mqa's dispatch, on CPU (vLLM's
-FlashMLA ops are replaced by fakes that record what they were given)."""
+route's rule (route.py, rule 4), the shipped table, the builder's per-batch plan and forward_mqa's
+dispatch, on CPU (vLLM's FlashMLA ops are replaced by fakes that record what they were given)."""
 
 import inspect
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
 from test_vllm_plugin import make_impl, small_deepseek_model_config
 from vllm.config import CUDAGraphMode, DeviceConfig, VllmConfig, set_current_vllm_config
-from vllm.model_executor.layers.attention.mla_attention import MLACommonDecodeMetadata, MLACommonMetadataBuilder
+from vllm.model_executor.layers.attention.mla_attention import MLACommonMetadataBuilder
 from vllm.v1.attention.ops import flashmla as vllm_flashmla_ops
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
-from mla_backend.config import MLABackendConfig, Resolution
+from mla_backend import sm90_table
+from mla_backend.config import MLABackendConfig
 from mla_backend.kernel_constants import MAX_PLAN_PIECES
 from mla_backend.launcher import plan_ints
+from mla_backend.route import DecodeShape, Engine, Route, resolve_route
 from mla_backend.tools import route_table
-from mla_backend.vllm import backend, engine_best, flashmla
+from mla_backend.vllm import backend, flashmla
 
 TABLE = {
     "device": "test GPU",
@@ -29,21 +32,28 @@ TABLE = {
         {"kv": "bf16", "heads": 16, "q_len": 1, "speedup": 0.9, "flashmla_correct": True},
     ],
 }
-BUNDLED = Resolution("bundled", "test")
 AVAILABLE = (True, None)
 
 
 def choose(
-    heads=128, q_len=1, page=64, fp8=True, backend_name="auto", route=BUNDLED, capability=(9, 0), ok=AVAILABLE, dcp=1
+    heads=128, q_len=1, page=64, fp8=True, backend_name="auto", capability=(9, 0), ok=AVAILABLE, dcp=1, table=TABLE
 ):
-    shape = engine_best.ShapeClass(heads, q_len, page, fp8, dcp)
+    """The route of a vLLM engine of this shape class, with ``table`` as the measured table (None: the shipped one)."""
+    shape = DecodeShape(heads, q_len, fp8, page, dcp=dcp)
+    engine = Engine("vLLM", "vLLM's Triton MLA decode", "vLLM's Triton MLA kernel", ok)
     config = MLABackendConfig(backend=backend_name)
-    return engine_best.choose(config, route, capability, shape, available=ok, table=TABLE)
+    with mock.patch.object(sm90_table, "load_table", (lambda: table) if table is not None else sm90_table.load_table):
+        return resolve_route(config, capability, shape, engine, has_flashinfer=False)
+
+
+def weighed(route: Route) -> bool:
+    """FlashMLA was weighed for this route (auto, the bundled kernels, SM90): its reason says so."""
+    return "FlashMLA" in route.reason
 
 
 def test_flashmla_serves_the_classes_it_is_faster_for():
     best = choose()
-    assert best.use_flashmla and best.candidate
+    assert best.kernel == "flashmla" and weighed(best)
     assert "2.50x" in best.reason and "test GPU" in best.reason
 
 
@@ -53,16 +63,16 @@ def test_flashmla_serves_the_classes_it_is_faster_for():
 )
 def test_a_class_borrows_the_nearest_measurement_within_a_factor_of_two(heads, q_len, measured_heads):
     best = choose(heads=heads, q_len=q_len)
-    assert best.use_flashmla
+    assert best.kernel == "flashmla"
     assert f"measured at {measured_heads} heads" in best.reason
 
 
 def test_under_decode_context_parallelism_the_class_is_the_gathered_heads():
     # vLLM's FlashMLA plans DCP's all-gathered heads over each rank's share of the cache, as our
     # builder does (checked end to end: run_e2e.py --parts enginebest_parallel).
-    assert choose(heads=128, dcp=2).use_flashmla
+    assert choose(heads=128, dcp=2).kernel == "flashmla"
     best = choose(heads=4, dcp=2)
-    assert not best.use_flashmla and "4 heads (gathered over DCP 2)" in best.reason
+    assert best.kernel == "bundled" and "4 heads (gathered over DCP 2)" in best.reason
 
 
 @pytest.mark.parametrize("dcp, spec_tokens", [(1, 0), (2, 0), (4, 3)])
@@ -74,7 +84,7 @@ def test_the_engine_shape_counts_gathered_heads_and_draft_tokens(dcp, spec_token
         cache_config=SimpleNamespace(cache_dtype="fp8"),
     )
     shape = backend.engine_shape(vllm_config, 64, local_heads=16)
-    assert shape == engine_best.ShapeClass(16 * dcp, 1 + spec_tokens, 64, True, dcp)
+    assert shape == DecodeShape(16 * dcp, 1 + spec_tokens, True, 64, dcp=dcp)
 
 
 @pytest.mark.parametrize(
@@ -86,25 +96,25 @@ def test_the_engine_shape_counts_gathered_heads_and_draft_tokens(dcp, spec_token
         (dict(heads=16, fp8=False), "bundled kernels are 1.11x FlashMLA's speed", True),
         (dict(page=16), "pages of 64 tokens, the cache has 16", True),
         (dict(ok=(False, "no _flashmla_C")), "unavailable: no _flashmla_C", True),
-        (dict(backend_name="xqa"), "backend='xqa' set", False),
-        (dict(route=Resolution("fallback", "old GPU")), "decode runs fallback", False),
-        (dict(capability=(12, 0)), "SM90's", False),
+        (dict(backend_name="xqa"), "backend='xqa' requested", False),
+        (dict(capability=(8, 0)), "not served by the bundled kernels", False),
+        (dict(capability=(12, 0)), "SM 12.0 -> bundled", False),
     ],
 )
 def test_everything_else_stays_on_ours_with_the_reason(kwargs, reason, candidate):
     best = choose(**kwargs)
-    assert not best.use_flashmla
+    assert best.kernel != "flashmla"
     assert reason in best.reason
-    assert best.candidate == candidate
+    assert weighed(best) == candidate
 
 
 def test_doctor_lists_the_classes_flashmla_serves():
     want = "fp8: 16 heads q_len 1, 128 heads q_len 1; bf16: none (measured on test GPU, 2026-11-24)"
-    assert engine_best.summary(TABLE) == want  # 128 heads q_len 4 failed its check, bf16 16 is slower
+    assert sm90_table.summary(TABLE) == want  # 128 heads q_len 4 failed its check, bf16 16 is slower
 
 
 def test_the_shipped_table_covers_the_measured_grid():
-    table = engine_best.load_table()
+    table = sm90_table.load_table()
     assert table["device"] and table["date"] and table["vllm"]
     classes = {(e["kv"], e["heads"], e["q_len"]) for e in table["entries"]}
     want = {(kv, h, q) for kv in route_table.DTYPES for h in route_table.HEADS for q in route_table.Q_LENS}
@@ -118,17 +128,16 @@ def test_the_shipped_table_covers_the_measured_grid():
 
 
 def test_the_shipped_table_routes_an_h100_as_the_readme_says():
-    """choose() reading the installed sm90_routes.json (no table passed), for every measured class:
+    """The route reading the installed sm90_routes.json (no table passed), for every measured class:
     FlashMLA for every FP8 class; for BF16 at 64 heads and more, at 32 heads with draft tokens and at
     16 heads with three."""
     flashmla_bf16 = {(64, 1), (64, 2), (64, 4), (128, 1), (128, 2), (128, 4), (32, 2), (32, 4), (16, 4)}
     for fp8 in (True, False):
         for heads in route_table.HEADS:
             for q_len in route_table.Q_LENS:
-                shape = engine_best.ShapeClass(heads, q_len, 64, fp8)
-                best = engine_best.choose(MLABackendConfig(), BUNDLED, (9, 0), shape, available=AVAILABLE)
+                best = choose(heads, q_len, fp8=fp8, table=None)
                 want = fp8 or (heads, q_len) in flashmla_bf16
-                assert best.use_flashmla == want, (fp8, heads, q_len, best.reason)
+                assert (best.kernel == "flashmla") == want, (fp8, heads, q_len, best.reason)
                 assert "NVIDIA H100" in best.reason and f"measured at {heads} heads, {q_len} query" in best.reason
 
 
@@ -146,8 +155,7 @@ def test_the_nearest_measurement_is_taken_heads_first():
     }
 
     def pick(heads, q_len):
-        shape = engine_best.ShapeClass(heads, q_len, 64, True)
-        return engine_best.choose(MLABackendConfig(), BUNDLED, (9, 0), shape, available=AVAILABLE, table=table)
+        return choose(heads, q_len, table=table)
 
     assert "measured at 32 heads, 1 query" in pick(28, 1).reason  # 32 is nearer 28 than 16 is; never bf16's 28
     assert "measured at 16 heads, 2 query" in pick(16, 2).reason  # the exact class
@@ -197,8 +205,11 @@ def make_builder(
         v_head_dim=text.v_head_dim,
     )
     config.compilation_config.static_forward_context["model.layers.0.self_attn.attn"] = layer
-    best = engine_best.EngineBest(use_flashmla, "test")
-    monkeypatch.setattr(backend, "choose_engine_best", lambda vllm_config, shape: best)
+    # FlashMLA weighed as available, with a table that hands it (or not) this engine's class.
+    table = {**TABLE, "entries": [{"kv": kv if kv == "fp8" else "bf16", "heads": 16, "q_len": 1,
+                                   "speedup": 2.0 if use_flashmla else 0.5, "flashmla_correct": True}]}  # fmt: skip
+    monkeypatch.setattr(sm90_table, "load_table", lambda: table)
+    monkeypatch.setattr(backend.flashmla, "available", lambda: AVAILABLE)
     monkeypatch.setattr(backend, "detected_capability", lambda: detected)
     monkeypatch.setattr(backend.current_platform, "num_compute_units", lambda *args: 132)
     spec = MLAAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
@@ -244,7 +255,8 @@ def test_builder_plans_nothing_where_the_bundled_kernels_do_not_read_the_pages(
     themselves); vLLM's Triton MLA, where it serves, needs no plan."""
     builder, _ = make_builder(tmp_path, monkeypatch, block_size, detected)
     assert builder.plan_shape is None and builder.plan_buffer is None
-    assert type(build_decode(builder)) is MLACommonDecodeMetadata
+    decode = build_decode(builder)
+    assert decode.route is builder.route and decode.plan is None and decode.flashmla is None
 
 
 @pytest.mark.parametrize("kv_fp8", [True, False])
@@ -253,7 +265,8 @@ def test_builder_plans_each_step_once_for_every_layer(kv_fp8, monkeypatch):
     of them under DCP, which gathers them), the step's query tokens and the workspace forward_mqa
     passes, into the builder's buffer; every layer reads it off the metadata."""
     builder = object.__new__(backend.MLABackendMetadataBuilder)
-    builder.plan_shape = engine_best.ShapeClass(heads=32, q_len=2, page_size=64, kv_fp8=kv_fp8, dcp=2)
+    builder.plan_shape = DecodeShape(heads=32, q_len=2, kv_fp8=kv_fp8, page_size=64, dcp=2)
+    builder.route = Route("bundled", "test", "vLLM's Triton MLA decode", "sm_90a")
     builder.plan_buffer = torch.zeros(10, dtype=torch.int32)
     builder.plan_config = MLABackendConfig()
     builder.device = torch.device("cpu")
@@ -268,11 +281,13 @@ def test_builder_plans_each_step_once_for_every_layer(kv_fp8, monkeypatch):
     assert kwargs["heads"] == 32 and kwargs["q_len"] == 2
     assert kwargs["kv_dtype"] == (torch.float8_e4m3fn if kv_fp8 else torch.bfloat16)
     assert kwargs["workspace_buffer"] is workspace and kwargs["buffer"] is builder.plan_buffer
-    assert kwargs["config"] is builder.plan_config
+    assert kwargs["config"] is builder.plan_config and kwargs["route"] is builder.route
+    assert decode.route is builder.route  # every layer runs the route the builder resolved
 
 
 def test_builder_plans_each_batch_for_flashmla_where_it_serves():
     builder = object.__new__(backend.MLABackendMetadataBuilder)
+    builder.route = Route("flashmla", "test", "the bundled kernels")
     calls = []
     builder.flashmla_scheduler = lambda seq_lens, q_len: calls.append((seq_lens.tolist(), q_len)) or "plan"
     decode = build_decode(builder, requests=3, q_len=2)
@@ -282,7 +297,7 @@ def test_builder_plans_each_batch_for_flashmla_where_it_serves():
 
     builder.flashmla_scheduler = None
     plain = build_decode(builder)
-    assert type(plain) is MLACommonDecodeMetadata
+    assert plain.flashmla is None and plain.plan is None
 
 
 @pytest.mark.parametrize("fp8", [True, False])
@@ -303,7 +318,10 @@ def test_forward_mqa_hands_a_planned_batch_to_flashmla(fp8, need_lse, monkeypatc
     dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
     q = torch.randn(requests * q_len, heads, 576).to(dtype)
     query = q if fp8 else (q[..., :512], q[..., 512:])  # vLLM hands bf16 queries over as a pair
-    decode = SimpleNamespace(block_table=torch.zeros(requests, 4), seq_lens=torch.ones(requests), flashmla="plan")
+    route = Route("flashmla", "test", "the bundled kernels")
+    decode = SimpleNamespace(
+        block_table=torch.zeros(requests, 4), seq_lens=torch.ones(requests), flashmla="plan", route=route
+    )
     metadata = SimpleNamespace(num_decodes=requests, max_seq_len=8, decode=decode)
     layer = SimpleNamespace(_q_scale="q scale", _k_scale="k scale", _q_scale_float=1.0, _k_scale_float=1.0)
     out, lse = impl.forward_mqa(query, torch.zeros(4, 64, 576), metadata, layer)

@@ -389,21 +389,19 @@ def test_the_backend_argument_picks_the_kernel_for_gpu_tensors(
     capability, flashinfer, configured, backend, want, monkeypatch
 ):
     """Which kernel a CUDA tensor's call reaches (resolved before any launch; no GPU needed here)."""
-    from mla_backend import config as config_module
+    from mla_backend import route as route_module
     from mla_backend.config import BackendUnavailableError, MLABackendConfig
-    from mla_backend.kernel_choice import resolve_kernel
+    from mla_backend.decode import call_kernel
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    monkeypatch.setattr(config_module, "flashinfer_available", lambda: flashinfer)
+    monkeypatch.setattr(route_module, "flashinfer_available", lambda: flashinfer)
     device = torch.device("cuda", 0)
     settings = MLABackendConfig(backend=configured)
     if want in ("bundled", "trtllm-gen"):
-        resolved, kernel = resolve_kernel(device, settings, backend)
-        assert kernel == want
-        assert resolved.backend == (configured if backend == "auto" else backend)
+        assert call_kernel(device, settings, backend, None) == want
     else:
         with pytest.raises(BackendUnavailableError, match=want):
-            resolve_kernel(device, settings, backend)
+            call_kernel(device, settings, backend, None)
 
 
 def test_cpu_tensors_run_the_reference_whatever_the_backend_but_a_bad_name_is_refused(problem):
@@ -418,10 +416,10 @@ def test_cpu_tensors_run_the_reference_whatever_the_backend_but_a_bad_name_is_re
 def test_the_capability_override_decides_for_gpu_tensors(monkeypatch):
     """``device_capability`` makes the op choose as on another GPU: on an RTX 5090 told it is SM 8.0, no kernel."""
     from mla_backend.config import BackendUnavailableError, MLABackendConfig
-    from mla_backend.kernel_choice import resolve_kernel
+    from mla_backend.decode import call_kernel
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (12, 0))
     device = torch.device("cuda", 0)
-    assert resolve_kernel(device, MLABackendConfig(), "auto")[1] == "bundled"
+    assert call_kernel(device, MLABackendConfig(), "auto", None) == "bundled"
     with pytest.raises(BackendUnavailableError, match="8.0"):
-        resolve_kernel(device, MLABackendConfig(device_capability="8.0"), "auto")
+        call_kernel(device, MLABackendConfig(device_capability="8.0"), "auto", None)

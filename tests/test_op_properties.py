@@ -54,8 +54,8 @@ from mla_backend import (
     trtllm_batch_decode_with_kv_cache_mla,
     xqa_batch_decode_with_kv_cache_mla,
 )
-from mla_backend.config import xqa_supported
 from mla_backend.reference import LSE_ABS_TOLERANCE, LSE_REL_TOLERANCE, ROW_ERROR_TOLERANCE
+from mla_backend.targets import bundled_arch
 
 
 def test_the_stated_contract_is_the_one_the_package_declares():
@@ -310,7 +310,7 @@ def test_each_fault_is_refused_by_name_or_served_right_on_cpu(poisoned_allocatio
 
 
 def bundled_kernels_here() -> bool:
-    return torch.cuda.is_available() and xqa_supported(torch.cuda.get_device_capability())
+    return torch.cuda.is_available() and bundled_arch(torch.cuda.get_device_capability()) is not None
 
 
 @pytest.mark.gpu

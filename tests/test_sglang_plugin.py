@@ -19,7 +19,8 @@ import torch
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
-from mla_backend.config import BackendUnavailableError, MLABackendConfig, Resolution
+from mla_backend.config import BackendUnavailableError, MLABackendConfig
+from mla_backend.route import Route
 from mla_backend.sglang import NAME, backend, register
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the model zoo: integration/models
@@ -109,7 +110,9 @@ def layer(k_scale=None):
 
 
 def make_backend(runner):
-    return backend.MLADecodeBackend(runner, MLABackendConfig(), Resolution("bundled", "test"))
+    return backend.MLADecodeBackend(
+        runner, MLABackendConfig(), Route("bundled", "test", "SGLang's triton decode", "sm_90a")
+    )
 
 
 def decode_batch(indices, lengths, mode=ForwardMode.DECODE, spec=None):
@@ -325,7 +328,7 @@ def test_the_first_layer_of_each_step_plans_the_split_for_all_its_layers(graphs,
     meta = bk.forward_metadata
     assert args[0] is meta.seq_lens and args[1] is meta.block_tables and args[2] == runner.page_size
     assert (kwargs["heads"], kwargs["q_len"], kwargs["kv_dtype"]) == (HEADS, 1, torch.float8_e4m3fn)
-    assert kwargs["workspace_buffer"] is bk.workspace and kwargs["config"].backend == "xqa"
+    assert kwargs["workspace_buffer"] is bk.workspace and kwargs["route"] is bk.route  # the runner's route
     assert kwargs["buffer"] is (bk.graph_plan_buffer if graphs else None)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the integration package, from the checkout
@@ -582,7 +583,10 @@ def test_each_refused_family_stops_our_factory_with_the_message_the_run_looks_fo
         assert get_model_architecture(config)[1] == family.architecture
     server_args = SimpleNamespace(page_size=64, speculative_algorithm=None)
     server_args.get_attention_backends = lambda: ("triton", "mla_backend")
-    runner = SimpleNamespace(model_config=config, server_args=server_args, device="cpu")
+    # A model runner's fields the factory reads (the route's KV dtype and page size among them).
+    runner = SimpleNamespace(
+        model_config=config, server_args=server_args, device="cpu", kv_cache_dtype=torch.bfloat16, page_size=64
+    )
     with pytest.raises(BackendUnavailableError) as info:
         backend.create_backend(runner)
     assert refusal(family) in str(info.value)

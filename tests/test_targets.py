@@ -3,8 +3,9 @@ the bundled kernels has a build target and a shipped library name, and nothing e
 
 import pytest
 
-from mla_backend.config import BackendUnavailableError, MLABackendConfig, resolve_backend
+from mla_backend.config import BackendUnavailableError, MLABackendConfig
 from mla_backend.kernel_build import arch_for_capability, library_filename, nvcc_flags
+from mla_backend.route import resolve_route
 from mla_backend.targets import ARCH_BY_CAPABILITY, SHIPPED_ARCHES, TRTLLM_GEN_CAPABILITIES
 
 CAPABILITIES = [(major, minor) for major in range(7, 13) for minor in range(10)]
@@ -12,7 +13,7 @@ CAPABILITIES = [(major, minor) for major in range(7, 13) for minor in range(10)]
 
 def route(backend: str, capability, has_flashinfer: bool) -> str:
     try:
-        return resolve_backend(MLABackendConfig(backend=backend), capability, has_flashinfer).kernel
+        return resolve_route(MLABackendConfig(backend=backend), capability, has_flashinfer=has_flashinfer).kernel
     except BackendUnavailableError:
         return "refused"
 

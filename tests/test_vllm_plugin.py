@@ -234,16 +234,22 @@ def test_kernel_block_sizes_take_the_newer_signature():
     assert backend.MLABackend.get_supported_kernel_block_sizes(kv_cache_spec=None) == sizes  # vLLM 0.31+
 
 
+def model_problem(config) -> str | None:
+    """Why the engine's route (on an RTX 5090) sends decode away from the kernels, or None."""
+    route = backend.engine_route(config, (12, 0), 64)
+    return None if route.kernel == "bundled" else route.reason
+
+
 def test_model_shapes_are_checked(deepseek_model_config, monkeypatch):
     config = vllm_config(model_config=deepseek_model_config)
-    assert backend.model_problem(config) is None
+    assert model_problem(config) is None
     hf = deepseek_model_config.hf_text_config
     with monkeypatch.context() as m:
         m.setattr(deepseek_model_config.model_arch_config, "total_num_attention_heads", 256)
-        assert "1..128 query heads" in backend.model_problem(config)
+        assert "1..128 query heads" in model_problem(config)
     with monkeypatch.context() as m:  # DCP all-gathers the query heads: 16 x 16 reach forward_mqa
         m.setattr(config.parallel_config, "decode_context_parallel_size", 16)
-        assert "this setup gives 256" in backend.model_problem(config)
+        assert "this setup gives 256" in model_problem(config)
     for attribute, value, words in [
         ("kv_lora_rank", 256, "kv_lora_rank 512"),
         ("qk_rope_head_dim", 32, "qk_rope_head_dim 64"),
@@ -251,7 +257,7 @@ def test_model_shapes_are_checked(deepseek_model_config, monkeypatch):
     ]:
         with monkeypatch.context() as m:
             m.setattr(hf, attribute, value)
-            assert words in backend.model_problem(config)
+            assert words in model_problem(config)
 
 
 def test_auto_hands_shapes_the_kernels_do_not_take_to_the_fallback(deepseek_model_config, monkeypatch):
@@ -374,11 +380,15 @@ def test_the_impl_refuses_attention_features_it_does_not_compute(unsupported, me
 )
 def test_impl_routes_by_the_resolved_kernel(detected, additional, has_flashinfer, kernel, monkeypatch):
     monkeypatch.setattr(backend, "detected_capability", lambda: detected)
-    monkeypatch.setattr("mla_backend.config.flashinfer_available", lambda: has_flashinfer)
+    monkeypatch.setattr("mla_backend.route.flashinfer_available", lambda: has_flashinfer)
     monkeypatch.setattr(backend.current_platform, "num_compute_units", lambda device_id=0: 132, raising=False)
     impl = make_impl("fp8", additional)
     assert impl.route.kernel == kernel
-    assert kernel in backend.ROUTES_CHOSEN
+    # The public record of it: each route a model's attention layers hold, once (LLM.apply_model).
+    layers = [torch.nn.Module() for _ in range(3)]
+    for layer in layers[:2]:
+        layer.impl = impl
+    assert backend.model_routes(torch.nn.Sequential(*layers)) == [impl.route]
     # fp8 queries for our kernels and trtllm-gen; Triton wants bf16 queries and dequantises KV itself.
     assert impl.supports_quant_query_input == (kernel != "fallback")
 

@@ -52,6 +52,7 @@ class DecodeChecker:
         self.graph_calls = 0  # of those, served by graph replays
         self.checks: list[dict] = []
         self.problems: set[str] = set()
+        self.routes: set[str] = set()  # the kernels our backend's routes ran (route.py), as its calls were handed them
         self._pending: list[DecodeCall] = []
         self._probes: list[tuple[DecodeCall, int]] = []
         self._counters = torch.zeros(MAX_PROBES, dtype=torch.int64, device="cuda")
@@ -92,6 +93,10 @@ class DecodeChecker:
         self.armed = True
 
     def record(self, impl, q, kv_cache, metadata, layer, out, lse) -> None:
+        if hasattr(impl, "route"):  # our backend: the route this step's decode ran
+            from mla_backend.vllm.backend import step_route
+
+            self.routes.add(step_route(impl, metadata).kernel)
         tokens = (q[0] if isinstance(q, tuple) else q).shape[0]
         requests = metadata.num_decodes
         if not requests or tokens % requests:  # a varlen batch (FLASH_ATTN_MLA decodes short prefills)
@@ -170,10 +175,10 @@ class DecodeChecker:
                 )
 
     def summary(self) -> dict:
-        from mla_backend.vllm import backend, flashmla
+        from mla_backend.vllm import flashmla
 
         # Where auto handed decode to vLLM's FlashMLA, its outputs are held to FlashMLA's bar.
-        bars = flashmla.ROW_ERROR_TOLERANCE if "flashmla" in backend.ROUTES_CHOSEN else ROW_ERROR_TOLERANCE
+        bars = flashmla.ROW_ERROR_TOLERANCE if "flashmla" in self.routes else ROW_ERROR_TOLERANCE
         tolerance = bars[self.kv_dtype]
         worst: dict[int, float] = {}
         for check in self.checks:
@@ -193,4 +198,5 @@ class DecodeChecker:
             "lse_ok": all(c["lse_ok"] for c in lse_checked),
             "max_lse_error": max((c["lse_error"] for c in lse_checked), default=None),
             "check_problems": sorted(self.problems),
+            "routes": sorted(self.routes),
         }

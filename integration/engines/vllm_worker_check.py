@@ -70,7 +70,7 @@ def install() -> None:
         result = execute_model(runner, *args, **kwargs)
         if checker is not None:
             checker.after_step()
-            summary = {**checker.summary(), "routes": routes_chosen()}
+            summary = checker.summary()
             summary_path(settings["dir"]).write_text(json.dumps(summary))
         return result
 
@@ -94,13 +94,6 @@ def start_checker(settings: dict):
     )
     checker.__enter__()  # wraps forward_mqa for the life of the worker
     return checker
-
-
-def routes_chosen() -> list[str]:
-    """The kernels our backend chose in this worker (the engine's own process builds no model)."""
-    from mla_backend.vllm import backend
-
-    return sorted(backend.ROUTES_CHOSEN)
 
 
 def summary_path(directory: str) -> Path:

@@ -25,9 +25,10 @@ from pydantic import ValidationError
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from .. import shapes
-from ..config import BackendUnavailableError, MLABackendConfig, Resolution, format_validation_error, resolve_backend
+from ..config import BackendUnavailableError, MLABackendConfig, format_validation_error
 from ..decode import mla_decode
 from ..launcher import DecodePlan
+from ..route import DecodeShape, Engine, Route, resolve_route
 from ..step_plan import plan_buffer, plan_decode
 from . import NAME
 
@@ -61,11 +62,31 @@ def configured() -> MLABackendConfig:
         raise ValueError(f"mla_backend: bad settings in the environment: {format_validation_error(err)}") from None
 
 
-def resolve(config: MLABackendConfig, device: torch.device) -> Resolution:
-    overridden = config.device_capability is not None
-    return resolve_backend(
-        config, config.capability((0, 0) if overridden else torch.cuda.get_device_capability(device))
+SGLANG = Engine("SGLang", "SGLang's triton decode", "SGLang's triton backend")
+
+
+def model_shape(runner) -> DecodeShape:
+    """What this model runner decodes: the model's latent, its draft tokens per verification, the KV
+    dtype and page. Heads per GPU are the layers' own (attention data parallelism changes them)."""
+    model, server_args = runner.model_config, runner.server_args
+    spec = getattr(server_args, "speculative_num_draft_tokens", None)
+    q_len = int(spec) if getattr(server_args, "speculative_algorithm", None) is not None and spec else 1
+    return DecodeShape(
+        heads=None,
+        q_len=q_len,
+        kv_fp8=runner.kv_cache_dtype == torch.float8_e4m3fn,
+        page_size=runner.page_size,
+        kv_lora_rank=model.kv_lora_rank,
+        rope_dim=model.qk_rope_head_dim,
+        qk_nope_head_dim=getattr(model, "qk_nope_head_dim", 128),
     )
+
+
+def resolve(config: MLABackendConfig, device: torch.device, shape: DecodeShape | None = None) -> Route:
+    """The route of a model runner's decode (route.py's rules)."""
+    overridden = config.device_capability is not None
+    capability = config.capability((0, 0) if overridden else torch.cuda.get_device_capability(device))
+    return resolve_route(config, capability, shape, SGLANG)
 
 
 def check_server_args(server_args) -> None:
@@ -116,47 +137,29 @@ def check_model(model_config) -> None:
         )
 
 
-def latent_problem(model_config) -> str | None:
-    """Why the bundled kernels cannot decode this model's latent (MiniCPM3's 256 + 32, Mistral Small 4's
-    256 + 64), or None."""
-    shape = (model_config.kv_lora_rank, model_config.qk_rope_head_dim)
-    if shape == (shapes.KV_LORA_RANK, shapes.ROPE_DIM):
-        return None
-    return (
-        f"mla_backend needs kv_lora_rank {shapes.KV_LORA_RANK} and qk_rope_head_dim {shapes.ROPE_DIM}, "
-        f"got {shape[0]} and {shape[1]}"
-    )
-
-
 def create_backend(runner) -> AttentionBackend:
     """Factory SGLang calls per model runner: our backend, or SGLang's triton on a GPU we do not serve
-    and, under `auto`, for a latent the kernels do not take (a named backend stops start-up there)."""
+    and, under `auto`, for a model the kernels do not take (a named backend stops start-up there)."""
     check_model(runner.model_config)
     config = configured()
-    route = resolve(config, torch.device(runner.device))
-    problem = latent_problem(runner.model_config) if route.kernel != "fallback" else None
-    if problem is not None and config.backend != "auto":
-        raise BackendUnavailableError(f"{problem}; backend='auto' decodes such models with SGLang's triton backend")
-    if problem is not None:
-        route = Resolution("fallback", f"auto: {problem} -> SGLang's triton decode")
+    route = resolve(config, torch.device(runner.device), model_shape(runner))
     if route.kernel == "fallback":
         from .fallback import triton_backend
 
         logger.warning("mla_backend: MLA decode runs SGLang's triton backend: %s", route.reason)
         return triton_backend(runner)
     check_server_args(runner.server_args)
-    logger.info("mla_backend: MLA decode runs %s: %s", route.kernel, route.reason)
+    logger.info("mla_backend: MLA decode route: %s", route.describe())
     return MLADecodeBackend(runner, config, route)
 
 
 class MLADecodeBackend(AttentionBackend):
-    def __init__(self, runner, config: MLABackendConfig, route: Resolution):
+    def __init__(self, runner, config: MLABackendConfig, route: Route):
         model = runner.model_config
-        if problem := latent_problem(model):  # create_backend routes such models elsewhere first
-            raise BackendUnavailableError(problem)
+        if route.kernel not in ("bundled", "trtllm-gen"):  # create_backend routes the others elsewhere
+            raise BackendUnavailableError(f"mla_backend's SGLang backend runs our kernels, not {route.describe()}")
         self.config = config
-        self.route = route
-        self.plan_config = config.model_copy(update={"backend": route.backend})  # the kernel the calls run
+        self.route = route  # resolved once per model runner; every call and step plan runs it
         self.device = torch.device(runner.device)
         self.page_size = runner.page_size
         self.req_to_token = runner.req_to_token_pool.req_to_token
@@ -164,8 +167,7 @@ class MLADecodeBackend(AttentionBackend):
         self.fp8 = runner.kv_cache_dtype == torch.float8_e4m3fn
         self.max_context_len = model.context_len
         self.qk_nope_head_dim = model.qk_nope_head_dim
-        spec = runner.server_args.speculative_num_draft_tokens
-        self.num_draft_tokens = int(spec) if runner.server_args.speculative_algorithm is not None and spec else 1
+        self.num_draft_tokens = model_shape(runner).q_len
         self.max_pages = math.ceil(self.req_to_token.shape[1] / self.page_size)
         self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         self.forward_metadata: DecodeMetadata | None = None
@@ -308,7 +310,8 @@ class MLADecodeBackend(AttentionBackend):
                 kv_dtype=torch.float8_e4m3fn if self.fp8 else torch.bfloat16,
                 workspace_buffer=self.workspace,
                 buffer=meta.plan_buffer,
-                config=self.plan_config,
+                config=self.config,
+                route=self.route,
             )
         return meta.plans[heads]
 
@@ -327,8 +330,8 @@ class MLADecodeBackend(AttentionBackend):
             meta.max_seq_len,
             bmm1_scale=bmm1,
             bmm2_scale=bmm2,
-            backend=self.route.backend,
             config=self.config,
+            route=self.route,
             qk_nope_head_dim=self.qk_nope_head_dim,
             plan=self._step_plan(meta, layer),
         )

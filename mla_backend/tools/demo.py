@@ -84,7 +84,8 @@ def run_on_gpu(batch: int, context: int, new_tokens: int, heads: int) -> int:
         f"decode: {rate:,.0f} tokens/s (batch {batch}, context {context}, {new_tokens} new tokens, fp8 KV, "
         f"CUDA graphs) on {torch.cuda.get_device_name()}"
     )
-    print(f"MLA decode served by: {', '.join(sorted(backend.ROUTES_CHOSEN)) or 'nothing (no decode ran)'}")
+    routes = [route.describe() for worker in llm.apply_model(backend.model_routes) for route in worker]
+    print(f"MLA decode route: {'; '.join(routes) or 'none (no layer runs mla_backend)'}")
     return 0
 
 

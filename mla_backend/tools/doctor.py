@@ -7,10 +7,11 @@ import importlib.util
 import torch
 from pydantic import ValidationError
 
-from ..config import BackendUnavailableError, MLABackendConfig, flashinfer_available, resolve_backend
+from .. import sm90_table
+from ..config import BackendUnavailableError, MLABackendConfig
 from ..jit import KernelsUnavailableError, ensure_loaded, prebuilt_manifest
+from ..route import flashinfer_available, resolve_route, routes_table
 from ..toolkit import ToolkitNotFoundError, find_toolkit
-from ..vllm import engine_best
 
 
 def toolkit_line() -> str:
@@ -49,18 +50,18 @@ def report() -> list[str]:
         props = torch.cuda.get_device_properties(index)
         capability = config.capability((props.major, props.minor))
         try:
-            resolution = resolve_backend(config, capability)
-            serves = f"{resolution.kernel}: {resolution.reason}"
+            route = resolve_route(config, capability)
+            serves = route.describe()
         except BackendUnavailableError as err:
-            resolution, serves = None, f"ERROR: {err}"
+            route, serves = None, f"ERROR: {err}"
         lines.append(
             f"GPU {index}          {props.name}, SM {props.major}.{props.minor}, "
             f"{props.multi_processor_count} SMs -> {serves}"
         )
-        if resolution is not None and resolution.kernel == "bundled":
+        if route is not None and route.kernel == "bundled":
             lines.append(f"kernels {index}      {kernels_line(index, config)}")
             if capability[0] == 9 and config.backend == "auto":
-                lines.append(f"in vLLM {index}      page 64: vLLM's FlashMLA where faster: {engine_best.summary()}")
+                lines.append(f"in vLLM {index}      page 64: vLLM's FlashMLA where faster: {sm90_table.summary()}")
     return lines
 
 
@@ -68,6 +69,6 @@ def importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def main() -> int:
-    print("\n".join(report()))
+def main(routes: bool = False) -> int:
+    print("\n".join(routes_table() if routes else report()))
     return 0

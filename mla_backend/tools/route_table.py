@@ -21,9 +21,10 @@ from pathlib import Path
 
 import torch
 
+from .. import sm90_table
 from ..inputs import make_paged_problem
 from ..reference import LSE_ABS_TOLERANCE, LSE_REL_TOLERANCE, mla_decode_reference
-from ..vllm import engine_best
+from ..vllm import flashmla as vllm_flashmla
 from .bench import bench_lengths
 from .peers import SM_SCALE, flashmla
 
@@ -42,7 +43,7 @@ MIXES = {
 }
 CHECK_LENGTHS = [300, 1500, 4000]  # every query row sees hundreds of keys
 DTYPES = {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16}
-FLASHMLA_BAR = engine_best.flashmla.ROW_ERROR_TOLERANCE
+FLASHMLA_BAR = vllm_flashmla.ROW_ERROR_TOLERANCE
 
 
 def flashmla_errors(dtype: torch.dtype, heads: int, q_len: int) -> tuple[float, float]:
@@ -94,7 +95,7 @@ def main(out_prefix: str, write: bool = False) -> int:
     if not torch.cuda.is_available():
         print("the route table needs a CUDA GPU")
         return 2
-    ok, why = engine_best.flashmla.available()
+    ok, why = vllm_flashmla.available()
     if not ok:
         print(f"vLLM's FlashMLA is not available here: {why}")
         return 2
@@ -125,8 +126,8 @@ def main(out_prefix: str, write: bool = False) -> int:
     Path(out_prefix).parent.mkdir(parents=True, exist_ok=True)
     Path(f"{out_prefix}_routes.json").write_text(text)
     if write:
-        engine_best.ROUTE_TABLE.write_text(text)
-        print(f"wrote {engine_best.ROUTE_TABLE}")
+        sm90_table.ROUTE_TABLE.write_text(text)
+        print(f"wrote {sm90_table.ROUTE_TABLE}")
     print_routes(table)
     return 0
 
@@ -135,6 +136,6 @@ def print_routes(table: dict) -> None:
     print(f"\n== auto on SM90: FlashMLA where faster ({table['device']}, vLLM {table['vllm']}) ==")
     print(f"{'kv':4} {'H':>4} {'q':>2} | {'ours/FlashMLA':>13} | {'FlashMLA correct':>16} | route")
     for e in table["entries"]:
-        route = "FlashMLA" if engine_best.routes_to_flashmla(e) else "ours"
+        route = "FlashMLA" if sm90_table.routes_to_flashmla(e) else "ours"
         correct = str(e["flashmla_correct"])
         print(f"{e['kv']:4} {e['heads']:>4} {e['q_len']:>2} | {e['speedup']:>13.2f} | {correct:>16} | {route}")

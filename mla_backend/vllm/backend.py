@@ -3,15 +3,15 @@
 Enabled with ``--attention-backend CUSTOM`` (and ``MLA_BACKEND`` from vLLM 0.32; registered by
 :func:`mla_backend.vllm.register`; release differences live in :mod:`mla_backend.vllm.compat`),
 configured with ``--additional-config '{"mla_backend": {...}}'`` or ``MLA_BACKEND_*`` variables.
-Decode is routed by the resolved kernel: ``bundled`` (our kernels), ``trtllm-gen`` (FlashInfer on
-SM100/103) or ``fallback`` (vLLM's portable Triton MLA decode); with ``auto`` on SM90, vLLM's FlashMLA
-takes the bundled kernels' place where it is faster for the engine's shape class (engine_best.py).
+Decode runs the engine's route (mla_backend/route.py, resolved once per engine): ``bundled`` (our
+kernels), ``trtllm-gen`` (FlashInfer on SM100/103), ``flashmla`` (vLLM's, with ``auto`` on SM90 for
+the shape classes it is measured faster at) or ``fallback`` (vLLM's portable Triton MLA decode).
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -35,11 +35,12 @@ from vllm.v1.worker.workspace import current_workspace_manager, is_workspace_man
 
 from .. import shapes
 from ..checks import query_layout_problem
-from ..config import BackendUnavailableError, MLABackendConfig, Resolution, format_validation_error, resolve_backend
+from ..config import MLABackendConfig, format_validation_error
 from ..decode import mla_decode
 from ..launcher import DecodePlan
+from ..route import DecodeShape, Engine, Route, resolve_route
 from ..step_plan import plan_buffer, plan_decode
-from . import compat, engine_best, fallback, flashmla
+from . import compat, fallback, flashmla
 from .drafter import drafter_hint
 
 logger = init_logger(__name__)
@@ -48,9 +49,6 @@ logger = init_logger(__name__)
 # never asks for more than this (it caps the split count by the workspace it is given).
 DECODE_WORKSPACE_BYTES = 128 << 20
 MIN_CAPABILITY = DeviceCapability(8, 0)  # the portable fallback's floor (bf16)
-
-# Kernels chosen in this process, for the demo and the logs ("which kernel served decode").
-ROUTES_CHOSEN: set[str] = set()
 
 
 def plugin_config(vllm_config: VllmConfig | None) -> MLABackendConfig:
@@ -62,47 +60,9 @@ def plugin_config(vllm_config: VllmConfig | None) -> MLABackendConfig:
         raise ValueError(format_validation_error(err)) from None
 
 
-def resolve_route(config: MLABackendConfig, detected: tuple[int, int]) -> Resolution:
-    """The kernel that serves decode on this GPU; raises BackendUnavailableError for an impossible explicit choice."""
-    return resolve_backend(config, config.capability(detected))
-
-
-def engine_route(vllm_config: VllmConfig | None, detected: tuple[int, int]) -> Resolution:
-    """The kernel that serves this engine's decode: the GPU's route, unless the model's attention
-    shapes are ones the bundled kernels and trtllm-gen do not take. Then `auto` hands decode to
-    vLLM's Triton MLA kernel (it takes any latent width and head count) and an explicit backend
-    raises BackendUnavailableError with the reason."""
-    config = plugin_config(vllm_config)
-    route = resolve_route(config, detected)
-    has_model = vllm_config is not None and vllm_config.model_config is not None
-    problem = model_problem(vllm_config) if has_model and route.kernel != "fallback" else None
-    if problem is None:
-        return route
-    if config.backend != "auto":
-        raise BackendUnavailableError(f"{problem}; backend='auto' decodes such models with vLLM's Triton MLA kernel")
-    return Resolution("fallback", f"auto: {problem} -> vLLM's Triton MLA decode")
-
-
-def detected_capability() -> tuple[int, int]:
-    capability = current_platform.get_device_capability()
-    if capability is None:
-        raise RuntimeError("mla_backend's vLLM backend needs a CUDA GPU (no device capability found)")
-    return (capability.major, capability.minor)
-
-
-@functools.cache
-def announce(route: Resolution) -> None:
-    """One log line per process saying which kernel serves MLA decode and why."""
-    if route.kernel == "fallback":
-        logger.warning("mla_backend: MLA decode runs vLLM's Triton MLA kernel: %s", route.reason)
-    else:
-        logger.info("mla_backend: MLA decode runs %s: %s", route.kernel, route.reason)
-
-
-@functools.cache
-def announce_drafter(hint: str) -> None:
-    """Once per process: the drafter's MLA layers decode elsewhere, and how to bring them here."""
-    logger.warning(hint)
+def vllm_engine() -> Engine:
+    """What vLLM offers beside our kernels: its Triton MLA decode, and FlashMLA's where it ships one."""
+    return Engine("vLLM", "vLLM's Triton MLA decode", "vLLM's Triton MLA kernel", flashmla.available())
 
 
 def query_tokens_per_request(vllm_config: VllmConfig) -> int:
@@ -115,31 +75,69 @@ def max_decode_tokens(vllm_config: VllmConfig) -> int:
     return vllm_config.scheduler_config.max_num_seqs * query_tokens_per_request(vllm_config)
 
 
-def engine_shape(vllm_config: VllmConfig, page_size: int, local_heads: int) -> engine_best.ShapeClass:
-    """What this engine decodes all its life: the class `auto` weighs FlashMLA for."""
+def engine_shape(vllm_config: VllmConfig, page_size: int | None, local_heads: int | None = None) -> DecodeShape:
+    """What this engine decodes all its life: the model's attention shape, heads per GPU (gathered
+    over decode context parallelism, before forward_mqa), query tokens per request, KV dtype, page."""
     dcp = vllm_config.parallel_config.decode_context_parallel_size
-    return engine_best.ShapeClass(
-        heads=local_heads * dcp,  # DCP all-gathers the query heads before forward_mqa
-        q_len=query_tokens_per_request(vllm_config),
-        page_size=page_size,
-        kv_fp8=compat.is_quantized_kv_cache(vllm_config.cache_config.cache_dtype),
-        dcp=dcp,
+    kv_fp8 = compat.is_quantized_kv_cache(vllm_config.cache_config.cache_dtype)
+    model_config = getattr(vllm_config, "model_config", None)
+    if local_heads is None:
+        local_heads = model_config.get_num_attention_heads(vllm_config.parallel_config)
+    shape = DecodeShape(local_heads * dcp, query_tokens_per_request(vllm_config), kv_fp8, page_size, dcp=dcp)
+    if model_config is None:
+        return shape
+    try:
+        dims = get_mla_dims(model_config)
+    except AttributeError:  # not an MLA model: the route refuses it
+        return replace(shape, kv_lora_rank=None)
+    return replace(
+        shape, kv_lora_rank=dims.kv_lora_rank, rope_dim=dims.qk_rope_head_dim, qk_nope_head_dim=dims.qk_nope_head_dim
     )
 
 
-def choose_engine_best(vllm_config: VllmConfig, shape: engine_best.ShapeClass) -> engine_best.EngineBest:
-    """Whether vLLM's FlashMLA serves this engine's decode in the bundled kernels' place (auto, SM90)."""
+def engine_route(vllm_config: VllmConfig | None, detected: tuple[int, int], page_size: int | None = None) -> Route:
+    """The route of this engine's decode (route.py's rules, a pure function of these values: the
+    engine's builder and impls get the same one); raises BackendUnavailableError for an impossible
+    explicit choice."""
     config = plugin_config(vllm_config)
-    detected = detected_capability()
-    return engine_best.choose(config, engine_route(vllm_config, detected), config.capability(detected), shape)
+    has_model = vllm_config is not None and vllm_config.model_config is not None
+    shape = engine_shape(vllm_config, page_size) if has_model else None
+    return resolve_route(config, config.capability(detected), shape, vllm_engine())
+
+
+def detected_capability() -> tuple[int, int]:
+    capability = current_platform.get_device_capability()
+    if capability is None:
+        raise RuntimeError("mla_backend's vLLM backend needs a CUDA GPU (no device capability found)")
+    return (capability.major, capability.minor)
 
 
 @functools.cache
-def announce_engine_best(best: engine_best.EngineBest) -> None:
-    if best.use_flashmla:
-        logger.info("mla_backend: auto: MLA decode runs vLLM's FlashMLA: %s", best.reason)
+def announce(route: Route) -> None:
+    """One log line per process and route: which kernel serves MLA decode and why."""
+    if route.kernel == "fallback":
+        logger.warning("mla_backend: MLA decode runs vLLM's Triton MLA kernel: %s", route.reason)
     else:
-        logger.info("mla_backend: auto keeps the bundled kernels over vLLM's FlashMLA: %s", best.reason)
+        logger.info("mla_backend: MLA decode route: %s", route.describe())
+
+
+@functools.cache
+def announce_drafter(hint: str) -> None:
+    """Once per process: the drafter's MLA layers decode elsewhere, and how to bring them here."""
+    logger.warning(hint)
+
+
+def model_routes(model: torch.nn.Module) -> list[Route]:
+    """The routes a worker's model decodes with (its attention layers' impls), each once: for logs,
+    the demo and engine checks (``LLM.apply_model(model_routes)``)."""
+    routes = {m.impl.route for m in model.modules() if isinstance(getattr(m, "impl", None), MLABackendImpl)}
+    return sorted(routes, key=Route.describe)
+
+
+def step_route(impl: MLABackendImpl, attn_metadata: MLACommonMetadata) -> Route:
+    """The route a step's decode runs: the builder's, handed down in the step's metadata; the impl's
+    own where the metadata carries none."""
+    return getattr(attn_metadata.decode, "route", None) or impl.route
 
 
 class MLABackend(MLACommonBackend):
@@ -209,37 +207,17 @@ class MLABackend(MLACommonBackend):
                 "picks its sparse MLA backend"
             )
         try:
-            engine_route(get_current_vllm_config_or_none(), (device_capability.major, device_capability.minor))
+            engine_route(
+                get_current_vllm_config_or_none(), (device_capability.major, device_capability.minor), block_size
+            )
         except ValueError as err:  # a bad setting, or an explicit backend this GPU or model cannot run
             return f"mla_backend: {err}"
         return None
 
 
-def model_problem(vllm_config: VllmConfig) -> str | None:
-    """Why the model's MLA shapes cannot run on these kernels, or None."""
-    model_config = vllm_config.model_config
-    try:
-        dims = get_mla_dims(model_config)
-    except AttributeError:
-        return "mla_backend serves MLA models (kv_lora_rank, qk_rope_head_dim in the config)"
-    if (dims.kv_lora_rank, dims.qk_rope_head_dim) != (shapes.KV_LORA_RANK, shapes.ROPE_DIM):
-        return (
-            f"mla_backend needs kv_lora_rank {shapes.KV_LORA_RANK} and qk_rope_head_dim {shapes.ROPE_DIM}, "
-            f"the model has {dims.kv_lora_rank} and {dims.qk_rope_head_dim}"
-        )
-    if dims.qk_nope_head_dim not in shapes.QK_NOPE_HEAD_DIMS:
-        return (
-            f"mla_backend needs qk_nope_head_dim in {shapes.QK_NOPE_HEAD_DIMS}, the model has {dims.qk_nope_head_dim}"
-        )
-    parallel = vllm_config.parallel_config
-    heads = model_config.get_num_attention_heads(parallel) * parallel.decode_context_parallel_size
-    if not 1 <= heads <= shapes.MAX_HEADS:
-        return f"mla_backend decodes 1..{shapes.MAX_HEADS} query heads per GPU, this setup gives {heads}"
-    return None
-
-
 @dataclass
 class RoutedDecodeMetadata(MLACommonDecodeMetadata):
+    route: Route | None = None  # the engine's route, as the builder resolved it
     flashmla: flashmla.Schedule | None = None  # FlashMLA's plan where it serves this engine's decode
     plan: DecodePlan | None = None  # the bundled kernels' split plan of this step, read by every layer
 
@@ -253,7 +231,7 @@ class MLABackendMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
     query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.UNIFORM
     flashmla_scheduler: flashmla.Scheduler | None = None
-    plan_shape: engine_best.ShapeClass | None = None  # the engine's decode where the bundled kernels serve it
+    plan_shape: DecodeShape | None = None  # the engine's decode where the bundled kernels serve it
     plan_buffer: torch.Tensor | None = None
     plan_config: MLABackendConfig | None = None
 
@@ -262,13 +240,10 @@ class MLABackendMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         reserve_decode_workspace(vllm_config, self.num_heads, self.mla_dims.kv_lora_rank)
         if hint := drafter_hint(vllm_config):
             announce_drafter(hint)
+        self.route = engine_route(vllm_config, detected_capability(), kv_cache_spec.block_size)
+        announce(self.route)
         shape = engine_shape(vllm_config, kv_cache_spec.block_size, self.num_heads)
-        best = choose_engine_best(vllm_config, shape)
-        if best.candidate:
-            announce_engine_best(best)
-        if best.use_flashmla:
-            ROUTES_CHOSEN.discard("bundled")  # the impls resolved it before this builder took decode over
-            ROUTES_CHOSEN.add("flashmla")
+        if self.route.kernel == "flashmla":
             full_graphs = self.compilation_config.cudagraph_mode.has_full_cudagraphs()
             graph_buffers = (
                 (current_platform.num_compute_units(), vllm_config.scheduler_config.max_num_seqs)
@@ -276,9 +251,8 @@ class MLABackendMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
                 else None
             )
             self.flashmla_scheduler = flashmla.Scheduler(shape.heads, shape.kv_fp8, graph_buffers, self.device)
-        bundled = not best.use_flashmla and engine_route(vllm_config, detected_capability()).kernel == "bundled"
         # A block size the kernels do not read is cut into kernel pages by vLLM: those calls plan themselves.
-        if bundled and shape.page_size in shapes.PAGE_SIZES:
+        if self.route.kernel == "bundled" and shape.page_size in shapes.PAGE_SIZES:
             self.plan_shape = shape
             # vLLM captures graphs of at most max_num_seqs requests, and no step decodes more.
             self.plan_buffer = plan_buffer(vllm_config.scheduler_config.max_num_seqs, self.device)
@@ -289,11 +263,13 @@ class MLABackendMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         decode = super()._build_decode(**kwargs)
         requests = kwargs["block_table_tensor"].shape[0]
         q_len = kwargs["num_decode_tokens"] // max(1, requests)
+        routed = functools.partial(
+            RoutedDecodeMetadata, decode.block_table, decode.seq_lens, decode.dcp_tot_seq_lens, self.route
+        )
         if self.flashmla_scheduler is not None:
-            schedule = self.flashmla_scheduler(kwargs["seq_lens_device"], q_len)
-            return RoutedDecodeMetadata(decode.block_table, decode.seq_lens, decode.dcp_tot_seq_lens, schedule)
+            return routed(flashmla=self.flashmla_scheduler(kwargs["seq_lens_device"], q_len))
         if self.plan_shape is None or requests == 0:
-            return decode
+            return routed()
         plan = plan_decode(
             decode.seq_lens,
             decode.block_table,
@@ -304,8 +280,9 @@ class MLABackendMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
             workspace_buffer=decode_workspace(self.device),
             buffer=self.plan_buffer,
             config=self.plan_config,
+            route=self.route,
         )
-        return RoutedDecodeMetadata(decode.block_table, decode.seq_lens, decode.dcp_tot_seq_lens, plan=plan)
+        return routed(plan=plan)
 
 
 def reserve_decode_workspace(vllm_config: VllmConfig, local_heads: int, kv_lora_rank: int) -> None:
@@ -313,7 +290,7 @@ def reserve_decode_workspace(vllm_config: VllmConfig, local_heads: int, kv_lora_
     Called by the builder and, where vLLM asks during memory profiling (0.33+), by the impl."""
     if not is_workspace_manager_initialized():
         return
-    route = engine_route(vllm_config, detected_capability())
+    route = engine_route(vllm_config, detected_capability(), vllm_config.cache_config.block_size)
     if route.kernel == "fallback":
         # Decode context parallelism all-gathers the query heads before forward_mqa.
         heads = local_heads * vllm_config.parallel_config.decode_context_parallel_size
@@ -379,9 +356,9 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
         self.vllm_config = get_current_vllm_config()
         self.config = plugin_config(self.vllm_config)
         self.quantized_kv_cache = compat.is_quantized_kv_cache(kv_cache_dtype)
-        self.route = engine_route(self.vllm_config, detected_capability())
+        # The engine's route (the builder resolves the same one and hands it down with each step).
+        self.route = engine_route(self.vllm_config, detected_capability(), self.vllm_config.cache_config.block_size)
         announce(self.route)
-        ROUTES_CHOSEN.add(self.route.kernel)
         # Our kernels and trtllm-gen take the fp8 query vLLM quantises; Triton dequantises KV to bf16.
         self.supports_quant_query_input = self.route.kernel != "fallback"
         self._sm_count = current_platform.num_compute_units() if self.route.kernel == "fallback" else 0
@@ -404,11 +381,12 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         decode = attn_metadata.decode
         assert decode is not None
+        route = step_route(self, attn_metadata)
         if compat.is_non_causal(attn_metadata):
             raise NotImplementedError("mla_backend decodes causal query blocks only")
         # bf16 comes as (ql_nope, q_pe): the bundled kernels read the parts in place (strided views).
         parts = q if isinstance(q, tuple) else (q,)
-        if len(parts) == 2 and (self.route.kernel != "bundled" or any(query_layout_problem("q", t) for t in parts)):
+        if len(parts) == 2 and (route.kernel != "bundled" or any(query_layout_problem("q", t) for t in parts)):
             parts = (torch.cat(parts, dim=-1),)
         tokens, heads, _ = parts[0].shape
         requests = attn_metadata.num_decodes
@@ -417,8 +395,10 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
                 f"mla_backend needs a uniform query length per request; got {tokens} tokens for {requests} requests"
             )
         q_len = tokens // requests
-        schedule = getattr(decode, "flashmla", None)
-        if schedule is not None:  # auto on SM90, where vLLM's FlashMLA is faster for this engine
+        if route.kernel == "flashmla":  # auto on SM90, where vLLM's FlashMLA is faster for this engine
+            schedule = getattr(decode, "flashmla", None)
+            if schedule is None:
+                raise RuntimeError(f"mla_backend: no FlashMLA plan in this step's metadata ({route.describe()})")
             query = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
             out, lse = flashmla.decode(
                 query.view(requests, q_len, heads, query.shape[-1]),
@@ -432,7 +412,7 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
                 self.kv_lora_rank,
             )
             return out, (lse if self.need_to_return_lse_for_decode else None)
-        if self.route.kernel == "fallback":
+        if route.kernel == "fallback":
             return fallback.triton_mla_decode(
                 parts[0],
                 kv_c_and_k_pe_cache,
@@ -457,11 +437,11 @@ class MLABackendImpl(MLACommonImpl[MLACommonMetadata]):
             attn_metadata.max_seq_len,
             bmm1_scale=bmm1,
             bmm2_scale=bmm2,
-            backend=self.route.backend,
             return_lse=return_lse,
             config=self.config,
             qk_nope_head_dim=self.qk_nope_head_dim,
             plan=getattr(decode, "plan", None),
+            route=route,
         )
         out, lse = result if return_lse else (result, None)
         return out.view(tokens, heads, -1), (lse.view(tokens, heads) if lse is not None else None)

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-PAGE_SIZE = 64  # the only page size FlashMLA's dense decode reads
+from ..sm90_table import FLASHMLA_PAGE_SIZE as PAGE_SIZE  # noqa: F401 (the page size its callers check)
+
 # The worst relative L2 error of an output row FlashMLA may show against float64 where it serves
 # `auto`'s decode: vLLM's accuracy on Hopper, not ours (reference.ROW_ERROR_TOLERANCE, half these).
 # Its FP8 kernel rounds P to e4m3 before P.V: rows that see a few hundred keys land at 2.0-2.6e-2 on
