@@ -160,3 +160,13 @@ def flashmla_rule(got: torch.Tensor, want: torch.Tensor, abs_tol: float, rel_tol
         cos_diff,
         why,
     )
+
+
+def assert_lse_exact(got: torch.Tensor, want: torch.Tensor) -> None:
+    """The exact-LSE contract: -inf exactly where a row sees no key, every other LSE within FlashMLA's
+    rule (1e-6 absolute or 8/65536 relative) of the float64 reference."""
+    assert torch.equal(torch.isneginf(got.reshape(want.shape)), torch.isneginf(want)), (
+        "LSE must be -inf exactly where a row sees nothing"
+    )
+    verdict = flashmla_rule(got, want, **FLASHMLA_LSE)
+    assert verdict.passed, f"LSE: {verdict.why} (largest error {verdict.max_abs:.2e})"
