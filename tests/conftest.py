@@ -34,8 +34,9 @@ def kernel_cache(tmp_path_factory) -> Path:
 def kernel_library(kernel_cache) -> Path:
     """The sm_90a kernel library, loaded into this process (torch.ops.mla_backend.*): the installed
     wheel's where it ships one built from these sources, else built with `python -m mla_backend build`
-    into the session's cache (reusing test_build.py's build when that ran first). The scheduling ops
-    run on any machine; one process holds one library, so these tests run apart from the GPU ones."""
+    into MLA_BACKEND_CACHE_DIR where set, else the session's cache (reusing test_build.py's build when
+    that ran first). The scheduling ops run on any machine; one process holds one library, so these
+    tests run apart from the GPU ones."""
     import torch
 
     from mla_backend.jit import build_dir, prebuilt_library
@@ -44,13 +45,15 @@ def kernel_library(kernel_cache) -> Path:
     library = prebuilt_library(LIBRARY_ARCH)
     if library is None:
         start = time.perf_counter()
-        env = dict(os.environ, MLA_BACKEND_CACHE_DIR=str(kernel_cache))
+        # A cached build is stamped with its sources: one in the configured cache is these sources'.
+        cache = os.environ.get("MLA_BACKEND_CACHE_DIR") or str(kernel_cache)
+        env = dict(os.environ, MLA_BACKEND_CACHE_DIR=cache)
         env.pop("NVCC_APPEND_FLAGS", None)
         env.pop("NVCC_PREPEND_FLAGS", None)
         command = [sys.executable, "-m", "mla_backend", "build", "--arch", LIBRARY_ARCH]
         result = subprocess.run(command, env=env, capture_output=True, text=True)
         assert result.returncode == 0, f"build failed:\n{result.stdout}\n{result.stderr[-4000:]}"
-        library = build_dir(LIBRARY_ARCH, str(kernel_cache)) / library_filename(LIBRARY_ARCH)
+        library = build_dir(LIBRARY_ARCH, cache) / library_filename(LIBRARY_ARCH)
         print(f"\nkernel_library: {LIBRARY_ARCH} ready in {time.perf_counter() - start:.1f} s")
     torch.ops.load_library(str(library))
     return library
