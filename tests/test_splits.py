@@ -2,7 +2,10 @@
 (csrc/schedule/), read through its ops on a machine without a GPU (the kernel_library fixture); the
 plan itself is made on the GPU (tests/test_decode_gpu.py), its rules written again in plan_oracle.py."""
 
+import types
+
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -11,11 +14,13 @@ from mla_backend.kernel_constants import MAX_PLAN_PIECES, PLAN_MIN_BATCH, STEP_P
 from mla_backend.launcher import (
     choose_num_splits,
     choose_plan_pieces,
+    plan_ints,
     plan_partials_bytes,
     plan_workspace_bytes,
     schedule,
     workspace_bytes,
 )
+from mla_backend.step_plan import _check_plan_buffer
 
 BIG = 1 << 40
 library = pytest.mark.usefixtures("kernel_library")
@@ -191,3 +196,34 @@ def test_the_plan_stays_within_its_layout(lengths, pieces):
     counts = plan_counts(lengths, pieces)
     assert all(1 <= c <= MAX_KV_SPLITS for c in counts)
     assert all(c == 1 for n, c in zip(lengths, counts) if n <= 32)  # one tile is never cut
+
+
+def test_the_formulas_are_read_from_a_loaded_library_only(monkeypatch):
+    monkeypatch.setattr(torch.ops, "mla_backend", types.SimpleNamespace())  # a process with no library
+    with pytest.raises(RuntimeError, match="plan_ints is the kernel library's, and no library is loaded"):
+        plan_ints(3, 8)
+
+
+@library
+def test_python_takes_the_plans_size_from_the_library(monkeypatch):
+    """The step plan's buffer check asks the library: exactly plan_ints passes, one int less fails, and
+    a library that counted one more would fail the same buffer (the library's side alone decides)."""
+    need = plan_ints(3, MAX_PLAN_PIECES)
+    assert need == torch.ops.mla_backend.plan_ints(3, MAX_PLAN_PIECES)
+    _check_plan_buffer(torch.zeros(need, dtype=torch.int32), 3)
+    with pytest.raises(ValueError, match=f"buffer holds {need - 1} ints, a plan of 3 requests may need {need}"):
+        _check_plan_buffer(torch.zeros(need - 1, dtype=torch.int32), 3)
+    monkeypatch.setattr(torch.ops.mla_backend, "plan_ints", lambda batch, pieces: need + 1)
+    with pytest.raises(ValueError, match=f"may need {need + 1}"):
+        _check_plan_buffer(torch.zeros(need, dtype=torch.int32), 3)
+
+
+@library
+def test_the_schedule_ops_refuse_arguments_outside_their_formulas():
+    ops = torch.ops.mla_backend
+    with pytest.raises(RuntimeError, match="memory-safety invariant: rows .* must be 1..1024"):
+        ops.schedule(4, 0, True, 100, 264, BIG, False)
+    with pytest.raises(RuntimeError, match="memory-safety invariant: slots .* must be 1"):
+        ops.num_splits(4, 16, True, 100, 0, BIG)
+    with pytest.raises(RuntimeError, match="memory-safety invariant: plan_pieces must be 0..4096"):
+        ops.plan_ints(4, 4097)
