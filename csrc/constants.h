@@ -5,7 +5,7 @@
 // DeepSeek-V3-class MLA: K rows are 512 latent ("nope") dims then 64 rope dims; V is the latent part.
 #define MLA_LATENT_DIM 512
 #define MLA_ROPE_DIM 64
-// Rows of one request's problem (query tokens x heads): the bound of the launcher's exact row / heads.
+// Rows of one request's problem (query tokens x heads): the bound of the kernels' exact row / heads (heads_recip).
 #define MLA_MAX_ROWS 1024
 // Splits of one request's KV across CTAs: bounds the merge kernel's LSE pass (one thread per
 // split) and the workspace the split partials take.
@@ -16,16 +16,26 @@
 // than they save.
 #define MLA_MIN_TILES_PER_SPLIT 4
 // One more split of a request costs its merge about a tile's work over this many splits (the split
-// models of launcher.py and plan.cuh).
+// cost model, schedule/cost_model.h).
 #define MLA_SPLITS_PER_MERGE_TILE 20
 // Splits of a request the merge takes one warp a row for (all splits in registers); more take blocks.
 #define MLA_FEW_SPLITS_MAX 8
-// A CTA's fixed cost (pipeline fill, epilogue) in tiles' work (the split models of launcher.py and plan.cuh).
+// A CTA's fixed cost (pipeline fill, epilogue) in tiles' work (the split cost model, schedule/cost_model.h).
 #define MLA_FIXED_TILES_PER_CTA 2
 // The most CTAs (per row block) a split plan spreads one call's work over.
 #define MLA_MAX_PLAN_PIECES 4096
-// Waves of pieces a plan may cut beyond one item a request (params.h's PlanLayout bounds).
+// Waves of pieces a plan may cut beyond one item a request (schedule/plan_layout.h's PlanLayout bounds).
 #define MLA_PLAN_CUT_WAVES 2
+// Requests a call holds at least for the GPU's split plan made inside the call: the plan's kernel and
+// its item lookup add about 7 us a call (H100, docs/performance.md), which batches this large repay
+// once their lengths differ; smaller ones keep one split count for the batch, planned on the host.
+#define MLA_PLAN_MIN_BATCH 32
+// The same for a plan made once per engine step (mla_backend/step_plan.py), which every layer's call
+// reads: from 4 requests it gains where lengths differ (2.1-5.5x with one 32k request among 1k ones)
+// and costs equal batches 0-5%. A planned grid spans more CTAs than the items need (the plan is made
+// on the GPU), and the H100 then places a few of its first CTAs two to an SM: one or two requests,
+// split over a hundred CTAs, run up to 25% slower than with the host's count (docs/performance.md).
+#define MLA_STEP_PLAN_MIN_BATCH 4
 
 // The tile shapes built into the library, X(fp8, max_rows, row_groups, fragments_per_warp): a problem
 // takes the first entry of its dtype whose max_rows covers its rows (query tokens x heads). CTAs are

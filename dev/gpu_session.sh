@@ -28,9 +28,11 @@
 #     wheel in .gpu/ab/ as ours_base where carried: two builds of ours side by side; reports in $OUT)
 #   | ab (our times, dev/time_ours.py, alternating the wheel in .gpu/ab/ (base) and .gpu/dist/, 3 rounds)
 #   | abbuilds (the same for kernel builds JIT-compiled here: AB_BUILDS="name|tree|nvcc flags;..." with
-#     tree a source tree carried in the checkout (. or an ignored copy of another commit), e.g.
-#     AB_BUILDS="v1|.|-DMLA_SMEM_FLOOR_BYTES=118784 -DMLA_WARP_SPECIALIZED=0;v2|.|-DMLA_SMEM_FLOOR_BYTES=118784
-#     -DMLA_WARP_SPECIALIZED=1"; AB_ENV for settings all builds share, e.g. MLA_BACKEND_FP8_PV=f16;
+#     tree a source tree carried in the checkout (. or an ignored copy of another commit), its flags
+#     relative to it, e.g. SM120's build emulated on the Hopper (dev/profiles/sm120_on_sm90.h) before
+#     and after a change: AB_BUILDS="base|.ab-base|-include dev/profiles/sm120_on_sm90.h;new|.|-include
+#     dev/profiles/sm120_on_sm90.h" AB_ENV="MLA_BACKEND_FP8_QK=e4m3 MLA_BACKEND_FP8_PV=f16"; AB_ENV for
+#     settings all builds share;
 #     AB_SCRIPT another timer than dev/time_ours.py taking the same SHAPES, e.g. dev/kernel_breakdown.py;
 #     AB_ROUNDS interleaved rounds (3);
 #     a build made here ahead of time into .gpu/abcache/<name> (MLA_BACKEND_CACHE_DIR, the same tree

@@ -4,8 +4,9 @@
     python dev/mutations.py --only 3,17  # some of them
 
 Each mutation replaces one exact snippet (it must occur exactly once) in a copy of the checkout;
-the CPU tests then run against that copy (``-x``, the compile and wheel tests left out). A
-mutation survives when they all pass. Run it before a release, not in CI (about 90 minutes on two
+the CPU tests then run against that copy (``-x``, tests/test_build.py and the wheel tests left out;
+the tests that read the kernel library build it into the copy's own cache, again only after a
+mutation of csrc/). A mutation survives when they all pass. Run it before a release, not in CI (about 90 minutes on two
 cores); docs/validation.md lists the last result.
 """
 
@@ -240,36 +241,42 @@ MUTATIONS = [
         "frozenset({(10, 0), (10, 3), (12, 0)})",
         "trtllm-gen claimed on SM 12.0",
     ),
-    # launcher arithmetic
+    # the library's scheduling formulas (killed by the build tests, which compile the mutated csrc/)
     M(
-        "mla_backend/launcher.py",
-        "batch * num_splits * rows * (LATENT_DIM + 1) * 4",
-        "batch * num_splits * rows * LATENT_DIM * 4",
+        "csrc/schedule/workspace.h",
+        "partial_rows * (kDimV + 1) *",
+        "partial_rows * kDimV *",
         "workspace misses the LSE",
     ),
     M(
-        "mla_backend/launcher.py",
-        "useful = max(1, math.ceil(max_seq_len / (TOKENS_PER_TILE * MIN_TILES_PER_SPLIT)))",
-        "useful = max(1, math.ceil(max_seq_len / TOKENS_PER_TILE))",
+        "csrc/schedule/host_schedule.h",
+        "ceil_div<int64_t>(max_seq_len, kBlockN * kMinTilesPerSplit)",
+        "ceil_div<int64_t>(max_seq_len, kBlockN)",
         "splits below 128 tokens",
     ),
     M(
-        "mla_backend/launcher.py",
-        "max(1, slots // row_blocks), items_room",
-        "max(1, slots), items_room",
+        "csrc/schedule/host_schedule.h",
+        "std::max<int64_t>(1, slots / row_blocks)",
+        "std::max<int64_t>(1, slots)",
         "plan pieces ignore the row blocks",
     ),
     M(
-        "mla_backend/launcher.py",
-        "return (PLAN_CUT_WAVES + 1) * pieces * rows",
-        "return pieces * rows",
+        "csrc/schedule/plan_layout.h",
+        "return (kCutWaves + 1) * pieces;",
+        "return pieces;",
         "plan workspace holds partials for one split a piece",
     ),
     M(
-        "mla_backend/launcher.py",
-        "(STEP_PLAN_MIN_BATCH if step_plan else PLAN_MIN_BATCH)",
-        "(STEP_PLAN_MIN_BATCH if step_plan else 1)",
+        "csrc/schedule/host_schedule.h",
+        "(step_plan ? kStepPlanMinBatch : kPlanMinBatch)",
+        "(step_plan ? kStepPlanMinBatch : 1)",
         "small batches planned on the GPU",
+    ),
+    M(
+        "csrc/schedule/host_schedule.h",
+        "std::min({useful, fits, int64_t{kMaxSplits}})",
+        "std::min({useful, int64_t{kMaxSplits}})",
+        "split count ignores the workspace",
     ),
     M(
         "mla_backend/step_plan.py",
@@ -282,12 +289,6 @@ MUTATIONS = [
         'plan=getattr(decode, "plan", None),',
         "plan=None,",
         "vLLM's layers ignore the step's plan",
-    ),
-    M(
-        "mla_backend/launcher.py",
-        "limit = max(1, min(useful, fits, MAX_KV_SPLITS))",
-        "limit = max(1, min(useful, MAX_KV_SPLITS))",
-        "split count ignores the workspace",
     ),
     # vLLM adapter
     M(
@@ -620,7 +621,8 @@ def make_copy() -> Path:
 
 
 def run_tests(copy: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(copy), HF_HUB_OFFLINE="1")
+    cache = copy.with_name(copy.name + "_cache")  # the copy's kernel library, rebuilt when csrc/ differs
+    env = dict(os.environ, PYTHONPATH=str(copy), HF_HUB_OFFLINE="1", MLA_BACKEND_CACHE_DIR=str(cache))
     return subprocess.run(PYTEST, cwd=copy, env=env, capture_output=True, text=True)
 
 
@@ -679,6 +681,7 @@ def main() -> int:
     print(f"\n{len(results)} mutations, {len(results) - survivors} killed, {survivors} survived")
     for copy in copies:
         shutil.rmtree(copy, ignore_errors=True)
+        shutil.rmtree(copy.with_name(copy.name + "_cache"), ignore_errors=True)
     return 1 if survivors > 3 else 0
 
 

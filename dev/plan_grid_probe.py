@@ -12,7 +12,7 @@ import torch
 from mla_backend import MLABackendConfig, mla_decode
 from mla_backend.inputs import make_paged_problem
 from mla_backend.kernel_constants import MAX_PLAN_PIECES
-from mla_backend.launcher import DecodePlan, plan_ints
+from mla_backend.launcher import DecodePlan, plan_ints, plan_partials_bytes
 from mla_backend.tools.bench import SM_SCALE, copies_past_l2, time_graph
 
 CASES = [(16, [32768]), (128, [32768]), (16, [32768, 1024]), (16, [4096])]
@@ -32,7 +32,7 @@ def plan_over(problem, pieces: int) -> DecodePlan:
     batch, q_len, heads, _ = problem.query.shape
     ints = torch.zeros(plan_ints(batch, MAX_PLAN_PIECES), dtype=torch.int32, device="cuda")
     torch.ops.mla_backend.plan(problem.seq_lens, ints, problem.block_tables.shape[1], 64, pieces)
-    return DecodePlan(ints, batch, q_len * heads, True, pieces)
+    return DecodePlan(ints, batch, q_len * heads, True, pieces, plan_partials_bytes(q_len * heads, pieces))
 
 
 def main() -> int:

@@ -1,10 +1,12 @@
 """How many KV splits ours and FlashMLA make at the merge table's shapes (docs/performance.md), and the
-partials each side writes for its merge to read: a CPU calculation, no GPU.
+partials each side writes for its merge to read: a CPU calculation, no GPU (the host's count is the
+kernel library's: the sm_90a library is loaded, built into the cache first if none is there).
 
     python dev/split_counts.py [--sms 132]
 
-Ours: the GPU plan's rules (tests/plan_oracle.py, batches of 32 or more, or of 4 or more when the
-engine plans once per step) or the host's count (launcher.choose_num_splits, smaller batches), with
+Ours: the GPU plan's rules (tests/plan_oracle.py, batches of PLAN_MIN_BATCH or more, or of
+STEP_PLAN_MIN_BATCH or more when the engine plans once per step) or the host's count
+(launcher.choose_num_splits, smaller batches), with
 the H100's resident CTAs of each tile (16 rows: 3 a SM, 32 rows: 2). FlashMLA: its dense decode
 scheduler as its get_decoding_sched_meta kernel states the rules (64-token blocks, a fixed charge of 5
 blocks a split, one part per SM / (KV heads x ceil(rows / 64)), each part given an equal share of the
@@ -21,10 +23,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "dev")]
 
+import torch  # noqa: E402
 from mixed_lengths import mixes  # noqa: E402
 from plan_oracle import choose_target, request_splits  # noqa: E402
 
-from mla_backend.kernel_constants import LATENT_DIM, TOKENS_PER_TILE  # noqa: E402
+from mla_backend.jit import build_cached  # noqa: E402
+from mla_backend.kernel_constants import (  # noqa: E402
+    LATENT_DIM,
+    PLAN_MIN_BATCH,
+    STEP_PLAN_MIN_BATCH,
+    TOKENS_PER_TILE,
+)
 from mla_backend.launcher import choose_num_splits  # noqa: E402
 
 FLASHMLA_BLOCK, FLASHMLA_SPLIT_CHARGE = 64, 5
@@ -54,7 +63,7 @@ def flashmla_splits(lengths: list[int], sms: int, rows: int) -> list[int]:
 def our_splits(lengths: list[int], sms: int, rows: int, step_plan: bool) -> list[int]:
     tile_rows, per_sm = (16, 3) if rows <= 16 else (32, 2)
     pieces = sms * per_sm // math.ceil(rows / tile_rows)
-    if len(lengths) >= 32 or (step_plan and len(lengths) >= 4):
+    if len(lengths) >= PLAN_MIN_BATCH or (step_plan and len(lengths) >= STEP_PLAN_MIN_BATCH):
         tiles = [math.ceil(n / TOKENS_PER_TILE) for n in lengths]
         target = choose_target(tiles, pieces)
         return [request_splits(t, target) for t in tiles]
@@ -71,6 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sms", type=int, default=132)
     sms = parser.parse_args().sms
+    torch.ops.load_library(str(build_cached("sm_90a")[0]))
     mixed = mixes()
     shapes = {
         "16 x 1 x 32k": (16, [32768]),

@@ -53,7 +53,7 @@ def main(args: list[str]) -> int:
             (row,) = bench_shape(dtype, heads, batch, seq, q, workspace, peers=())
             timed, planned = (f"{row.us:.1f}" if row.us is not None else f"failed: {row.note}"), ""
         print(f"H{heads} B{batch} {seq // 1024}k q{q}{planned} {timed}", flush=True)
-    # CTAs an SM held per tile of the dtype (a build with MLA_SMEM_FLOOR_BYTES shows SM120's one); the runs
+    # CTAs an SM held per tile of the dtype (a build with dev/profiles/sm120_on_sm90.h shows SM120's one); the runs
     # loaded the library.
     fp8 = dtype == torch.float8_e4m3fn
     resident = [

@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../csrc/ptx.cuh"
+#include "../csrc/common/ptx.cuh"
 
 using mla::cp_async_16;
 using mla::cp_async_commit;

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from .targets import bundled_arch, served_capabilities
 
-SOURCES = ("mla_decode.cu",)  # the translation unit; it includes the headers
-HEADER_PATTERNS = ("*.h", "*.cuh")  # every header of csrc/ is part of the source stamp (and the wheel)
+SOURCES = ("api/library.cu",)  # the translation unit, relative to csrc/; it includes the headers
+HEADER_PATTERNS = ("*.h", "*.cuh")  # every header under csrc/ is part of the source stamp (and the wheel)
 FP8_QK_CHOICES = ("auto", "f16", "e4m3")  # config.Fp8QkName; a test keeps the two equal
 FP8_PV_CHOICES = ("auto", "f32", "f16")  # config.Fp8PvName; likewise
 F16_PV_ARCHES = ("sm_90a", "sm_120a", "sm_121a")  # fp8_pv="f16" builds without spills here
@@ -118,7 +118,9 @@ def nvcc_flags(arch: str, strict: bool = False, variant: KernelVariant = DEFAULT
 
 
 def headers(csrc: Path) -> tuple[str, ...]:
-    return tuple(sorted(path.name for pattern in HEADER_PATTERNS for path in csrc.glob(pattern)))
+    """Every header under ``csrc``, as paths relative to it ("common/params.h")."""
+    found = (path for pattern in HEADER_PATTERNS for path in csrc.rglob(pattern))
+    return tuple(sorted(path.relative_to(csrc).as_posix() for path in found))
 
 
 def source_stamp(csrc: Path, arch: str, variant: KernelVariant = DEFAULT_VARIANT) -> str:

@@ -1,28 +1,21 @@
-"""Launching the bundled kernels: tile shape, split-KV count, workspace, the op call."""
+"""Launching the bundled kernels: tile shape, split-KV schedule, workspace, the op call.
+
+The scheduling formulas (the split count, the plan's pieces and layout, the workspace sizes) are the
+kernel library's (csrc/schedule/), read here through its ops: the functions below ask the loaded
+library, so they need it loaded (jit.ensure_loaded) and hold no arithmetic of their own.
+"""
 
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from .checks import DecodeProblem
 from .config import MLABackendConfig
-from .kernel_constants import (
-    FIXED_TILES_PER_CTA,
-    LATENT_DIM,
-    MAX_KV_SPLITS,
-    MAX_PLAN_PIECES,
-    MIN_TILES_PER_SPLIT,
-    PLAN_CUT_WAVES,
-    SPLITS_PER_MERGE_TILE,
-    TILE_SHAPES,
-    TOKENS_PER_TILE,
-)
-
-MERGE_TILES_PER_SPLIT = 1 / SPLITS_PER_MERGE_TILE  # the merge kernel's cost of one more split, in the same units
+from .kernel_constants import TILE_SHAPES
 
 
 def tile_shape(rows: int, fp8: bool) -> tuple[int, int]:
@@ -34,15 +27,46 @@ def tile_shape(rows: int, fp8: bool) -> tuple[int, int]:
     raise ValueError(f"no kernel tile covers {rows} rows (query tokens x heads)")
 
 
-def tile_rows(rows: int, fp8: bool) -> int:
-    row_groups, rf = tile_shape(rows, fp8)
-    return 16 * row_groups * rf
+def load_library(device: torch.device, config: MLABackendConfig) -> int:
+    """Load the kernel library for the CUDA ``device`` (building it first if need be): its kernels and
+    the formulas the functions below read. Returns the device's index."""
+    from .jit import ensure_loaded
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    ensure_loaded(index, config.cache_dir, config.kernel_variant)
+    return index
 
 
-def workspace_bytes(batch: int, rows: int, num_splits: int) -> int:
-    """Bytes of workspace split-KV needs: partial outputs plus their LSE, sized for fp32 partials
-    (FP8 problems store f16 partials, so they use a little over half of it)."""
-    return 0 if num_splits == 1 else batch * num_splits * rows * (LATENT_DIM + 1) * 4
+def library_op(name: str) -> Any:
+    """``torch.ops.mla_backend.<name>`` of the loaded kernel library."""
+    try:
+        return getattr(torch.ops.mla_backend, name)
+    except AttributeError:
+        raise RuntimeError(
+            f"mla_backend: {name} is the kernel library's, and no library is loaded in this process "
+            "(jit.ensure_loaded loads one)"
+        ) from None
+
+
+def plan_ints(batch: int, pieces: int) -> int:
+    """int32 entries of a split plan of ``batch`` requests over ``pieces`` CTAs per row block."""
+    return int(library_op("plan_ints")(batch, pieces))
+
+
+def workspace_bytes(batch: int, rows: int, num_splits: int, plan_pieces: int = 0, step_plan: bool = False) -> int:
+    """Bytes of workspace a call needs: ``num_splits`` splits a request, or a plan over ``plan_pieces``
+    CTAs per row block (made in the call, or once a step: ``step_plan``, whose ints live apart)."""
+    return int(library_op("workspace_bytes")(batch, rows, num_splits, plan_pieces, step_plan))
+
+
+def plan_partials_bytes(rows: int, pieces: int) -> int:
+    """Workspace bytes the split partials of a step's plan over ``pieces`` take."""
+    return workspace_bytes(0, rows, 1, pieces, step_plan=True)
+
+
+def plan_workspace_bytes(batch: int, rows: int, pieces: int) -> int:
+    """Workspace bytes a call that plans itself over ``pieces`` needs: the plan's ints, then the partials."""
+    return workspace_bytes(batch, rows, 1, pieces)
 
 
 def workspace_capacity(workspace: torch.Tensor | None) -> int:
@@ -50,67 +74,42 @@ def workspace_capacity(workspace: torch.Tensor | None) -> int:
     return 0 if workspace is None else workspace.numel() * workspace.element_size()
 
 
-MAX_GRID_Y = 65535  # CUDA's bound on grid.y
-# Requests a call holds at least for the GPU's split plan made inside the call: the plan's kernel and
-# its item lookup add about 7 us a call (H100, docs/performance.md), which batches this large repay
-# once their lengths differ; smaller ones keep one split count for the batch, planned on the host.
-PLAN_MIN_BATCH = 32
-# The same for a plan made once per engine step (step_plan.py), which every layer's call reads: from
-# 4 requests it gains where lengths differ (2.1-5.5x with one 32k request among 1k ones) and costs
-# equal batches 0-5%. A planned grid spans more CTAs than the items need (the plan is made on the
-# GPU), and the H100 then places a few of its first CTAs two to an SM: one or two requests, split
-# over a hundred CTAs, run up to 25% slower than with the host's count (docs/performance.md).
-STEP_PLAN_MIN_BATCH = 4
+def schedule(
+    batch: int, rows: int, fp8: bool, max_seq_len: int, slots: int, workspace_capacity: int, *, step_plan: bool = False
+) -> tuple[int, int]:
+    """(num_splits, plan_pieces) of a call on ``slots`` resident CTAs: the GPU's split plan where the
+    batch and the workspace allow one (plan_pieces > 0, one split a request until the plan cuts them),
+    else the host's split count. Depends only on host values, so a captured CUDA graph stays valid for
+    any seq_lens."""
+    splits, pieces = library_op("schedule")(batch, rows, fp8, max_seq_len, slots, workspace_capacity, step_plan)
+    return int(splits), int(pieces)
 
 
-def plan_ints(batch: int, pieces: int) -> int:
-    """int32 entries of a split plan (csrc/params.h's PlanLayout.ints())."""
-    partials = (PLAN_CUT_WAVES + 1) * pieces
-    return 3 + 3 * batch + (batch + PLAN_CUT_WAVES * pieces) + min(batch, partials // 2)
-
-
-def plan_partials_bytes(rows: int, pieces: int) -> int:
-    """Workspace bytes a plan's split partials take: fp32 outputs and their LSE for at most
-    (cut waves + 1) x pieces splits (FP8 problems store f16 partials, a little over half of it)."""
-    return (PLAN_CUT_WAVES + 1) * pieces * rows * (LATENT_DIM + 1) * 4
-
-
-def plan_workspace_bytes(batch: int, rows: int, pieces: int) -> int:
-    """Workspace bytes a call that plans itself needs (csrc/params.h's PlanLayout): the plan's ints,
-    rounded to 256 bytes, then the partials."""
-    return math.ceil(plan_ints(batch, pieces) * 4 / 256) * 256 + plan_partials_bytes(rows, pieces)
+def choose_num_splits(batch: int, rows: int, fp8: bool, max_seq_len: int, slots: int, workspace_capacity: int) -> int:
+    """The host's split count of a call without a plan: the grid fills whole waves of ``slots``."""
+    return int(library_op("num_splits")(batch, rows, fp8, max_seq_len, slots, workspace_capacity))
 
 
 def choose_plan_pieces(
     batch: int, rows: int, fp8: bool, slots: int, workspace_capacity: int, *, step_plan: bool = False
 ) -> int:
-    """CTAs per row block the kernels' split plan (csrc/plan.cuh) spreads a call's work over: one wave
-    of the GPU's resident CTAs, as many as the workspace holds; 0 (no plan: the host's split count)
-    where it holds none or the batch is under PLAN_MIN_BATCH (STEP_PLAN_MIN_BATCH for a plan made
-    once per step, whose ints live outside the workspace). The plan itself is made on the GPU from
-    the real seq_lens, so a captured CUDA graph replays it for any lengths."""
-    if batch < (STEP_PLAN_MIN_BATCH if step_plan else PLAN_MIN_BATCH):
-        return 0
-    row_blocks = math.ceil(rows / tile_rows(rows, fp8))
-    items_room = (MAX_GRID_Y - batch) // PLAN_CUT_WAVES  # the plan's items span grid.y
-    pieces = max(0, min(MAX_PLAN_PIECES, max(1, slots // row_blocks), items_room))
-    need = plan_partials_bytes if step_plan else functools.partial(plan_workspace_bytes, batch)
-    while pieces > 0 and need(rows, pieces) > workspace_capacity:
-        pieces //= 2
-    return pieces
+    """CTAs per row block the GPU's split plan spreads a call's work over (0: no plan)."""
+    return schedule(batch, rows, fp8, 0, slots, workspace_capacity, step_plan=step_plan)[1]
 
 
 @dataclass(frozen=True)
 class DecodePlan:
     """A decode step's split plan, made on the GPU (launch_plan) and read by each of its calls.
     ``ints``: int32 plan entries for ``batch`` requests over ``pieces`` CTAs per row block, sized for
-    problems of ``rows`` query rows (q_len x heads) of the ``fp8`` or bf16 kernels."""
+    problems of ``rows`` query rows (q_len x heads) of the ``fp8`` or bf16 kernels, whose calls need
+    ``workspace_bytes`` of workspace for the split partials (the library's count)."""
 
     ints: torch.Tensor
     batch: int
     rows: int
     fp8: bool
     pieces: int
+    workspace_bytes: int  # what each call's workspace must hold: the plan's split partials
 
 
 def launch_plan(
@@ -126,11 +125,7 @@ def launch_plan(
     """Plan a step of validated inputs into ``buffer`` (int32, at least plan_ints(batch, MAX_PLAN_PIECES)):
     None where its calls keep the host's split count (too small a batch, no room for partials in
     ``capacity`` bytes of workspace)."""
-    from .jit import ensure_loaded
-
-    device = seq_lens.device
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    ensure_loaded(index, config.cache_dir, config.kernel_variant)
+    index = load_library(seq_lens.device, config)
     batch = seq_lens.shape[0]
     slots = resident_slots(index, fp8, *tile_shape(rows, fp8))
     pieces = choose_plan_pieces(batch, rows, fp8, slots, capacity, step_plan=True)
@@ -138,7 +133,7 @@ def launch_plan(
         return None
     ints = buffer[: plan_ints(batch, pieces)]
     torch.ops.mla_backend.plan(seq_lens, ints, max_pages, page_size, pieces)
-    return DecodePlan(ints, batch, rows, fp8, pieces)
+    return DecodePlan(ints, batch, rows, fp8, pieces, plan_partials_bytes(rows, pieces))
 
 
 @functools.cache
@@ -147,29 +142,6 @@ def resident_slots(device_index: int, fp8: bool, row_groups: int, rf: int) -> in
     with torch.cuda.device(device_index):
         per_sm = torch.ops.mla_backend.ctas_per_sm(fp8, row_groups, rf)
     return max(1, per_sm) * torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def choose_num_splits(batch: int, rows: int, fp8: bool, max_seq_len: int, slots: int, workspace_capacity: int) -> int:
-    """Split each request's KV so the grid fills whole waves of ``slots`` resident CTAs.
-
-    Time ~ waves x (tiles per CTA + a fixed cost of about two tiles for pipeline fill and
-    epilogue) + the merge, which grows with s; the smallest s within 2% of the best wins.
-    Splits keep >= 128 tokens and fit the workspace.
-    Depends only on host values, so a captured CUDA graph stays valid for any seq_lens."""
-    ctas = batch * math.ceil(rows / tile_rows(rows, fp8))
-    if batch == 0:
-        return 1
-    useful = max(1, math.ceil(max_seq_len / (TOKENS_PER_TILE * MIN_TILES_PER_SPLIT)))
-    per_split = workspace_bytes(batch, rows, 2) // 2
-    fits = max(1, workspace_capacity // per_split) if per_split else 1
-    limit = max(1, min(useful, fits, MAX_KV_SPLITS))
-    tiles = max(1, math.ceil(max_seq_len / TOKENS_PER_TILE))
-    cost = {
-        s: math.ceil(ctas * s / slots) * (tiles / s + FIXED_TILES_PER_CTA) + (s > 1) * MERGE_TILES_PER_SPLIT * s
-        for s in range(1, limit + 1)
-    }
-    best = min(cost.values())
-    return min(s for s, c in cost.items() if c <= best * 1.02)
 
 
 def _scale_args(scale: float | torch.Tensor) -> tuple[float, torch.Tensor | None]:
@@ -187,11 +159,8 @@ def launch_decode(
     """Launch the kernel for a validated problem; fills ``problem.out`` and, when given, ``lse``
     (contiguous fp32 [B, q_len, H], natural log). ``plan``: the step's split plan, checked against
     the problem (step_plan.check_plan), in place of one made here."""
-    from .jit import ensure_loaded
-
     device = problem.device
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    ensure_loaded(index, config.cache_dir, config.kernel_variant)
+    index = load_library(device, config)
     fp8 = problem.dtype == torch.float8_e4m3fn
     rows = problem.q_len * problem.heads
     row_groups, rf = tile_shape(rows, fp8)
@@ -209,8 +178,7 @@ def launch_decode(
             )
     else:
         slots = resident_slots(index, fp8, row_groups, rf)
-        pieces = choose_plan_pieces(problem.batch, rows, fp8, slots, capacity)
-        splits = 1 if pieces else choose_num_splits(problem.batch, rows, fp8, problem.max_seq_len, slots, capacity)
+        splits, pieces = schedule(problem.batch, rows, fp8, problem.max_seq_len, slots, capacity)
     if enable_pdl is None:
         enable_pdl = config.enable_pdl
     if enable_pdl is None:

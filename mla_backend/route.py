@@ -32,7 +32,7 @@ import torch
 
 from . import shapes
 from .config import BackendName, BackendUnavailableError, MLABackendConfig
-from .launcher import tile_rows
+from .launcher import tile_shape
 from .sm90_table import FLASHMLA_PAGE_SIZE, flashmla_verdict
 from .targets import ARCH_BY_CAPABILITY, TRTLLM_GEN_CAPABILITIES, bundled_arch, served_capabilities
 
@@ -115,7 +115,8 @@ def bundled_variant(arch: str, config: MLABackendConfig, shape: DecodeShape | No
         kind = f"fp8: {products.fp8_qk} QK^T, {products.fp8_pv} P.V"
     else:
         kind = "bf16"
-    return f"{kind}, {tile_rows(rows, shape.kv_fp8)}-row tile"
+    row_groups, fragments = tile_shape(rows, shape.kv_fp8)
+    return f"{kind}, {16 * row_groups * fragments}-row tile"
 
 
 def model_problem(shape: DecodeShape) -> str | None:

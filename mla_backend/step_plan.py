@@ -2,7 +2,7 @@
 
 An engine step sends the same batch through each of its layers. Planning the step's split-KV once,
 as FlashMLA's ``get_mla_metadata`` does, takes the plan kernel off each layer's call, and lets
-batches under ``launcher.PLAN_MIN_BATCH`` use the plan too. The plan is made from the real
+batches under ``kernel_constants.PLAN_MIN_BATCH`` use the plan too. The plan is made from the real
 ``seq_lens`` into a buffer that stays put, so a CUDA graph captured with it replays with whatever
 plan the step wrote there before the replay. A plan stays correct for other lengths than those it
 was made from (each split's tiles come from its request's length when it runs), only less even.
@@ -21,14 +21,20 @@ from . import shapes
 from .checks import DecodeProblem, _require
 from .config import MLABackendConfig, default_config
 from .kernel_constants import MAX_PLAN_PIECES
-from .launcher import DecodePlan, launch_plan, plan_ints, plan_partials_bytes, workspace_capacity
+from .launcher import DecodePlan, launch_plan, load_library, plan_ints, workspace_capacity
 from .route import Route, op_route
 
 
-def plan_buffer(max_batch: int, device: torch.device | str) -> torch.Tensor:
+def plan_buffer(max_batch: int, device: torch.device | str, config: MLABackendConfig | None = None) -> torch.Tensor:
     """An int32 buffer that holds the plan of any step of up to ``max_batch`` requests: made once,
-    before graphs are captured, and passed to every ``plan_decode``."""
+    before graphs are captured, and passed to every ``plan_decode``. Sized by the kernel library
+    (loaded for a CUDA ``device`` with ``config``'s kernel variant); empty on other devices, whose
+    steps are never planned."""
     _require(max_batch >= 0, f"max_batch must be >= 0, got {max_batch}")
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.zeros(0, dtype=torch.int32, device=device)
+    load_library(device, config or default_config())
     return torch.zeros(plan_ints(max_batch, MAX_PLAN_PIECES), dtype=torch.int32, device=device)
 
 
@@ -62,11 +68,15 @@ def _check_plan_inputs(seq_lens, block_tables, page_size, heads, q_len, kv_dtype
             TypeError,
         )
         _require(buffer.device == seq_lens.device, f"buffer is on {buffer.device} but seq_lens on {seq_lens.device}")
-        need = plan_ints(batch, MAX_PLAN_PIECES)
-        _require(
-            buffer.numel() >= need,
-            f"buffer holds {buffer.numel()} ints, a plan of {batch} requests may need {need} (plan_buffer({batch}))",
-        )
+
+
+def _check_plan_buffer(buffer: torch.Tensor, batch: int) -> None:
+    """The buffer holds a plan of ``batch`` requests (the loaded library's count)."""
+    need = plan_ints(batch, MAX_PLAN_PIECES)
+    _require(
+        buffer.numel() >= need,
+        f"buffer holds {buffer.numel()} ints, a plan of {batch} requests may need {need} (plan_buffer({batch}))",
+    )
 
 
 def plan_decode(
@@ -99,8 +109,11 @@ def plan_decode(
     if (route or op_route(device, config)).kernel != "bundled":
         return None
     batch = seq_lens.shape[0]
+    load_library(device, config)
     if buffer is None:
         buffer = torch.empty(plan_ints(batch, MAX_PLAN_PIECES), dtype=torch.int32, device=device)
+    else:
+        _check_plan_buffer(buffer, batch)
     fp8 = kv_dtype == torch.float8_e4m3fn
     capacity = workspace_capacity(workspace_buffer)
     return launch_plan(seq_lens, block_tables.shape[1], page_size, q_len * heads, fp8, buffer, capacity, config)
@@ -120,7 +133,7 @@ def check_plan(plan: DecodePlan, problem: DecodeProblem, workspace_buffer, confi
     )
     _require(plan.ints.device == problem.device, f"plan is on {plan.ints.device} but query is on {problem.device}")
     _require(config.num_kv_splits is None, "plan and num_kv_splits both set: a planned call chooses its own splits")
-    capacity, need = workspace_capacity(workspace_buffer), plan_partials_bytes(rows, plan.pieces)
+    capacity, need = workspace_capacity(workspace_buffer), plan.workspace_bytes
     _require(
         capacity >= need,
         f"workspace_buffer holds {capacity} bytes but the plan's split partials need {need}: pass the "

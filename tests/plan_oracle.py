@@ -1,5 +1,6 @@
-"""The split plan csrc/plan.cuh makes on the GPU, written again in plain Python from its rules, for
-the GPU tests to compare the kernel's plan with (params.h's PlanLayout, int for int)."""
+"""The split plan csrc/plan/plan_kernel.cuh makes on the GPU, written again in plain Python from its
+rules, for the GPU tests to compare the kernel's plan with (csrc/schedule/plan_layout.h's PlanLayout,
+int for int)."""
 
 from __future__ import annotations
 

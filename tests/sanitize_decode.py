@@ -22,7 +22,7 @@ for splits, dtype, heads, q_len, lengths, split_query in [
     (4, torch.float8_e4m3fn, 128, 1, [700, 0, 33], True),
     (2, torch.float8_e4m3fn, 16, 4, [90, 5], False),  # 64 rows: two-fragment tiles with the causal mask
     (3, torch.float8_e4m3fn, 16, 2, [260, 7, 0], True),  # 32 rows: the warp-specialized tile on SM120
-    # The GPU's plan (csrc/plan.cuh, batches of 32 or more): long requests cut into splits beside
+    # The GPU's plan (csrc/plan/plan_kernel.cuh, batches of 32 or more): long requests cut into splits beside
     # short and empty ones
     (None, torch.float8_e4m3fn, 16, 1, [3000, 10, 0, 200, 1] * 7, False),
     (None, torch.bfloat16, 128, 1, [2000, 64, 1, 40] * 8, True),

@@ -13,7 +13,10 @@ import pytest
 from mla_backend.jit import build_dir
 from mla_backend.kernel_build import library_filename
 
+pytestmark = pytest.mark.build
+
 ARCHES = ("sm_90a", "sm_120a")
+PROFILES = Path(__file__).resolve().parents[1] / "dev" / "profiles"
 
 
 def cuda_tool(name: str) -> str:
@@ -29,8 +32,8 @@ def cuda_tool(name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("mla_cache")
+def built(kernel_cache):
+    cache = kernel_cache
     env = dict(os.environ, MLA_BACKEND_CACHE_DIR=str(cache))
     result = subprocess.run(
         [sys.executable, "-m", "mla_backend", "build", "--arch", ",".join(ARCHES), "--strict"],
@@ -105,16 +108,21 @@ def assert_only_stable_torch_abi(library: Path) -> None:
 OP_CHECK = """
 import sys, torch
 torch.ops.load_library(sys.argv[1])
-print(torch.ops.mla_backend.decode.default._schema)
-print(torch.ops.mla_backend.ctas_per_sm.default._schema)
+ops = torch.ops.mla_backend
+for op in (ops.decode, ops.ctas_per_sm, ops.plan_ints, ops.workspace_bytes, ops.num_splits, ops.schedule):
+    print(op.default._schema)
+print("schedule", ops.schedule(128, 16, True, 16384, 264, 1 << 40, False))
 """
 
 
 def assert_registers_ops(library: Path) -> None:
+    """The ops register in a fresh process, and the scheduling ones run there without a GPU."""
     result = subprocess.run([sys.executable, "-c", OP_CHECK, str(library)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "mla_backend::decode(Tensor q_nope, Tensor q_pe" in result.stdout
     assert "mla_backend::ctas_per_sm(bool fp8, int row_groups, int rf) -> int" in result.stdout
+    assert "mla_backend::schedule(int batch, int rows, bool fp8, int max_seq_len, int slots" in result.stdout
+    assert "schedule (1, 264)" in result.stdout  # 128 requests plan on the GPU: one wave of 264 pieces
 
 
 def test_sm120_sums_fp8_pv_in_f16_by_default_and_in_f32_on_request(built, tmp_path):
@@ -176,14 +184,20 @@ def test_sm120_runs_every_tile_on_the_warp_specialized_kernel(built):
     assert not [name for name in sm90 if "mla_decode_ws_kernel" in name]
 
 
-def test_a_dev_build_at_level_1_leaves_the_16_row_fp8_tile_on_v1(tmp_path):
-    """MLA_WARP_SPECIALIZED=1 (a dev build for the A/B of docs/performance.md): on sm_120a only the FP8
-    32-row tile runs warp-specialized, built strict with no local memory; the 16-row tiles are v1's."""
-    env = dict(os.environ, MLA_BACKEND_CACHE_DIR=str(tmp_path), NVCC_APPEND_FLAGS="-DMLA_WARP_SPECIALIZED=1")
-    command = [sys.executable, "-m", "mla_backend", "build", "--arch", "sm_120a", "--strict"]
+def test_the_sm120_dev_profile_builds_sm120s_kernels_for_sm_90a(tmp_path):
+    """dev/profiles/sm120_on_sm90.h (force-included through NVCC_APPEND_FLAGS, the dev workflow that
+    runs SM120's build on a Hopper GPU) gives sm_90a SM120's choice: the four warp-specialized
+    instances and no v1 one, with SM120's FP8 variant (native e4m3 QK^T, P.V summed in f16)."""
+    profile = PROFILES / "sm120_on_sm90.h"
+    env = dict(os.environ, MLA_BACKEND_CACHE_DIR=str(tmp_path), NVCC_APPEND_FLAGS=f"-include {profile}")
+    command = [sys.executable, "-m", "mla_backend", "build", "--arch", "sm_90a", "--fp8-qk", "e4m3", "--fp8-pv", "f16"]
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
-    code = kernels(sass(build_dir("sm_120a", str(tmp_path)) / library_filename("sm_120a")))
-    assert sorted(name for name in code if "mla_decode_ws_kernel" in name) == [WS_32_ROWS]
-    assert not re.search(r"\b(LDL|STL)\b", code[WS_32_ROWS])
-    assert V1_FP8_16_ROWS in code and V1_FP8_32_ROWS not in code and V1_BF16_16_ROWS in code
+    from mla_backend.kernel_build import KernelVariant
+
+    variant = KernelVariant("e4m3", "f16")
+    code = kernels(sass(build_dir("sm_90a", str(tmp_path), variant) / library_filename("sm_90a", variant)))
+    ws = sorted(name for name in code if "mla_decode_ws_kernel" in name)
+    assert ws == sorted([WS_16_ROWS, WS_32_ROWS, WS_BF16_16_ROWS, WS_BF16_32_ROWS])
+    assert not [name for name in code if name.startswith("_ZN3mla17mla_decode_kernel")]
+    assert re.search(r"USETMAXREG\.DEALLOC", code[WS_32_ROWS])

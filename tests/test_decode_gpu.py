@@ -229,7 +229,7 @@ def assert_planned_as_the_oracle_says(problem, workspace) -> list[int]:
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])
 @pytest.mark.parametrize("heads, q_len", [(16, 1), (128, 1), (20, 2)])
 def test_the_plan_cuts_a_long_request_among_short_ones(workspace, dtype, heads, q_len):
-    """The split plan, made on the GPU from the real lengths (csrc/plan.cuh), cuts the long request into
+    """The split plan, made on the GPU from the real lengths (csrc/plan/plan_kernel.cuh), cuts the long request into
     many more splits than the short ones: the merge takes requests of different split counts next to
     requests written directly (the empty one, the one-token one). The plan is the oracle's."""
     lengths = [20000] + [300] * 30 + [0, q_len]  # 33 requests: the plan's smallest batches and more

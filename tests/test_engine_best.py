@@ -16,8 +16,6 @@ from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 from mla_backend import sm90_table
 from mla_backend.config import MLABackendConfig
-from mla_backend.kernel_constants import MAX_PLAN_PIECES
-from mla_backend.launcher import plan_ints
 from mla_backend.route import DecodeShape, Engine, Route, resolve_route
 from mla_backend.tools import route_table
 from mla_backend.vllm import backend, flashmla
@@ -239,12 +237,19 @@ def test_builder_makes_flashmla_plan_buffers_for_every_batch_a_graph_can_replay(
 
 def test_builder_keeps_a_plan_buffer_for_the_largest_step_where_the_bundled_kernels_serve(tmp_path, monkeypatch):
     """One buffer, made before any graph is captured, holds the plan of any step up to max_num_seqs
-    requests (vLLM captures no larger graph), so every captured graph reads the plan at one address."""
+    requests (vLLM captures no larger graph), so every captured graph reads the plan at one address
+    (step_plan.plan_buffer sizes it: tests/test_schedule_seam_gpu.py)."""
+    asked = []
+    buffer = torch.zeros(3, dtype=torch.int32)
+    monkeypatch.setattr(
+        backend, "plan_buffer", lambda max_batch, device, config: asked.append((max_batch, device, config)) or buffer
+    )
     builder, config = make_builder(tmp_path, monkeypatch)
     assert builder.flashmla_scheduler is None
     assert builder.plan_shape is not None and (builder.plan_shape.heads, builder.plan_shape.kv_fp8) == (16, True)
-    assert builder.plan_buffer.dtype == torch.int32
-    assert builder.plan_buffer.numel() == plan_ints(config.scheduler_config.max_num_seqs, MAX_PLAN_PIECES)
+    assert builder.plan_buffer is buffer
+    # Sized by the library of the engine's kernel variant (additional_config may name another).
+    assert asked == [(config.scheduler_config.max_num_seqs, builder.device, backend.plugin_config(config))]
 
 
 @pytest.mark.parametrize("block_size, detected", [(256, (9, 0)), (64, (8, 0))], ids=["kernel-pages", "fallback"])

@@ -1,11 +1,12 @@
 """Constants shared by the kernels and Python are written once, in csrc/constants.h."""
 
 import re
+import shutil
 
 import pytest
 
-from mla_backend import config, launcher, shapes
-from mla_backend.kernel_build import headers, source_stamp
+from mla_backend import config, kernel_constants, launcher, shapes
+from mla_backend.kernel_build import SOURCES, headers, source_stamp
 from mla_backend.kernel_constants import HEADER, TileShape, csrc_dir, read_constants, read_tile_shapes
 
 
@@ -15,15 +16,18 @@ def test_python_takes_its_constants_from_the_kernel_header():
         "LATENT_DIM": shapes.KV_LORA_RANK,
         "ROPE_DIM": shapes.ROPE_DIM,
         "MAX_ROWS": 1024,
-        "MAX_KV_SPLITS": launcher.MAX_KV_SPLITS,
-        "TOKENS_PER_TILE": launcher.TOKENS_PER_TILE,
-        "MIN_TILES_PER_SPLIT": launcher.MIN_TILES_PER_SPLIT,
-        "MAX_PLAN_PIECES": launcher.MAX_PLAN_PIECES,
-        "PLAN_CUT_WAVES": launcher.PLAN_CUT_WAVES,
-        "SPLITS_PER_MERGE_TILE": round(1 / launcher.MERGE_TILES_PER_SPLIT),
-        "FIXED_TILES_PER_CTA": launcher.FIXED_TILES_PER_CTA,
-        "FEW_SPLITS_MAX": 8,
+        "MAX_KV_SPLITS": kernel_constants.MAX_KV_SPLITS,
+        "TOKENS_PER_TILE": kernel_constants.TOKENS_PER_TILE,
+        "MIN_TILES_PER_SPLIT": kernel_constants.MIN_TILES_PER_SPLIT,
+        "MAX_PLAN_PIECES": kernel_constants.MAX_PLAN_PIECES,
+        "PLAN_CUT_WAVES": kernel_constants.PLAN_CUT_WAVES,
+        "SPLITS_PER_MERGE_TILE": kernel_constants.SPLITS_PER_MERGE_TILE,
+        "FIXED_TILES_PER_CTA": kernel_constants.FIXED_TILES_PER_CTA,
+        "FEW_SPLITS_MAX": kernel_constants.FEW_SPLITS_MAX,
+        "PLAN_MIN_BATCH": kernel_constants.PLAN_MIN_BATCH,
+        "STEP_PLAN_MIN_BATCH": kernel_constants.STEP_PLAN_MIN_BATCH,
     }
+    assert (constants["FEW_SPLITS_MAX"], constants["PLAN_MIN_BATCH"], constants["STEP_PLAN_MIN_BATCH"]) == (8, 32, 4)
     assert config.MLABackendConfig.model_fields["num_kv_splits"].metadata[1].le == constants["MAX_KV_SPLITS"]
     assert shapes.MAX_HEADS * shapes.MAX_Q_LEN <= constants["MAX_ROWS"]
 
@@ -49,20 +53,23 @@ def test_a_changed_table_changes_the_choice(tmp_path):
 
 
 def test_the_kernels_use_the_header():
-    sources = {name: (csrc_dir() / name).read_text() for name in headers(csrc_dir()) + ("mla_decode.cu",)}
+    sources = {name: (csrc_dir() / name).read_text() for name in headers(csrc_dir()) + SOURCES}
     uses = {name for name, text in sources.items() if name != HEADER for _ in re.finditer(r"\bMLA_\w+", text)}
-    assert "constexpr int kMaxSplits = MLA_MAX_KV_SPLITS;" in sources["merge_splits.cuh"]
-    assert "constexpr int kBlockN = MLA_TOKENS_PER_TILE;" in sources["params.h"]
-    assert "MLA_TILE_SHAPES(MLA_DISPATCH_TILE_SHAPE)" in sources["mla_decode.cu"]
-    assert {"params.h", "merge_splits.cuh", "mla_decode.cu"} <= uses
+    assert "constexpr int kMaxSplits = MLA_MAX_KV_SPLITS;" in sources["common/kernel_constants.h"]
+    assert "constexpr int kBlockN = MLA_TOKENS_PER_TILE;" in sources["common/kernel_constants.h"]
+    assert "MLA_TILE_SHAPES(MLA_DISPATCH_TILE_SHAPE)" in sources["api/dispatch.cuh"]  # the kernels built
+    assert "MLA_TILE_SHAPES(MLA_TILE_ROWS)" in sources["schedule/host_schedule.h"]  # the rows a CTA takes
+    assert {"common/kernel_constants.h", "api/dispatch.cuh", "schedule/host_schedule.h"} <= uses
 
 
-def test_every_header_is_part_of_the_source_stamp(tmp_path):
-    for name in headers(csrc_dir()):
-        copy = tmp_path / name.replace(".", "_")
-        copy.mkdir()
-        for source in csrc_dir().iterdir():
-            (copy / source.name).write_bytes(source.read_bytes())
+def test_every_source_is_part_of_the_source_stamp(tmp_path):
+    """Every header in csrc/ and its folders, and the translation unit: an edit to any changes the stamp."""
+    for name in headers(csrc_dir()) + SOURCES:
+        copy = tmp_path / name.replace("/", "_").replace(".", "_")
+        shutil.copytree(csrc_dir(), copy)
         (copy / name).write_text((copy / name).read_text() + "\n// edited\n")
         assert source_stamp(copy, "sm_90a") != source_stamp(csrc_dir(), "sm_90a"), name
     assert HEADER in headers(csrc_dir())
+    assert {"common/params.h", "decode/mainloop.cuh", "merge/merge_kernel.cuh", "schedule/plan_layout.h"} <= set(
+        headers(csrc_dir())
+    )

@@ -115,7 +115,7 @@ def test_a_cached_library_built_with_other_nvcc_flags_from_the_environment_is_bu
     monkeypatch.delenv("NVCC_APPEND_FLAGS", raising=False)
     monkeypatch.delenv("NVCC_PREPEND_FLAGS", raising=False)
     assert jit.build_cached("sm_120a", cache)[1] is True
-    monkeypatch.setenv("NVCC_APPEND_FLAGS", "-DMLA_WARP_SPECIALIZED=2")
+    monkeypatch.setenv("NVCC_APPEND_FLAGS", "-include dev/profiles/sm120_on_sm90.h")
     assert jit.build_cached("sm_120a", cache)[1] is True
     assert jit.build_cached("sm_120a", cache)[1] is False
     monkeypatch.setenv("NVCC_PREPEND_FLAGS", "-G")

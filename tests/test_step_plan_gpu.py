@@ -11,7 +11,7 @@ from plan_oracle import assert_plan_is_the_oracles, counts_in, launcher_pieces, 
 
 from mla_backend import MLABackendConfig, mla_decode, mla_decode_reference, plan_buffer
 from mla_backend.inputs import make_paged_problem
-from mla_backend.launcher import PLAN_MIN_BATCH
+from mla_backend.kernel_constants import PLAN_MIN_BATCH
 from mla_backend.reference import ROW_ERROR_TOLERANCE
 
 pytestmark = [
@@ -143,7 +143,7 @@ def test_a_graph_replays_with_the_plan_written_before_each_replay(workspace, dty
 
 
 def test_steps_of_fewer_requests_keep_the_hosts_split_count(workspace):
-    """One to three requests: no plan (launcher.STEP_PLAN_MIN_BATCH), and the calls split as before."""
+    """One to three requests: no plan (kernel_constants.STEP_PLAN_MIN_BATCH), and the calls split as before."""
     for lengths in ([30000], [30000, 1000, 5]):
         problem = make_paged_problem(lengths, 1, 16, 64, torch.float8_e4m3fn, "cuda", seed=len(lengths))
         assert make_plan(problem, workspace) is None
@@ -162,3 +162,12 @@ def test_a_plan_for_another_call_is_refused_before_launch(workspace):
         decode_with(other_dtype, workspace, plan)
     with pytest.raises(ValueError, match="split partials need"):
         decode_with(problem, workspace[:1024], plan)
+
+
+def test_a_plan_buffer_too_small_for_the_step_is_refused_before_anything_runs():
+    problem = make_paged_problem([300] * 3, 1, 16, 64, torch.float8_e4m3fn, device="cuda")
+    short = torch.zeros(10, dtype=torch.int32, device="cuda")
+    with pytest.raises(
+        ValueError, match=r"buffer holds 10 ints, a plan of 3 requests may need \d+ \(plan_buffer\(3\)\)"
+    ):
+        problem.step_plan(torch.zeros(1 << 20, dtype=torch.uint8, device="cuda"), CONFIG, short)

@@ -212,7 +212,9 @@ class MLADecodeBackend(AttentionBackend):
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs) -> None:
         self.graph_block_tables = torch.zeros(max_bs, self.max_pages, dtype=torch.int32, device=self.device)
         self.graph_seq_lens = torch.ones(max_bs, dtype=torch.int32, device=self.device)
-        self.graph_plan_buffer = plan_buffer(max_bs, self.device)
+        # Only the bundled kernels plan their steps; the buffer is sized by their library.
+        bundled = self.route.kernel == "bundled"
+        self.graph_plan_buffer = plan_buffer(max_bs, self.device, self.config) if bundled else None
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return 1

@@ -255,8 +255,8 @@ class MLABackendMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         if self.route.kernel == "bundled" and shape.page_size in shapes.PAGE_SIZES:
             self.plan_shape = shape
             # vLLM captures graphs of at most max_num_seqs requests, and no step decodes more.
-            self.plan_buffer = plan_buffer(vllm_config.scheduler_config.max_num_seqs, self.device)
             self.plan_config = plugin_config(vllm_config)
+            self.plan_buffer = plan_buffer(vllm_config.scheduler_config.max_num_seqs, self.device, self.plan_config)
 
     def _build_decode(self, **kwargs) -> MLACommonDecodeMetadata:
         # vLLM passes keywords only; the set differs between releases (0.33 adds max_query_len).

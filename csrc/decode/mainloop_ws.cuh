@@ -1,5 +1,5 @@
 // The warp-specialized decode kernel: FP8 at 32 rows (the 128-head and MTP shapes) and 16 rows (up to
-// 16 heads at q_len 1), BF16 at 16 rows and at 32 in two row groups (mla_decode.cu says where each
+// 16 heads at q_len 1), BF16 at 16 rows and at 32 in two row groups (decode/arch_traits.h says where each
 // runs). The CTA holds three roles on the same tile layout as mainloop.cuh (tile_config.h), each of
 // the math roles 4 x row groups warps (a warp per dim quarter of its row group):
 //
@@ -33,14 +33,14 @@
 
 #include <type_traits>
 
-#include "epilogue.cuh"
-#include "load_kv.cuh"
-#include "load_q.cuh"
-#include "params.h"
-#include "ptx.cuh"
-#include "qk_pv.cuh"
-#include "softmax.cuh"
-#include "tile_config.h"
+#include "common/params.h"
+#include "common/ptx.cuh"
+#include "decode/epilogue.cuh"
+#include "decode/load_kv.cuh"
+#include "decode/load_q.cuh"
+#include "decode/qk_pv.cuh"
+#include "decode/softmax.cuh"
+#include "decode/tile_config.h"
 
 namespace mla {
 
@@ -79,7 +79,7 @@ template <class C>
 __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
     mla_decode_ws_kernel(const __grid_constant__ DecodeParams p) {
 #if !defined(MLA_TRADES_REGISTERS)
-  __trap();  // mla_decode.cu launches it only where the roles can trade registers
+  __trap();  // the dispatch launches it only where the roles can trade registers
 #else
   using L = WsLayout<C>;
   extern __shared__ __align__(128) uint8_t smem[];

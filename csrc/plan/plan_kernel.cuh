@@ -1,30 +1,23 @@
 // The split plan of one decode call, made on the GPU from the real seq_lens (so a CUDA graph replays
 // it for whatever lengths the step holds): a target of KV tiles per split, chosen by a cost model of
-// the batch's work dealt to `plan_pieces` CTAs in waves (choose_target), then each request cut into as
-// many splits as its own length needs.
+// the batch's work dealt to `plan_pieces` CTAs in waves (choose_target, on schedule/cost_model.h), then
+// each request cut into as many splits as its own length needs.
 // A long request among short ones then runs on many CTAs instead of the few that one split count for
-// the whole batch, planned from its longest request, gives it. Layout: params.h's PlanLayout.
+// the whole batch, planned from its longest request, gives it. Layout: schedule/plan_layout.h.
 #pragma once
 
 #include <limits.h>
 #include <stdint.h>
 
-#include "merge_splits.cuh"
-#include "params.h"
-#include "ptx.cuh"
+#include "common/kernel_constants.h"
+#include "common/params.h"
+#include "common/ptx.cuh"
+#include "schedule/cost_model.h"
+#include "schedule/plan_layout.h"
 
 namespace mla {
 
 constexpr int kPlanThreads = 1024;
-constexpr int kMinTilesPerSplit = MLA_MIN_TILES_PER_SPLIT;
-constexpr int kMaxPlanPieces = MLA_MAX_PLAN_PIECES;
-constexpr int kSplitsPerMergeTile = MLA_SPLITS_PER_MERGE_TILE;
-constexpr int kFixedTilesPerCta = MLA_FIXED_TILES_PER_CTA;
-
-// Workspace bytes the plan takes, a multiple of 256 so that the partials after it stay aligned.
-inline int64_t plan_workspace_bytes(const PlanLayout& layout) {
-  return (static_cast<int64_t>(layout.ints()) * 4 + 255) / 256 * 256;
-}
 
 // Exclusive prefix sum of v over the block; `total` gets the sum. warp_totals: blockDim / 32 ints.
 __device__ __forceinline__ int block_exclusive_scan(int v, int* warp_totals, int& total) {
@@ -81,39 +74,38 @@ __device__ __forceinline__ int request_tiles(const DecodeParams& p, int b) {
 }
 
 // Tiles a split of the longest request cut into k: at least one (a batch of empties has no tile).
-__device__ __forceinline__ int split_length(int longest, int k) { return max(1, (longest + k - 1) / k); }
+__device__ __forceinline__ int split_length(int longest, int k) { return max(1, ceil_div(longest, k)); }
 
 // The splits of a request of `tiles` tiles at `target` tiles a split.
 __device__ __forceinline__ int request_splits(int tiles, int target) {
-  return min(kMaxSplits, max(1, (tiles + target - 1) / target));
+  return min(kMaxSplits, max(1, ceil_div(tiles, target)));
 }
 
 // The plan's cost of cutting the longest request into k splits, in twentieths of a tile's work: every
 // request is cut into splits of at most T = ceil(longest / k) tiles (items), dealt to `pieces` CTAs in
-// waves of T + kFixedTilesPerCta. The waves: enough for the work with every item's fixed cost, and
-// one per pieces items longer than half a wave (two of those never share a CTA's wave). The longest
-// request's merge adds a twentieth of a tile per split. LLONG_MAX where the plan would not fit the
+// waves of cta_cost(T). The waves: enough for the work with every item's fixed cost, and one per
+// pieces items longer than half a wave (two of those never share a CTA's wave). The longest request's
+// merge adds its merge_cost. LLONG_MAX where the plan would not fit the
 // bounds PlanLayout sizes the workspace by. One thread a candidate: `tiles` holds the first
 // kPlanThreads requests' tiles (the rest are read again).
 __device__ __forceinline__ long long split_cost(const DecodeParams& p, const int* tiles, int total, int longest,
                                                 int k) {
-  const int target = split_length(longest, k), size = target + kFixedTilesPerCta;
+  const int target = split_length(longest, k), size = cta_cost(target);
   int items = 0, long_items = 0, partials = 0;
   for (int b = 0; b < p.batch; ++b) {
     const int t = b < kPlanThreads ? tiles[b] : request_tiles(p, b);
     const int splits = request_splits(t, target);
     items += splits;
-    long_items += splits > 1 || 2 * (t + kFixedTilesPerCta) > size ? splits : 0;
+    long_items += splits > 1 || 2 * cta_cost(t) > size ? splits : 0;
     partials += splits > 1 ? splits : 0;
   }
   const PlanLayout layout{p.batch, p.plan_pieces};
   // Split requests hold two partials or more, so within max_partials they are within max_merged too.
   if (items > layout.max_items() || partials > layout.max_partials()) return LLONG_MAX;
   const long long wave = static_cast<long long>(p.plan_pieces) * size;
-  const long long work_waves = (total + static_cast<long long>(kFixedTilesPerCta) * items + wave - 1) / wave;
-  const long long waves =
-      max(max(1LL, work_waves), static_cast<long long>((long_items + p.plan_pieces - 1) / p.plan_pieces));
-  return waves * size * kSplitsPerMergeTile + (k > 1 ? k : 0);
+  const long long work_waves = ceil_div(total + static_cast<long long>(kFixedTilesPerCta) * items, wave);
+  const long long waves = max(max(1LL, work_waves), static_cast<long long>(ceil_div(long_items, p.plan_pieces)));
+  return waves * size * kSplitsPerMergeTile + merge_cost(k);
 }
 
 // The target of tiles per split: ceil(longest / k) for the candidate k of least cost (split_cost), the

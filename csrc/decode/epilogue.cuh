@@ -1,16 +1,16 @@
 // The end of a CTA's work: each warp normalises its 128 output dims of its rows by the row's 1 / sum
 // (from OnlineSoftmax::publish) and writes them: with one split, bf16 output scaled by bmm2 and the
 // LSE (natural log); with several, the normalised split partial (f16 for FP8 KV, fp32 for BF16) and
-// its LSE (log2) for merge_splits.cuh.
+// its LSE (log2) for the merge (merge/).
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include "params.h"
-#include "ptx.cuh"
-#include "tile_config.h"
+#include "common/params.h"
+#include "common/ptx.cuh"
+#include "decode/tile_config.h"
 
 namespace mla {
 

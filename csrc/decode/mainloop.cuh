@@ -1,6 +1,6 @@
 // The decode kernel: paged MLA decode on warp-level mma.sync, one source for sm_120a (native FP8
 // QMMA), sm_90a and sm_89. A CTA owns the rows of one tile of a request (tile_config.h) and one
-// split of its KV tiles (split-KV: the launcher's plan; merge_splits.cuh combines the splits).
+// split of its KV tiles (split-KV: the host's split count or the GPU's plan; merge/ combines the splits).
 //
 //   prologue   Q (load_q.cuh) and the first pages go out before seq_len is known;
 //   main loop  KV tiles of 32 tokens stream through a cp.async ring (load_kv.cuh); per tile: QK^T
@@ -10,21 +10,21 @@
 //   epilogue   normalise and write the output or the split partial (epilogue.cuh).
 // KV rows in shared memory are padded by 16 bytes so that ldmatrix is free of bank conflicts.
 // Shared memory stays under SM120's 99 KB per block (the sm_90-only f16-Q variant takes 112 KB,
-// two CTAs per H100 SM).
+// two CTAs per SM on SM90).
 #pragma once
 
 #include <stdint.h>
 
 #include <type_traits>
 
-#include "epilogue.cuh"
-#include "load_kv.cuh"
-#include "load_q.cuh"
-#include "params.h"
-#include "ptx.cuh"
-#include "qk_pv.cuh"
-#include "softmax.cuh"
-#include "tile_config.h"
+#include "common/params.h"
+#include "common/ptx.cuh"
+#include "decode/epilogue.cuh"
+#include "decode/load_kv.cuh"
+#include "decode/load_q.cuh"
+#include "decode/qk_pv.cuh"
+#include "decode/softmax.cuh"
+#include "decode/tile_config.h"
 
 namespace mla {
 

@@ -1,4 +1,4 @@
-// The parameter block of one decode call: filled by the launcher (mla_decode.cu) from validated
+// The parameter block of one decode call: filled by the decode op (api/decode_op.h) from validated
 // tensors, passed by value (__grid_constant__) to the decode and merge kernels. Pointers are raw
 // bytes where the element type depends on the dtype (e4m3 or bf16); strides are in bytes.
 #pragma once
@@ -6,16 +6,10 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-#include "constants.h"
+#include "common/kernel_constants.h"
+#include "schedule/plan_layout.h"
 
 namespace mla {
-
-constexpr int kDimV = MLA_LATENT_DIM;         // 512 latent dims: the output, V, and K's first part
-constexpr int kRopeDim = MLA_ROPE_DIM;        // 64 rope dims: K's second part
-constexpr int kHeadDim = kDimV + kRopeDim;    // 576
-constexpr int kBlockN = MLA_TOKENS_PER_TILE;  // KV tokens per tile
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 struct DecodeParams {
   const uint8_t* q_nope;       // [B, q_len, H, 512] latent part of Q, rows contiguous
@@ -47,34 +41,8 @@ struct DecodeParams {
   int bt_stride;
   int batch;        // requests
   int num_splits;   // splits of every request, where there is no plan
-  int* plan;        // the step's split plan (plan.cuh), or nullptr: see PlanLayout
+  int* plan;        // the split plan (plan/plan_kernel.cuh), or nullptr: see PlanLayout
   int plan_pieces;  // the plan's target of splits per row block of the whole batch
-};
-
-// The split plan in the workspace (int32), written by mla_plan_kernel from the real seq_lens:
-//   [0]                    items: (request, split) pairs, one decode CTA each (per row block)
-//   [1], [2]               requests cut into 2..kFewSplitsMax splits, and into more (the merge's work)
-//   first_item() + b       the first item of request b (its items are consecutive)
-//   count() + b            the splits of request b
-//   first_partial() + b    where request b's split partials start in the workspace (split requests only)
-//   items() + i            the request of item i, for i < max_items()
-//   merged() + k           the k-th request cut into 2..kFewSplitsMax splits, k < [1]
-//   merged() + max_merged() - 1 - k   the k-th request cut into more, k < [2]
-// The plan keeps within these bounds (plan.cuh weighs only the targets that do): items at most
-// batch + cut waves x pieces, partials at most (cut waves + 1) x pieces, split requests at most half
-// that and the batch. One split a request always does.
-struct PlanLayout {
-  int batch, pieces;
-  __host__ __device__ int first_item() const { return 3; }
-  __host__ __device__ int count() const { return 3 + batch; }
-  __host__ __device__ int first_partial() const { return 3 + 2 * batch; }
-  __host__ __device__ int items() const { return 3 + 3 * batch; }
-  static constexpr int kCutWaves = MLA_PLAN_CUT_WAVES;
-  __host__ __device__ int max_items() const { return batch + kCutWaves * pieces; }
-  __host__ __device__ int merged() const { return items() + max_items(); }
-  __host__ __device__ int max_partials() const { return (kCutWaves + 1) * pieces; }
-  __host__ __device__ int max_merged() const { return batch < max_partials() / 2 ? batch : max_partials() / 2; }
-  __host__ __device__ int ints() const { return merged() + max_merged(); }
 };
 
 // What one decode CTA computes: split `split` of the `splits` of request b, whose split partials

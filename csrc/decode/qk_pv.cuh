@@ -11,8 +11,8 @@
 
 #include <stdint.h>
 
-#include "ptx.cuh"
-#include "tile_config.h"
+#include "common/ptx.cuh"
+#include "decode/tile_config.h"
 
 namespace mla {
 

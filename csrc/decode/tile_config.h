@@ -10,8 +10,8 @@
 
 #include <stdint.h>
 
-#include "params.h"
-#include "ptx.cuh"
+#include "common/params.h"
+#include "common/ptx.cuh"
 
 namespace mla {
 

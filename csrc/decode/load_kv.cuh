@@ -6,9 +6,9 @@
 
 #include <stdint.h>
 
-#include "params.h"
-#include "ptx.cuh"
-#include "tile_config.h"
+#include "common/params.h"
+#include "common/ptx.cuh"
+#include "decode/tile_config.h"
 
 namespace mla {
 

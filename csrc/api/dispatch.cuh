@@ -1,0 +1,117 @@
+// The one dispatch of the decode kernels: the tile shape from the run-time values (constants.h's tile
+// table), then the kernel the architecture's traits (decode/arch_traits.h) give that shape.
+#pragma once
+
+#include <algorithm>
+
+#include "api/invariants.h"
+#include "common/params.h"
+#include "decode/arch_traits.h"
+#include "decode/mainloop.cuh"
+#include "decode/mainloop_ws.cuh"
+#include "decode/tile_config.h"
+#include "schedule/plan_layout.h"
+
+namespace mla {
+
+// MLA_DEV_DECODE_TRAITS is a dev/test hook: a dev profile (dev/profiles/) names traits to build in
+// place of the target architecture's, e.g. SM120's on an sm_90a build.
+#ifdef MLA_DEV_DECODE_TRAITS
+using DecodeTraits = MLA_DEV_DECODE_TRAITS;
+#else
+using DecodeTraits = TargetArchTraits;
+#endif
+
+template <bool FP8, int ROW_GROUPS, int RF>
+constexpr bool kWarpSpecialized = DecodeTraits::warp_specialized(FP8, ROW_GROUPS, RF);
+
+#if defined(__CUDA_ARCH_LIST__) && __CUDA_ARCH_LIST__ < 900
+static_assert(!kWarpSpecialized<true, 1, 1> && !kWarpSpecialized<true, 1, 2> && !kWarpSpecialized<false, 1, 1> &&
+                  !kWarpSpecialized<false, 2, 1>,
+              "the warp-specialized kernel trades registers between its roles (setmaxnreg): sm_90a and newer");
+#endif
+
+// Shared memory a CTA asks for: what its tile uses, or the traits' floor where that is more.
+constexpr int smem_request(int tile_bytes) { return std::max(tile_bytes, DecodeTraits::kSmemFloorBytes); }
+
+template <class Kernel>
+void launch(Kernel kernel, dim3 grid, int threads, int smem_bytes, cudaStream_t stream, bool pdl,
+            const DecodeParams& params) {
+  if (smem_bytes > 48 * 1024) {
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  MLA_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+  MLA_CUDA_CHECK(cudaGetLastError());
+}
+
+// The tile shapes built into the library (constants.h's MLA_TILE_SHAPES): calls
+// fn.template operator()<FP8, ROW_GROUPS, RF>() for the one matching the run-time values.
+template <class Fn>
+auto with_tile_shape(bool fp8, int64_t row_groups, int64_t rf, const Fn& fn) {
+#define MLA_DISPATCH_TILE_SHAPE(FP8, MAX_ROWS, ROW_GROUPS, RF)  \
+  if (fp8 == (FP8) && row_groups == (ROW_GROUPS) && rf == (RF)) \
+    return fn.template operator()<(FP8) != 0, (ROW_GROUPS), (RF)>();
+  MLA_TILE_SHAPES(MLA_DISPATCH_TILE_SHAPE)
+#undef MLA_DISPATCH_TILE_SHAPE
+  STD_TORCH_CHECK(false, "mla_backend: no kernel built for fp8=", fp8, " row_groups=", row_groups, " rf=", rf);
+}
+
+// The decode kernel of a tile shape, its threads and the shared memory it asks for.
+template <bool FP8, int ROW_GROUPS, int RF>
+struct DecodeKernel {
+  using C = TileConfig<FP8, ROW_GROUPS, RF>;
+  static constexpr bool kWs = kWarpSpecialized<FP8, ROW_GROUPS, RF>;
+  static auto kernel() {
+    if constexpr (kWs)
+      return mla_decode_ws_kernel<C>;
+    else
+      return mla_decode_kernel<FP8, ROW_GROUPS, RF>;
+  }
+  static constexpr int kThreads = kWs ? WsLayout<C>::kThreads : C::kThreads;
+  static constexpr int kSmemBytes = smem_request(kWs ? WsLayout<C>::kSmemBytes : C::kSmemBytes);
+};
+
+struct LaunchDecode {
+  const DecodeParams& params;
+  cudaStream_t stream;
+  bool pdl;
+  template <bool FP8, int ROW_GROUPS, int RF>
+  void operator()() const {
+    using K = DecodeKernel<FP8, ROW_GROUPS, RF>;
+    // With a plan, grid.y covers its largest item count (plan/plan_kernel.cuh); CTAs past the step's
+    // items return.
+    const int row_blocks = (params.rows + K::C::kTileRows - 1) / K::C::kTileRows;
+    const dim3 grid = params.plan != nullptr
+                          ? dim3(row_blocks, PlanLayout{params.batch, params.plan_pieces}.max_items())
+                          : dim3(row_blocks, params.num_splits, params.batch);
+    launch(K::kernel(), grid, K::kThreads, K::kSmemBytes, stream, pdl, params);
+  }
+};
+
+// CTAs of one tile shape that fit on one SM at once (the split-KV schedule plans whole waves).
+struct ResidentCtas {
+  template <bool FP8, int ROW_GROUPS, int RF>
+  int64_t operator()() const {
+    using K = DecodeKernel<FP8, ROW_GROUPS, RF>;
+    MLA_CUDA_CHECK(cudaFuncSetAttribute(K::kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes));
+    int blocks = 0;
+    MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, K::kernel(), K::kThreads, K::kSmemBytes));
+    return blocks;
+  }
+};
+
+inline int64_t ctas_per_sm(bool fp8, int64_t row_groups, int64_t rf) {
+  return with_tile_shape(fp8, row_groups, rf, ResidentCtas{});
+}
+
+}  // namespace mla
