@@ -38,7 +38,7 @@ from ..checks import query_layout_problem
 from ..config import MLABackendConfig, format_validation_error
 from ..decode import mla_decode
 from ..launcher import DecodePlan
-from ..route import DecodeShape, Engine, Route, resolve_route
+from ..route import DecodeShape, Engine, Route, gpu_route, resolve_route
 from ..step_plan import plan_buffer, plan_decode
 from . import compat, fallback, flashmla
 from .drafter import drafter_hint
@@ -100,9 +100,12 @@ def engine_route(vllm_config: VllmConfig | None, detected: tuple[int, int], page
     engine's builder and impls get the same one); raises BackendUnavailableError for an impossible
     explicit choice."""
     config = plugin_config(vllm_config)
+    capability = config.capability(detected)
     has_model = vllm_config is not None and vllm_config.model_config is not None
-    shape = engine_shape(vllm_config, page_size) if has_model else None
-    return resolve_route(config, config.capability(detected), shape, vllm_engine())
+    # The model's shape is read only where the GPU's route leaves the kernel to weigh it.
+    weighs_model = has_model and gpu_route(config, capability).kernel != "fallback"
+    shape = engine_shape(vllm_config, page_size) if weighs_model else None
+    return resolve_route(config, capability, shape, vllm_engine())
 
 
 def detected_capability() -> tuple[int, int]:
@@ -290,8 +293,7 @@ def reserve_decode_workspace(vllm_config: VllmConfig, local_heads: int, kv_lora_
     Called by the builder and, where vLLM asks during memory profiling (0.33+), by the impl."""
     if not is_workspace_manager_initialized():
         return
-    route = engine_route(vllm_config, detected_capability(), vllm_config.cache_config.block_size)
-    if route.kernel == "fallback":
+    if engine_route(vllm_config, detected_capability()).kernel == "fallback":
         # Decode context parallelism all-gathers the query heads before forward_mqa.
         heads = local_heads * vllm_config.parallel_config.decode_context_parallel_size
         fallback.reserve_workspace(
