@@ -12,7 +12,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # the integration pac
 from integration import dp_e2e  # noqa: E402
 from integration.judges.router_ties import RouterReplay  # noqa: E402
 from integration.models.prompts import make_prompts  # noqa: E402
-from mla_backend.tools.tiny_model import save_tiny_deepseek_v3  # noqa: E402
+from integration.models.tiny_model import save_tiny_deepseek_v3  # noqa: E402
 
 STEPS = 8
 

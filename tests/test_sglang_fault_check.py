@@ -215,7 +215,7 @@ def test_the_server_commands_carry_what_each_part_needs():
 
 def test_the_parts_sizes_make_sglang_retract_and_fit_where_they_must():
     from integration import sglang_fault_check as check
-    from mla_backend.tools.tiny_model import TINY_DEFAULTS
+    from integration.models.tiny_model import TINY_DEFAULTS
 
     pages = -(-check.PREEMPT_POOL // 64)
     wanted = check.preemption_budgets()
