@@ -14,6 +14,7 @@ from mla_backend.jit import build_dir
 from mla_backend.kernel_build import library_filename
 
 ARCHES = ("sm_90a", "sm_120a")
+pytestmark = pytest.mark.slow  # nvcc builds of the whole library (CI runs them)
 
 
 def cuda_tool(name: str) -> str:

@@ -11,6 +11,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "mla_backend"
 HARNESS = ("integration", "dev", "tests", "examples")
@@ -64,11 +66,11 @@ def entry_points() -> set[str]:
     return {"mla_backend", "mla_backend.__main__"} | {target.split(":")[0] for target in targets}
 
 
-def unreached(overrides: dict[str, str] | None = None) -> list[str]:
-    """The package's modules that no import from its entry points reaches (importing a module imports
-    its parent packages)."""
+def reached_from(starts: set[str], overrides: dict[str, str] | None = None) -> set[str]:
+    """The package's modules that imports from ``starts`` reach (importing a module imports its parent
+    packages)."""
     overrides = overrides or {}
-    reached, todo = set(), list(entry_points())
+    reached, todo = set(), list(starts)
     while todo:
         module = todo.pop()
         if module in reached:
@@ -77,9 +79,22 @@ def unreached(overrides: dict[str, str] | None = None) -> list[str]:
         for name in imported_names(module, overrides.get(module)):
             parts = name.split(".")
             todo += [m for m in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if m in MODULES]
-    return sorted(set(MODULES) - reached)
+    return reached
 
 
+def unreached(overrides: dict[str, str] | None = None) -> list[str]:
+    """The package's modules that no import from its entry points reaches."""
+    return sorted(set(MODULES) - reached_from(entry_points(), overrides))
+
+
+CORE = {"mla_backend", "mla_backend.decode", "mla_backend.launcher", "mla_backend.jit", "mla_backend.vllm.backend"}
+
+
+def test_the_core_and_the_vllm_adapter_reach_no_tool():
+    assert sorted(m for m in reached_from(CORE) if m.startswith("mla_backend.tools")) == []
+
+
+@pytest.mark.slow  # a fresh process importing vLLM
 def test_the_core_and_the_vllm_adapter_import_no_tool():
     code = (
         "import sys, mla_backend, mla_backend.decode, mla_backend.launcher, mla_backend.jit, mla_backend.vllm.backend\n"
@@ -110,12 +125,15 @@ def test_the_wheel_ships_only_the_package_s_own_folders():
 
 def test_the_rules_catch_a_harness_import_and_a_module_only_the_harness_reaches():
     """The checks above fail where they must: a lazy import of integration/ or of a tests/ helper by its
-    top-level name, and a tool that nothing in the package imports."""
+    top-level name, a lazy import of a tool by the core, and a tool that nothing in the package imports."""
     demo = "mla_backend.tools.demo"
     lazy = "\ndef f():\n    from integration.models.tiny_model import edited_weights\n    import oracle\n"
     assert harness_imports({demo: MODULES[demo].read_text() + lazy}) == {
         demo: ["integration.models.tiny_model", "integration.models.tiny_model.edited_weights", "oracle"]
     }
+    decode = "mla_backend.decode"
+    lazy_tool = MODULES[decode].read_text() + "\ndef f():\n    from .tools import bench\n"
+    assert "mla_backend.tools.bench" in reached_from(CORE, {decode: lazy_tool})
     cli = "mla_backend.cli"
     without_route_table = MODULES[cli].read_text().replace("from .tools.route_table import", "from .tools.bench import")
     assert unreached({cli: without_route_table}) == ["mla_backend.tools.route_table"]
