@@ -16,7 +16,8 @@
 #     part from dev/sglang_server_extras.sh: SGL_KV one of fp8_e4m3 and auto, FAULT_PARTS of
 #     preemption,aborts,radix, SELFTEST=1)
 #   | zoo (integration/zoo_e2e.py: FAMILIES, ZOO_KV, ZOO_PARTS of plain,drafts,split, DRAFT_TOKENS, SELFTEST=1,
-#     REFUSALS=1, ISOLATED=1; split on nvidia-h100-x2: ZOO_TP, ZOO_DCP)
+#     REFUSALS=1; split on nvidia-h100-x2: ZOO_TP, ZOO_DCP; each engine in a process of its own, which
+#     vLLM 0.26's Model Runner V2 needs; IN_PROCESS=1 runs them all in one, on Model Runner V1)
 #   | serve | mtp | parallel | correctness | enginebest | enginebest_parallel | realdims | variants | inputs | placement
 #   | faults (integration/fault_check.py: FAULT_PARTS of preemption,aborts,prefix,long,soak; BACKEND, SOAK_S, SELFTEST=1;
 #     one or two parts a call, each part starts two or more servers)
@@ -165,7 +166,7 @@ for part in ${PART//,/ }; do
       run python3 integration/run_e2e.py --heads "$HEADS" --parts "$parts" --kv "$KV" --prompt-seeds "$seeds" --out "$OUT" ;;
     zoo) run python3 integration/zoo_e2e.py --families "${FAMILIES:-GLM-4.7-Flash,Kimi-K2}" --kv "${ZOO_KV:-fp8,auto}" \
       --parts "${ZOO_PARTS:-plain}" --draft-tokens "${DRAFT_TOKENS:-1,3}" --tp "${ZOO_TP:-2}" --dcp "${ZOO_DCP:-1,2}" \
-      ${SELFTEST:+--selftest} ${REFUSALS:+--refusals} ${ISOLATED:+--isolated} --out "$OUT" ;;
+      ${SELFTEST:+--selftest} ${REFUSALS:+--refusals} ${IN_PROCESS:+--in-process} --out "$OUT" ;;
     sglang)
       models=(--heads "$HEADS")
       [ -n "${SGL_FAMILIES:-}" ] && models=(--families "$SGL_FAMILIES" --layouts "${SGL_LAYOUTS:-first}")

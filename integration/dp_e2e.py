@@ -65,8 +65,8 @@ from integration.judges.faults import gaps_of_runs, tokens_of  # noqa: E402
 from integration.judges.router_ties import RouterReplay  # noqa: E402
 from integration.judges.tokens import agreement  # noqa: E402
 from integration.models.prompts import make_prompts  # noqa: E402
+from integration.models.tiny_model import save_tiny_deepseek_v3  # noqa: E402
 from integration.settings import SELFTEST_CORRUPTION  # noqa: E402
-from mla_backend.tools.tiny_model import save_tiny_deepseek_v3  # noqa: E402
 
 DP = 2
 TOKENS = 32

@@ -77,8 +77,8 @@ from integration.judges import faults, report  # noqa: E402
 from integration.judges.decode_verdict import judge_decode_check, judge_selftest  # noqa: E402
 from integration.judges.faults import gaps_of_runs, tokens_of  # noqa: E402
 from integration.models.prompts import make_prompts  # noqa: E402
+from integration.models.tiny_model import TINY_DEFAULTS, save_tiny_deepseek_v3  # noqa: E402
 from integration.settings import PEERS, SELFTEST_CORRUPTION  # noqa: E402
-from mla_backend.tools.tiny_model import TINY_DEFAULTS, save_tiny_deepseek_v3  # noqa: E402
 
 PARTS = ("preemption", "aborts", "prefix", "long", "soak")
 VOCAB = TINY_DEFAULTS["vocab_size"]

@@ -61,8 +61,8 @@ from integration.judges.decode_verdict import judge_decode_check, judge_selftest
 from integration.judges.parallel import PARALLEL_PEER, judge_flashmla_parallel, judge_parallel  # noqa: E402
 from integration.judges.vllm_run import finish_judging, judge, non_speculative_note  # noqa: E402
 from integration.models.prompts import make_prompts, make_spec_prompts  # noqa: E402
+from integration.models.tiny_model import save_tiny_deepseek_v3  # noqa: E402
 from integration.settings import SELFTEST_CORRUPTION, SPEC_MAX_MODEL_LEN  # noqa: E402
-from mla_backend.tools.tiny_model import save_tiny_deepseek_v3  # noqa: E402
 
 SPEC_TOKENS = 3
 MTP_TOKENS = (1, 3)

@@ -37,7 +37,7 @@ from integration.engines.vllm_server import (  # noqa: E402
 from integration.engines.vllm_spec import EngineSpec  # noqa: E402
 from integration.judges.tokens import agreement  # noqa: E402
 from integration.models.prompts import make_prompts  # noqa: E402
-from mla_backend.tools.tiny_model import save_tiny_deepseek_v3  # noqa: E402
+from integration.models.tiny_model import save_tiny_deepseek_v3  # noqa: E402
 
 GREEDY_PROMPTS = 8
 GREEDY_TOKENS = 32

@@ -83,8 +83,8 @@ from integration.judges.decode_verdict import judge_sglang_check  # noqa: E402
 from integration.judges.faults import gaps_of_runs, tokens_of  # noqa: E402
 from integration.models.prompts import make_prompts  # noqa: E402
 from integration.models.sglang_checkpoint import save_sglang_tiny_deepseek  # noqa: E402
+from integration.models.tiny_model import TINY_DEFAULTS  # noqa: E402
 from integration.settings import SELFTEST_CORRUPTION  # noqa: E402
-from mla_backend.tools.tiny_model import TINY_DEFAULTS  # noqa: E402
 
 PARTS = ("preemption", "aborts", "radix")
 OURS, PEER = "mla_backend", "triton"

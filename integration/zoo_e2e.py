@@ -24,6 +24,11 @@ Per family and layout (the heads one GPU decodes; ``--layouts all`` for every la
   judged as the speculative runs of run_e2e.py are (decode calls with 1 + k query tokens, and the
   drafter's own calls, must reach our kernel), and reported against the same target decoded without
   speculation. LongCat's MTP block is standard attention in vLLM: only its verification is ours.
+Each engine runs in a process of its own: vLLM 0.26 runs DeepseekV2ForCausalLM and models without
+experts on its Model Runner V2, where a second engine in one process trips the CUDA caching allocator
+(and a family's engine after another's fails vLLM's memory profiling). ``--in-process`` runs them all
+in this process instead, on Model Runner V1 unless VLLM_USE_V2_MODEL_RUNNER says otherwise (quicker
+where it works; a multimodal wrapper's engines stay isolated, as vLLM keeps their memory after release).
 Families whose MLA shapes only vLLM's Triton MLA takes (``fallback``: Mistral Small 4's 256 + 64 latent)
 run under `auto` against TRITON_MLA, judged the same way (the route must be the fallback), and with
 ``backend='xqa'`` named, where start-up must stop with the zoo's reason. Families whose attention the
@@ -106,6 +111,7 @@ def run_family(
     # vLLM 0.26 keeps a multimodal wrapper's engine (its KV cache) alive after release_engine: on the
     # H100, free memory fell by 11.5 GiB with each Kimi-VL engine until the seventh could not start.
     isolated = isolated or has_vision_tower(model)
+    run = run_engine_isolated if isolated else run_engine
     try:
         refs = reference_runs(model, prompts, rows, kvs, isolated=isolated)
     except Exception as err:  # a reference that cannot run this family leaves nothing to judge against
@@ -117,7 +123,7 @@ def run_family(
     for kv in sorted(kvs):
         spec = EngineSpec("CUSTOM", kv, 64, True, mla_backend=OURS)
         try:
-            result = (run_engine_isolated if isolated else run_engine)(spec, model, prompts)
+            result = run(spec, model, prompts)
             keep_tokens(label, spec, result, refs)
             ok, notes = judge(result, refs, "bundled")
         except Exception as err:  # one family's failure must not hide the others'
@@ -126,7 +132,6 @@ def run_family(
         add_engine_row(rows, label, spec, ok, notes)
     if selftest_too:  # the forward_mqa check on corrupted outputs must fail
         spec = EngineSpec("CUSTOM", sorted(kvs)[-1], 64, True, mla_backend=OURS)
-        run = run_engine_isolated if isolated else run_engine
         check = run(spec, model, prompts, corrupt=SELFTEST_CORRUPTION)["decode_check"]
         caught, note = judge_selftest(check, asdict(spec))
         ok_all &= caught
@@ -289,21 +294,23 @@ def start_up_stops(label: str, model: str, spec: EngineSpec, family: Family, row
     return ok
 
 
-def run_fallback(family: Family, layout: str, kvs: set[str], model_dir: Path, rows: list) -> bool:
+def run_fallback(family: Family, layout: str, kvs: set[str], model_dir: Path, isolated: bool, rows: list) -> bool:
     """A family whose MLA shapes only vLLM's Triton MLA takes: under `auto` ours hands its decode to that
     kernel, judged against TRITON_MLA (tie rule, every replayed call in float64, the route); with the
-    bundled kernels named, start-up stops with the family's reason."""
+    bundled kernels named, start-up stops with the family's reason (in this process: it stops before
+    the model is built)."""
     model = family_checkpoint(family, layout, model_dir)
+    run = run_engine_isolated if isolated else run_engine
     label = f"{family.name} {layout} ({family.heads[layout]} heads)"
     prompts = make_prompts(0)
     ok_all = True
     for kv in sorted(kvs):
         spec = EngineSpec("CUSTOM", kv, 64, True)
         try:
-            ref = run_engine(EngineSpec("TRITON_MLA", kv, 64, True), model, prompts)
+            ref = run(EngineSpec("TRITON_MLA", kv, 64, True), model, prompts)
             rows.append(reference_row(ref))
             refs = {"TRITON_MLA" + kv: ref}
-            result = run_engine(spec, model, prompts)
+            result = run(spec, model, prompts)
             keep_tokens(label, spec, result, refs)
             ok, notes = judge(result, refs, "fallback")
         except Exception as err:
@@ -315,13 +322,19 @@ def run_fallback(family: Family, layout: str, kvs: set[str], model_dir: Path, ro
     return ok_all
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", default="GLM-4.7-Flash,Kimi-K2,DeepSeek-V2-Lite,Moonlight")
     parser.add_argument("--layouts", default="first", help="first (each family's first layout) or all")
     parser.add_argument("--kv", default="fp8,auto")
     parser.add_argument("--selftest", action="store_true")
-    parser.add_argument("--isolated", action="store_true", help="each engine in a process of its own")
+    parser.add_argument(
+        "--in-process",
+        dest="isolated",
+        action="store_false",
+        help="every engine in this process (Model Runner V1 unless VLLM_USE_V2_MODEL_RUNNER is set); "
+        "default: each in a process of its own",
+    )
     parser.add_argument("--refusals", action="store_true", help="also start the refused families")
     parser.add_argument("--parts", default="plain", help="plain (greedy, no drafter), drafts, split (see above)")
     parser.add_argument("--tp", type=int, default=2, help="GPUs the split part splits the heads over")
@@ -329,16 +342,23 @@ def main() -> int:
     parser.add_argument("--draft-tokens", default="1,3", help="k, the draft tokens per step, comma-separated")
     parser.add_argument("--out", default="results/zoo")
     parser.add_argument("--model-dir", default="/tmp/mla_backend_zoo")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if unknown := set(args.parts.split(",")) - {"plain", "drafts", "split"}:
+        parser.error(f"--parts: plain, drafts and split, not {sorted(unknown)}")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     out, model_dir, kvs = Path(args.out), Path(args.model_dir), set(args.kv.split(","))
     parts = set(args.parts.split(","))
-    if not parts <= {"plain", "drafts", "split"}:
-        parser.error(f"--parts: plain, drafts and split, not {sorted(parts - {'plain', 'drafts', 'split'})}")
+    if not args.isolated:  # Model Runner V2 cannot run a second engine in one process
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     out.mkdir(parents=True, exist_ok=True)
     setups = (allow_dense_only_glm, skip_longcat_mtp_weights_in_target)
     for setup in setups:
         setup()
-    os.environ[SETUP_ENV] = ",".join(f"{s.__module__}:{s.__name__}" for s in setups)  # --isolated
+    os.environ[SETUP_ENV] = ",".join(f"{s.__module__}:{s.__name__}" for s in setups)  # isolated engines
     rows: list = []
     ok = True
     if args.refusals:  # quick: each stops at start-up
@@ -353,7 +373,7 @@ def main() -> int:
             continue
         if family.expect == "fallback":
             if "plain" in parts:
-                ok &= run_fallback(family, layout, kvs, model_dir, rows)
+                ok &= run_fallback(family, layout, kvs, model_dir, args.isolated, rows)
             continue
         if "plain" in parts:
             ok &= run_family(family, layout, kvs, model_dir, args.selftest, args.isolated, rows)

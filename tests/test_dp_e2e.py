@@ -27,8 +27,8 @@ from test_fault_judges import parsed, serve_parser  # noqa: E402, F401 (serve_pa
 from integration import dp_e2e  # noqa: E402
 from integration.engines import vllm_dp  # noqa: E402
 from integration.judges.data_parallel import judge_every_dp_rank, judge_selftest_every_dp_rank  # noqa: E402
+from integration.models.tiny_model import TINY_DEFAULTS  # noqa: E402
 from integration.settings import SELFTEST_CORRUPTION  # noqa: E402
-from mla_backend.tools.tiny_model import TINY_DEFAULTS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = {"backend": "CUSTOM", "graphs": True, "spec_tokens": 0, "kv_cache_dtype": "fp8"}

@@ -563,7 +563,8 @@ def test_the_real_dimension_checkpoint_is_a_generative_deepseek_v3_to_vllm(tmp_p
 
 
 def test_an_isolated_engine_process_applies_the_parents_patches_first(monkeypatch):
-    """zoo_e2e --isolated: the spawned engine process calls each SETUP_ENV target before building the engine."""
+    """zoo_e2e's isolated engines (its default): the spawned engine process calls each SETUP_ENV target
+    before building the engine."""
     from integration.engines import vllm_engine
 
     order = []

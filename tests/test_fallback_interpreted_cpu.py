@@ -49,6 +49,7 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.slow  # one child process interprets every case's Triton kernels
 
 from oracle import naive_decode  # noqa: E402
 

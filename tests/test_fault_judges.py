@@ -475,6 +475,7 @@ def run(check, tmp_path, part, selftest=True):
     return {row["check"]: row for row in result["rows"]}, result
 
 
+@pytest.mark.slow  # each part against a stand-in server, with its waits
 @pytest.mark.parametrize("part", ["preemption", "aborts", "prefix", "long", "soak"])
 def test_each_part_passes_a_server_that_behaves_and_its_selftest_catches_every_breakage(stand_in, part):
     check, tmp_path = stand_in
@@ -493,6 +494,7 @@ def rows_named(rows: dict, prefix: str) -> str:
     return next(row["note"] for name, row in rows.items() if name.startswith(prefix))
 
 
+@pytest.mark.slow  # each part against a stand-in server, with its waits
 @pytest.mark.parametrize(
     "breakage, part, failing",
     [

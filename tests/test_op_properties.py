@@ -15,8 +15,9 @@ layout rules the kernels need, without reading mla_backend.checks; for every dra
     contract says is wrong, with the poisoned buffers and the inputs untouched.
 
 Any other exception, a refusal of a served call or a served refusal fails the property. The CPU run
-(the float64 reference path: page ids always checked) runs in CI; the GPU run drives the kernels
-the same way, with page-id validation on so that both sides share one contract.
+(the float64 reference path: page ids always checked) draws all its examples in CI (Hypothesis
+profile "ci", tests/property_budget.py) and fewer in the README's test command; the GPU run drives
+the kernels the same way, with page-id validation on so that both sides share one contract.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from op_contract import (
     violations,
 )
 from oracle import naive_decode
+from property_budget import examples
 
 from mla_backend import (
     MLABackendConfig,
@@ -288,7 +290,7 @@ SOMETIMES_SERVED = {
 }
 
 
-@settings(max_examples=600, **PROPERTY_SETTINGS)
+@settings(max_examples=examples(600, quick=60), **PROPERTY_SETTINGS)
 @given(case=calls(device="cpu", other="meta"))
 def test_the_op_serves_exactly_the_contract_on_cpu(poisoned_allocations, case):
     check_call(case)
@@ -300,7 +302,7 @@ def test_each_fault_is_refused_by_name_or_served_right_on_cpu(poisoned_allocatio
     is refused at least once (so each check of the op is exercised) unless it may keep a call valid."""
     refused = []
 
-    @settings(max_examples=6, **PROPERTY_SETTINGS)
+    @settings(max_examples=examples(6, quick=3), **PROPERTY_SETTINGS)
     @given(case=calls(device="cpu", other="meta", modes=("one fault",), faults=(fault,)))
     def one_fault(case):
         refused.append(check_call(case))

@@ -12,14 +12,15 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # the integration pac
 from integration import dp_e2e  # noqa: E402
 from integration.judges.router_ties import RouterReplay  # noqa: E402
 from integration.models.prompts import make_prompts  # noqa: E402
-from mla_backend.tools.tiny_model import save_tiny_deepseek_v3  # noqa: E402
+from integration.models.tiny_model import save_tiny_deepseek_v3  # noqa: E402
 
 STEPS = 8
 
 
 @pytest.fixture(scope="module")
 def walk(tmp_path_factory):
-    """float64's greedy tokens for one of the check's prompts, and the replay of every step."""
+    """float64's greedy tokens for one of the check's prompts, and the replay of every step (float64
+    forwards of the checkpoint: the tests that read it are slow)."""
     router = RouterReplay(dp_e2e.moe_checkpoint(tmp_path_factory.mktemp("moe"), 16))
     prompt = dp_e2e.phases()["alone"]["prompts"][0]
     path: list[int] = []
@@ -28,6 +29,7 @@ def walk(tmp_path_factory):
     return router, prompt, path, [router.replay(prompt, path, step) for step in range(STEPS)]
 
 
+@pytest.mark.slow
 def test_the_replay_follows_float64_and_its_noise_is_bf16_s(walk):
     router, prompt, path, seen = walk
     with torch.no_grad():
@@ -36,6 +38,7 @@ def test_the_replay_follows_float64_and_its_noise_is_bf16_s(walk):
     assert all(0 < s.noise < 0.2 and s.margin >= 0 for s in seen)  # bf16 moves scores of ~0.5 by far less than 1
 
 
+@pytest.mark.slow
 def test_ours_taking_the_swapped_expert_s_token_at_a_near_tie_is_a_tie_either_way_round(walk):
     router, prompt, path, seen = walk
     step = min(range(STEPS), key=lambda k: seen[k].margin / seen[k].noise)
@@ -50,6 +53,7 @@ def test_ours_taking_the_swapped_expert_s_token_at_a_near_tie_is_a_tie_either_wa
     assert left == []
 
 
+@pytest.mark.slow
 def test_a_wrong_token_at_a_near_tie_and_the_swapped_token_where_the_router_is_decided_fail(walk):
     router, prompt, path, seen = walk
     near = min(range(STEPS), key=lambda k: seen[k].margin / seen[k].noise)

@@ -215,7 +215,7 @@ def test_the_server_commands_carry_what_each_part_needs():
 
 def test_the_parts_sizes_make_sglang_retract_and_fit_where_they_must():
     from integration import sglang_fault_check as check
-    from mla_backend.tools.tiny_model import TINY_DEFAULTS
+    from integration.models.tiny_model import TINY_DEFAULTS
 
     pages = -(-check.PREEMPT_POOL // 64)
     wanted = check.preemption_budgets()
@@ -480,6 +480,7 @@ def run(check, tmp_path, part, selftest=True, kv="fp8_e4m3"):
     return {row["check"]: row for row in result["rows"]}, result
 
 
+@pytest.mark.slow  # each part against a stand-in server, with its waits
 @pytest.mark.parametrize("part", ["preemption", "aborts", "radix"])
 def test_each_part_passes_a_server_that_behaves_and_its_selftest_catches_every_breakage(stand_in, part):
     check, tmp_path = stand_in
@@ -511,6 +512,7 @@ def test_a_broken_server_fails_the_rows_that_see_it_and_the_peer_runs_only_then(
     assert list(poisoned["details"]["servers"]) == ["preemption_mla_backend", "preemption_triton"]
 
 
+@pytest.mark.slow  # each part against a stand-in server, with its waits
 @pytest.mark.parametrize(
     "breakage, part, failing",
     [

@@ -293,6 +293,7 @@ LEAVES = CHILD + "sys.stderr.write('stopped\\n')\nsys.exit(1)\n"
 SERVES = "import sys\nsys.stdin.read()\nprint('{\"tokens\": [[1]]}')\n"
 
 
+@pytest.mark.slow  # three engine processes, one of them left to its timeout
 def test_start_refused_reports_a_hang_a_process_left_behind_and_serving_and_kills_what_remains(tmp_path, monkeypatch):
     import psutil
 

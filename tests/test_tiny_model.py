@@ -2,11 +2,14 @@
 DeepSeek-V3 MTP drafter loads them and skipped by the main model; the decoder layers stay dense."""
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 from safetensors import safe_open
 
-from mla_backend.tools.tiny_model import TINY_DEFAULTS, save_tiny_deepseek_v3
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the integration package, from the checkout
+from integration.models.tiny_model import TINY_DEFAULTS, save_tiny_deepseek_v3  # noqa: E402
 
 LAYERS = TINY_DEFAULTS["num_hidden_layers"]
 MTP_ONLY = {"enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight", "shared_head.head.weight"}

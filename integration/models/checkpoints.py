@@ -65,8 +65,8 @@ def save_checkpoint(
     """Write a bf16 checkpoint of ``family`` with the heads of ``layout`` to ``path`` (reused if the
     same family, layout and seed wrote it), by the transformers classes of TRANSFORMERS_TYPE.
     ``mtp_layers``: the family's multi-token-prediction layers after the decoder layers, as its
-    released checkpoints hold them (mla_backend.tools.tiny_model.add_mtp_layers)."""
-    from mla_backend.tools.tiny_model import add_mtp_layers
+    released checkpoints hold them (tiny_model.add_mtp_layers)."""
+    from integration.models.tiny_model import add_mtp_layers
 
     from .longcat_mtp import add_longcat_mtp_layer
 
@@ -106,7 +106,7 @@ def wrap_text_model(path: Path, config: dict, seed: int) -> None:
     language_model. (where vLLM's and SGLang's wrappers hand them to the text model), the seeded
     vision tower and projector beside them (moonvit.py), and the wrapper's config.json, the text
     model's written config as its text_config."""
-    from mla_backend.tools.tiny_model import edited_weights
+    from integration.models.tiny_model import edited_weights
 
     text = config["text_config"]
     with edited_weights(path) as tensors:
@@ -124,7 +124,7 @@ def wrap_text_model(path: Path, config: dict, seed: int) -> None:
 def drop_identity_expert_weights(path: Path, routed: int) -> None:
     """transformers writes LongCat's identity ("zero") experts as weights after the routed ones;
     released checkpoints hold the routed experts only, and vLLM's loader stops on any other index."""
-    from mla_backend.tools.tiny_model import edited_weights
+    from integration.models.tiny_model import edited_weights
 
     with edited_weights(path) as tensors:
         for name in [n for n in tensors if ".experts." in n]:

@@ -22,7 +22,7 @@ def add_kda_layers(path: Path, config: dict, seed: int) -> None:
     """Replace the attention of each KDA layer by seeded KDA weights under the released checkpoints'
     names (models/kimi_linear.py:759, load_weights, maps them; transformers' conversion_mapping "kimi_linear"
     names the same), initialised as transformers' KimiLinear initialises them."""
-    from mla_backend.tools.tiny_model import edited_weights
+    from integration.models.tiny_model import edited_weights
 
     linear = config["linear_attn_config"]
     gen = torch.Generator().manual_seed(seed + 2)

@@ -24,7 +24,7 @@ FROM_MAIN = {
 def add_longcat_mtp_layer(path: Path, settings: dict, seed: int) -> None:
     """Append the MTP layer to the LongCat checkpoint at ``path`` written with ``settings`` (whose
     ``num_nextn_predict_layers``, 1, vLLM reads for the drafter's depth)."""
-    from mla_backend.tools.tiny_model import edited_weights
+    from integration.models.tiny_model import edited_weights
 
     hidden, std = settings["hidden_size"], settings["initializer_range"]
     generator = torch.Generator().manual_seed(seed + 1)

@@ -79,7 +79,7 @@ def mistral_params(published_name: str, config: dict) -> dict:
 
 def to_mistral_format(path: Path, published_name: str, config: dict) -> None:
     """The checkpoint transformers saved in ``path`` rewritten in Mistral's format."""
-    from mla_backend.tools.tiny_model import edited_weights
+    from integration.models.tiny_model import edited_weights
 
     with edited_weights(path) as tensors:
         renamed = {mistral_name(name): tensor for name, tensor in tensors.items()}

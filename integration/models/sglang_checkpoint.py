@@ -111,9 +111,9 @@ def save_sglang_checkpoint(family: Family, path: str | Path, layout: str | None 
 
 
 def save_sglang_tiny_deepseek(path: Path, heads: int, mtp_layers: int = 0) -> Path:
-    """The seeded tiny DeepSeek-V3 (mla_backend.tools.tiny_model) as SGLang serves it, with its MTP
+    """The seeded tiny DeepSeek-V3 (tiny_model.py) as SGLang serves it, with its MTP
     layer as SGLang's NextN drafter builds it where ``mtp_layers``."""
-    from mla_backend.tools.tiny_model import save_tiny_deepseek_v3
+    from integration.models.tiny_model import save_tiny_deepseek_v3
 
     nextn = DEEPSEEK_NEXTN if mtp_layers else {}
     return save_tiny_deepseek_v3(path, heads=heads, mtp_layers=mtp_layers, **DEEPSEEK_LAYERS, **nextn)

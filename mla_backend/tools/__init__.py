@@ -1,2 +1,3 @@
-"""What users run beside the library: the benchmark and its peers, the demo, the doctor, and the
-seeded DeepSeek-V3 checkpoint maker. The library core does not import them."""
+"""What users run beside the library (`python -m mla_backend doctor|demo|bench`): the doctor, the demo
+and its seeded model, the benchmark with its peers and the SM90 route table. The library core does not
+import them, and they import nothing of the test harness (integration/, dev/, tests/)."""

@@ -61,9 +61,9 @@ def run_on_gpu(batch: int, context: int, new_tokens: int, heads: int) -> int:
     from vllm import LLM
 
     from ..vllm import backend
-    from .tiny_model import TINY_DEFAULTS, save_tiny_deepseek_v3
+    from .demo_model import DEMO_MODEL_SETTINGS, save_demo_model
 
-    model = save_tiny_deepseek_v3(Path(tempfile.gettempdir()) / f"mla_backend_demo_h{heads}", heads=heads)
+    model = save_demo_model(Path(tempfile.gettempdir()) / f"mla_backend_demo_h{heads}", heads=heads)
     print(f"model: seeded DeepSeek-V3, {heads} heads, 2 dense layers, kv_lora_rank 512, rope 64 ({model})")
     llm = LLM(
         model=str(model),
@@ -79,7 +79,7 @@ def run_on_gpu(batch: int, context: int, new_tokens: int, heads: int) -> int:
         # full CUDA graphs for decode without an inductor compile: starts in seconds
         compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"},
     )
-    rate = decode_throughput(llm, random_prompts(batch, context, TINY_DEFAULTS["vocab_size"]), new_tokens)
+    rate = decode_throughput(llm, random_prompts(batch, context, DEMO_MODEL_SETTINGS["vocab_size"]), new_tokens)
     print(
         f"decode: {rate:,.0f} tokens/s (batch {batch}, context {context}, {new_tokens} new tokens, fp8 KV, "
         f"CUDA graphs) on {torch.cuda.get_device_name()}"

@@ -1,13 +1,10 @@
-"""A small, seeded DeepSeek-V3 checkpoint for the demo and the end-to-end runs (needs transformers).
+"""The seeded tiny DeepSeek-V3 of the end-to-end runs: the demo's model (mla_backend.tools.demo_model)
+with what the runs add to it, and the helpers the zoo's checkpoints share.
 
-Real MLA shapes (kv_lora_rank 512, rope 64, nope 128, q_lora) with only dense layers
-(first_k_dense_replace past the last layer), so no MoE kernel is needed; ``dense_layers`` makes the
-later layers route over experts instead (expert parallelism needs experts to split). Weights use a wide
-normal init: with the usual 0.02, attention is nearly uniform and hides decode errors.
-
-With ``mtp_layers=1`` the checkpoint also holds DeepSeek-V3's multi-token-prediction layer, as the
-released checkpoints do: ``model.layers.{N}`` (N = num_hidden_layers) is a full decoder layer plus
-``enorm``, ``hnorm``, ``eh_proj``, ``shared_head.{norm,head}`` and its own ``embed_tokens``, and
+``dense_layers`` makes the later layers route over experts instead (expert parallelism needs experts
+to split). With ``mtp_layers=1`` the checkpoint also holds DeepSeek-V3's multi-token-prediction layer,
+as the released checkpoints do: ``model.layers.{N}`` (N = num_hidden_layers) is a full decoder layer
+plus ``enorm``, ``hnorm``, ``eh_proj``, ``shared_head.{norm,head}`` and its own ``embed_tokens``, and
 ``num_nextn_predict_layers`` in the config. transformers does not model that layer; vLLM's
 ``deepseek_mtp`` speculative method serves it.
 """
@@ -15,32 +12,15 @@ released checkpoints do: ``model.layers.{N}`` (N = num_hidden_layers) is a full 
 from __future__ import annotations
 
 import contextlib
-import json
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-TINY_DEFAULTS = dict(
-    vocab_size=2048,
-    hidden_size=512,
-    intermediate_size=1024,
-    num_hidden_layers=2,
-    q_lora_rank=384,
-    kv_lora_rank=512,
-    qk_rope_head_dim=64,
-    qk_nope_head_dim=128,
-    v_head_dim=128,
-    n_routed_experts=8,
-    num_experts_per_tok=2,
-    n_group=1,
-    topk_group=1,
-    max_position_embeddings=8192,
-    initializer_range=0.1,
-    rope_scaling=None,
-    tie_word_embeddings=False,
-)
+from mla_backend.tools.demo_model import DEMO_MODEL_SETTINGS, demo_model_settings, save_deepseek_v3
+
+TINY_DEFAULTS = DEMO_MODEL_SETTINGS  # the demo's model is the runs' tiny model without their additions
 
 
 def save_tiny_deepseek_v3(
@@ -57,28 +37,17 @@ def save_tiny_deepseek_v3(
     layer as one whatever the config says); else they are dense like the decoder layers.
     ``dense_layers``: only the first this many decoder layers are dense, the later ones (and any MTP
     layers) route over ``n_routed_experts`` experts, which needs the engine's MoE kernels; None: all dense."""
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
-
-    path = Path(path)
-    settings = {**TINY_DEFAULTS, "num_attention_heads": heads, "num_key_value_heads": heads, **overrides}
+    settings = demo_model_settings(heads, **overrides)
     # Layers before first_k_dense_replace are dense: every decoder layer unless dense_layers, and the
     # MTP layers (indexed after them) too unless mtp_moe.
     all_dense = settings["num_hidden_layers"] + (0 if mtp_moe else mtp_layers)
     settings["first_k_dense_replace"] = all_dense if dense_layers is None else dense_layers
-    settings["num_nextn_predict_layers"] = mtp_layers  # transformers' default (1) would claim an MTP layer
-    stamp = {"seed": seed, **settings}
-    if (path / "mla_backend_stamp.json").exists() and json.loads(
-        (path / "mla_backend_stamp.json").read_text()
-    ) == stamp:
-        return path
-    torch.manual_seed(seed)
-    config = DeepseekV3Config(**settings)
-    model = DeepseekV3ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(path)
-    if mtp_layers:
-        add_mtp_layers(path, settings, mtp_layers, seed)
-    (path / "mla_backend_stamp.json").write_text(json.dumps(stamp))
-    return path
+    settings["num_nextn_predict_layers"] = mtp_layers
+
+    def add_mtp(saved: Path) -> None:
+        add_mtp_layers(saved, settings, mtp_layers, seed)
+
+    return save_deepseek_v3(path, settings, seed, edit=add_mtp if mtp_layers else None)
 
 
 def deeper_deepseek_v3(settings: dict) -> torch.nn.Module:
