@@ -29,7 +29,7 @@ from ..config import BackendUnavailableError, MLABackendConfig, Resolution, form
 from ..decode import mla_decode
 from ..launcher import DecodePlan
 from ..step_plan import plan_buffer, plan_decode
-from . import NAME
+from . import NAME, compat
 
 logger = logging.getLogger("mla_backend")
 
@@ -70,13 +70,14 @@ def resolve(config: MLABackendConfig, device: torch.device) -> Resolution:
 
 def check_server_args(server_args) -> None:
     """Refuse settings the backend cannot serve, before any weight is loaded."""
+    server_args = compat.resolved(server_args)
     page_size = server_args.page_size
     if page_size not in shapes.PAGE_SIZES:
         raise ValueError(
             f"mla_backend needs --page-size in {shapes.PAGE_SIZES} (SGLang defaults to 1 for backends it does not "
             f"know), got {page_size}"
         )
-    prefill, decode = server_args.get_attention_backends()
+    prefill, decode = compat.attention_backends(server_args)
     if prefill == NAME:
         raise ValueError(
             "mla_backend serves decode only: start SGLang with --decode-attention-backend mla_backend "
