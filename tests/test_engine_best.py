@@ -19,6 +19,8 @@ from mla_backend.launcher import plan_ints
 from mla_backend.tools import route_table
 from mla_backend.vllm import backend, engine_best, flashmla
 
+pytestmark = pytest.mark.vllm
+
 TABLE = {
     "device": "test GPU",
     "date": "2026-11-24",

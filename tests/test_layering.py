@@ -4,7 +4,10 @@ depend on the tools users run beside it (mla_backend.tools)."""
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.vllm
 def test_the_core_and_the_vllm_adapter_import_no_tool():
     code = (
         "import sys, mla_backend, mla_backend.decode, mla_backend.launcher, mla_backend.jit, mla_backend.vllm.backend\n"
