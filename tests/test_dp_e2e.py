@@ -38,6 +38,7 @@ LIB = "vllm/_moe_C_stable_libtorch.abi3.so"
 # --- the servers and the checkpoint -----------------------------------------------------------------
 
 
+@pytest.mark.vllm
 @pytest.mark.parametrize("kv", ["fp8", "auto"])
 @pytest.mark.parametrize("backend", ["CUSTOM", dp_e2e.REFERENCE, dp_e2e.PEER])
 def test_every_server_is_data_parallel_with_experts_split_in_vllm_serve_s_terms(serve_parser, backend, kv):  # noqa: F811
@@ -56,6 +57,7 @@ def moe_model(tmp_path_factory):
     return dp_e2e.moe_checkpoint(tmp_path_factory.mktemp("moe"), 16)
 
 
+@pytest.mark.vllm
 def test_the_checkpoint_routes_its_later_layers_over_experts_that_split_over_the_ranks(moe_model):
     from vllm.config import DeviceConfig, ModelConfig, ParallelConfig, VllmConfig
 
@@ -102,6 +104,7 @@ def test_every_expert_of_every_routed_layer_is_saved_under_the_names_vllm_loads(
         assert {prefix + "gate.weight", prefix + "gate.e_score_correction_bias"} <= names
 
 
+@pytest.mark.vllm
 def test_the_moe_ops_named_are_what_vllm_0_26_calls_on_this_path():
     import inspect
 

@@ -417,6 +417,7 @@ def test_the_ranks_summaries_merge_into_one_with_the_worst_errors(tmp_path):
     assert merged["routes"] == ["bundled", "flashmla"]  # ranks that chose differently cannot pass as one route
 
 
+@pytest.mark.vllm
 def test_the_worker_check_is_a_vllm_plugin_that_wraps_the_model_runner_only_when_asked(tmp_path, monkeypatch):
     """vLLM loads every ``vllm.general_plugins`` entry point in each of its processes: the test-only
     one is found on PYTHONPATH, and install() wraps the worker's model runner only with ENV set."""
@@ -442,6 +443,7 @@ def test_the_worker_check_is_a_vllm_plugin_that_wraps_the_model_runner_only_when
     assert GPUModelRunner.load_model is not originals[0] and GPUModelRunner.execute_model is not originals[1]
 
 
+@pytest.mark.vllm
 def test_every_engine_of_the_matrix_is_valid_engine_arguments_for_vllm():
     """The LLM(...) keywords of each kind of run, MTP and parallel ones included, are fields vLLM's
     EngineArgs knows (a misspelt or renamed one is a TypeError here, not on the GPU)."""
@@ -462,6 +464,7 @@ def test_every_engine_of_the_matrix_is_valid_engine_arguments_for_vllm():
     assert (dcp["tensor_parallel_size"], dcp["decode_context_parallel_size"]) == (2, 2)
 
 
+@pytest.mark.vllm
 def test_the_serving_check_starts_vllm_serve_with_the_offline_engines_settings():
     """integration/serve_check.py: every flag names an EngineArgs field (or the server's port), and
     the values are the offline engine's, so greedy tokens can be compared."""
@@ -489,6 +492,7 @@ def test_the_serving_check_starts_vllm_serve_with_the_offline_engines_settings()
     assert json.loads(flags["additional_config"]) == {"mla_backend": {"backend": "nope"}}
 
 
+@pytest.mark.vllm
 def test_the_worker_check_starts_after_the_model_loads_arms_on_the_first_step_and_reports_each_step(
     tmp_path, monkeypatch
 ):
@@ -550,6 +554,7 @@ def test_workers_that_vllm_spawns_find_the_worker_check(monkeypatch):
     assert json.loads(os.environ[ENV])["dir"] == str(directory)
 
 
+@pytest.mark.vllm
 def test_the_real_dimension_checkpoint_is_a_generative_deepseek_v3_to_vllm(tmp_path):
     """integration/models/real_dims.py's config-only checkpoint: vLLM must serve it as a causal LM (taken
     for a pooling model, it would run without full CUDA graphs and refuse FULL_DECODE_ONLY)."""

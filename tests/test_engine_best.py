@@ -20,6 +20,8 @@ from mla_backend.route import DecodeShape, Engine, Route, resolve_route
 from mla_backend.tools import route_table
 from mla_backend.vllm import backend, flashmla
 
+pytestmark = pytest.mark.vllm
+
 TABLE = {
     "device": "test GPU",
     "date": "2026-11-24",

@@ -56,6 +56,8 @@ from oracle import naive_decode  # noqa: E402
 from mla_backend.inputs import make_paged_problem, vllm_bf16_query_layout  # noqa: E402
 from mla_backend.reference import mla_decode_reference  # noqa: E402
 
+pytestmark = pytest.mark.vllm  # vLLM's Triton MLA decode
+
 KV_LORA_RANK = 512
 HEAD_DIM = 576
 PAGE_SIZE = 16

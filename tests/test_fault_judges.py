@@ -257,6 +257,7 @@ def parsed(parser, command: list[str]):
     return parser.parse_args(command[4:])
 
 
+@pytest.mark.vllm
 def test_every_part_s_servers_start_with_flags_vllm_serve_takes(serve_parser):
     from integration import fault_check as check
 
@@ -292,6 +293,7 @@ def test_every_part_s_servers_start_with_flags_vllm_serve_takes(serve_parser):
     assert aborts.enable_prefix_caching is None and aborts.max_num_seqs == 36
 
 
+@pytest.mark.vllm
 def test_the_serving_check_s_command_is_unchanged_by_the_move(serve_parser):
     """integration/serve_check.py's server: prefix caching off, 96 sequences, no host flag."""
     from integration import serve_check

@@ -52,6 +52,7 @@ NO_DEFAULT = object()
 PUBLIC_NAMES = ("trtllm_batch_decode_with_kv_cache_mla", "xqa_batch_decode_with_kv_cache_mla")
 
 
+@pytest.mark.vllm
 def test_signatures_match_the_installed_flashinfer():
     """Every parameter of the installed FlashInfer's functions is ours too: same position, default."""
     theirs = installed_flashinfer_signatures()

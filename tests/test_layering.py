@@ -95,6 +95,7 @@ def test_the_core_and_the_vllm_adapter_reach_no_tool():
 
 
 @pytest.mark.slow  # a fresh process importing vLLM
+@pytest.mark.vllm
 def test_the_core_and_the_vllm_adapter_import_no_tool():
     code = (
         "import sys, mla_backend, mla_backend.decode, mla_backend.launcher, mla_backend.jit, mla_backend.vllm.backend\n"

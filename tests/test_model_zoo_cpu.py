@@ -24,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from integration.models.checkpoints import text_of  # noqa: E402
 from integration.models.families import ATTENTION_FIELDS, FAMILIES, Family, published  # noqa: E402
 
+pytestmark = pytest.mark.vllm
+
 CAPABILITIES = [(12, 0), (9, 0)]  # RTX 5090 / PRO 6000, H100
 
 

@@ -1,4 +1,5 @@
-"""The SGLang adapter against real SGLang objects on CPU (CI: its own venv with SGLang 0.5.17, -m sglang).
+"""The SGLang adapter against real SGLang objects on CPU (CI: a venv of its own for each of SGLang 0.5.17
+and 0.5.23, -m sglang; sglang_release.py says what differs).
 
 The pools, the request-to-token map and the forward batch are SGLang's own; the backend's decode runs
 the op's float64 path on them and is judged against an attention computed here from the pool's slots
@@ -18,10 +19,11 @@ import pytest
 import torch
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang_release import release, resolved_server_args, server_args_fields, server_args_like
 
 from mla_backend.config import BackendUnavailableError, MLABackendConfig
 from mla_backend.route import Route
-from mla_backend.sglang import NAME, backend, register
+from mla_backend.sglang import NAME, backend, compat, register
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the model zoo: integration/models
 
@@ -53,12 +55,7 @@ def server_args(page_size=64, **changes):
         speculative_attention_mode="prefill",
     )
     values.update(changes)
-    args = SimpleNamespace(**values)
-    args.get_attention_backends = lambda: (
-        args.prefill_attention_backend or args.attention_backend,
-        args.decode_attention_backend or args.attention_backend,
-    )
-    return args
+    return server_args_like(**values)
 
 
 def make_runner(dtype, page_size=64, pool_pages=24, layers=1, **args):
@@ -391,6 +388,39 @@ def test_bad_settings_stop_start_up_with_our_message(monkeypatch, env, args, mes
     assert "mla_backend" in str(info.value) or "backend='xqa'" in str(info.value)
 
 
+def test_the_checks_read_the_settings_sglang_resolved(tmp_path, caplog):
+    """Real server arguments for DeepSeek-V3 with NEXTN drafting and no --page-size: SGLang resolves the
+    page size to 1 and the drafter to three steps of four draft tokens, on the record's fields as it is
+    built (0.5.17), or beside the operator's input, which stays unset (0.5.23); the checks read what SGLang
+    resolved, and its (prefill, decode) backends."""
+    from integration.models.families import FAMILIES
+    from integration.models.sglang_checkpoint import save_sglang_config
+
+    model = str(save_sglang_config(FAMILIES[0], tmp_path))
+    given = dict(model_path=model, device="cpu", skip_tokenizer_init=True, speculative_algorithm="NEXTN")
+    given |= dict(prefill_attention_backend="triton", decode_attention_backend=NAME)
+    args = resolved_server_args(**given)
+    settings = compat.resolved(args)
+    newer = release() >= (0, 5, 23)
+    assert (settings is args) != newer
+    assert (args.page_size, args.speculative_num_steps, args.speculative_num_draft_tokens) == (
+        (None, None, None) if newer else (1, 3, 4)
+    )
+    resolved = (settings.page_size, settings.speculative_num_steps, settings.speculative_num_draft_tokens)
+    assert resolved == (1, 3, 4) and settings.speculative_eagle_topk == 1
+    assert compat.attention_backends(settings) == ("triton", NAME)
+    with pytest.raises(ValueError, match=r"needs --page-size in \(16, 32, 64, 128\).*got 1$"):
+        backend.check_server_args(args)
+    with pytest.raises(ValueError, match="add --speculative-draft-attention-backend triton"):
+        backend.check_server_args(resolved_server_args(**given, page_size=64))
+    given |= dict(page_size=64, speculative_draft_attention_backend="triton", speculative_attention_mode="decode")
+    served = resolved_server_args(**given)
+    caplog.clear()  # SGLang's own warnings as it resolved the settings
+    with caplog.at_level(logging.WARNING, logger="mla_backend"):
+        backend.check_server_args(served)
+    assert not caplog.records
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -426,20 +456,16 @@ def test_speculation_verifying_on_the_prefill_backend_says_ours_decodes_nothing(
 
 
 def test_the_speculative_settings_read_are_sglang_s():
-    import dataclasses
-
-    from sglang.srt.server_args import ServerArgs
-
-    fields = {f.name for f in dataclasses.fields(ServerArgs)}
     read = {"speculative_num_steps", "speculative_draft_attention_backend", "speculative_attention_mode"}
-    assert read <= fields and read <= set(vars(server_args()))
+    assert read <= server_args_fields() and read <= set(vars(server_args()))
 
 
 def test_the_drafter_s_backends_carry_the_drafter_s_name(monkeypatch):
     """DeepSeek's layers take the forward path of the backend name stamped on the backend they run under,
     ours where none is: each per-step backend of a three-step drafter on triton, and its draft-extend
-    backend (verification in decode mode), must name triton. SGLang's own factory (unwrapped) leaves them
-    unstamped, which sent triton our q_rope keyword on the GPU."""
+    backend (verification in decode mode), must name triton. SGLang 0.5.17's own factory (unwrapped)
+    leaves them unstamped, which sent triton our q_rope keyword on the GPU; 0.5.23's stamps them itself
+    (DraftBackendFactory._create_backend), and the wrapped factory keeps its names."""
     from types import SimpleNamespace
 
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
@@ -451,16 +477,24 @@ def test_the_drafter_s_backends_carry_the_drafter_s_name(monkeypatch):
 
     Drafting.__abstractmethods__ = frozenset()
     steps, extend = SimpleNamespace(attn_backends=[Drafting() for _ in range(3)]), Drafting()
-    built = {"decode_attention_backend": steps, "prefill_attention_backend": extend}
-    monkeypatch.setattr(DraftBackendFactory, "_create_backend", lambda self, name, *args, **kwargs: built[name])
+    if release() >= (0, 5, 23):  # SGLang's _create_backend, handed these by its triton creators
+        sglang_stamps = "triton"
+        monkeypatch.setattr(draft_utils, "attention_backends", lambda: ("triton", NAME))
+        monkeypatch.setattr(DraftBackendFactory, "_create_triton_decode_backend", lambda self: ("triton", steps))
+        monkeypatch.setattr(DraftBackendFactory, "_create_triton_prefill_backend", lambda self: ("triton", extend))
+    else:
+        sglang_stamps = None
+        built = {"decode_attention_backend": steps, "prefill_attention_backend": extend}
+        monkeypatch.setattr(DraftBackendFactory, "_create_backend", lambda self, name, *args, **kwargs: built[name])
     monkeypatch.setattr(draft_utils, "get_spec", lambda: SimpleNamespace(speculative_attention_mode="prefill"))
     factory = DraftBackendFactory.__new__(DraftBackendFactory)
     vars(factory).update(draft_attn_backend="triton", speculative_num_steps=3, topk=1, qsa_profile=None)
-    factory.draft_model_runner = SimpleNamespace(model_config=SimpleNamespace(hf_config=object()))
+    model_config = SimpleNamespace(hf_config=object(), hf_text_config=object())  # no model-specific wrapper
+    factory.draft_model_runner = SimpleNamespace(model_config=model_config)
     register()
     assert DraftBackendFactory.create_decode_backend.__wrapped__(factory) is steps
     assert DraftBackendFactory.create_draft_extend_backend.__wrapped__(factory) is extend
-    assert {b.decode_attention_backend_str for b in [*steps.attn_backends, extend]} == {None}
+    assert {b.decode_attention_backend_str for b in [*steps.attn_backends, extend]} == {sglang_stamps}
     assert factory.create_decode_backend() is steps and factory.create_draft_extend_backend() is extend
     for drafting in [*steps.attn_backends, extend]:
         assert (drafting.prefill_attention_backend_str, drafting.decode_attention_backend_str) == ("triton", "triton")
@@ -581,7 +615,8 @@ def test_the_flashinfer_stand_in_defines_what_sglang_imports_unguarded():
     """The GPU run's engine and server processes (no FlashInfer on the lent GPU's image): every name the
     DeepSeek engine's modules, and the vision attention the server's transcription endpoint imports,
     take from flashinfer at module level, outside a FlashInfer-availability test or a try (SGLang takes
-    those under ``if is_cuda():``), exists in the stand-in package."""
+    those under ``if is_cuda():``), exists in the stand-in package. SGLang 0.5.23 imports FlashInfer in
+    those modules only behind such tests (and installs it: the stand-in serves 0.5.17's GPU image)."""
     import ast
     import subprocess
 
@@ -603,8 +638,11 @@ def test_the_flashinfer_stand_in_defines_what_sglang_imports_unguarded():
     # the engine's import path, then sglang.launch_server's (http_server -> ... -> qwen3_asr -> vision)
     for module in ("layers/sampler.py", "layers/quantization/fp8_utils.py", "layers/attention/vision.py"):
         wanted |= set(unguarded(ast.parse((srt / module).read_text(encoding="utf-8-sig")).body))
-    assert ("flashinfer.sampling", "min_p_sampling_from_probs") in wanted and ("flashinfer", "bmm_fp8") in wanted
-    assert ("flashinfer.prefill", "cudnn_batch_prefill_with_kv_cache") in wanted
+    if release() >= (0, 5, 23):
+        assert wanted == set()
+    else:
+        assert ("flashinfer.sampling", "min_p_sampling_from_probs") in wanted and ("flashinfer", "bmm_fp8") in wanted
+        assert ("flashinfer.prefill", "cudnn_batch_prefill_with_kv_cache") in wanted
     probe = f"import importlib\nfor m, n in {sorted(wanted)!r}:\n    getattr(importlib.import_module(m), n)\n"
     stand_in = {"PYTHONPATH": str(STAND_INS / "flashinfer")}
     done = subprocess.run([sys.executable, "-c", probe], env=stand_in, capture_output=True)

@@ -4,6 +4,7 @@ to be refused, its rows and JSON summary with the engines stood in, how start_re
 0.5.17 (-m sglang): each checkpoint it writes (models/sglang_checkpoint.py) is the family's MLA model to
 SGLang's ModelConfig and resolves to the family's model class, SGLang builds that class from it on CPU
 with every weight loaded, and the refused families stop our factory with the message the run looks for.
+CI runs those under SGLang 0.5.23 too (sglang_release.py says what differs).
 """
 
 import importlib.util
@@ -16,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from sglang_release import PUBLISH_AS_SCHEDULER, server_args_fields, server_args_like
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the integration package, from the checkout
@@ -209,11 +211,7 @@ def test_the_check_s_summaries_add_up_over_the_scheduler_processes(tmp_path):
 
 @pytest.mark.sglang
 def test_dp_attention_and_drafting_settings_are_sglang_engine_arguments():
-    import dataclasses
-
-    from sglang.srt.server_args import ServerArgs
-
-    fields = {f.name for f in dataclasses.fields(ServerArgs)}
+    fields = server_args_fields()
     assert set(sglang_e2e.parallel_args(2)) <= fields and sglang_e2e.parallel_args(1) is None
     assert set(sglang_e2e.speculative_args(3)) <= fields
 
@@ -225,12 +223,11 @@ def test_our_backend_starts_with_the_drafting_settings_and_verifies(monkeypatch,
     attention mode: in prefill mode SGLang verified on triton and ours decoded nothing, which the GPU
     run's check caught as no call checked)."""
     import logging
-    from types import SimpleNamespace
 
     from mla_backend.sglang import backend
 
-    args = SimpleNamespace(page_size=64, **sglang_e2e.speculative_args(3))
-    args.get_attention_backends = lambda: ("triton", "mla_backend")
+    backends = dict(attention_backend=None, prefill_attention_backend="triton", decode_attention_backend="mla_backend")
+    args = server_args_like(page_size=64, **backends, **sglang_e2e.speculative_args(3))
     with caplog.at_level(logging.WARNING, logger="mla_backend"):
         backend.check_server_args(args)  # raises on a setting it refuses
     assert args.speculative_attention_mode == "decode" and not caplog.records
@@ -343,7 +340,7 @@ def test_the_engine_script_run_from_elsewhere_builds_its_settings_with_the_check
     assert settings["model_path"] == str(model) and settings["enable_multimodal"] is False
 
 
-# -- under SGLang 0.5.17 -------------------------------------------------------------------------------
+# -- under SGLang 0.5.17 and 0.5.23 ---------------------------------------------------------------------
 
 # CI runs these in its SGLang venv (-m sglang) and deselects them elsewhere; run without -m where SGLang
 # is missing, they are skipped rather than failing on the import.
@@ -377,17 +374,14 @@ def test_kimi_vl_runs_on_its_text_model_alone_without_an_image_processor(tmp_pat
     skip_tokenizer_init, and the zoo's Kimi-VL ships none (its prompts are token ids): the run turns
     multimodal off for it, which SGLang's ModelConfig honours (and is multimodal without it); every
     other family keeps SGLang's default."""
-    import dataclasses
-
     from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.server_args import ServerArgs
 
     from integration.engines.sglang_engine import engine_settings
 
     kimi_vl = next(f for f in FAMILIES if f.architecture == "KimiVLForConditionalGeneration")
     path = str(save_sglang_checkpoint(kimi_vl, tmp_path / kimi_vl.published))
     settings = engine_settings(path, "mla_backend", "fp8_e4m3", True)
-    assert set(settings) <= {f.name for f in dataclasses.fields(ServerArgs)}
+    assert set(settings) <= server_args_fields()
     assert settings["enable_multimodal"] is False
     assert not ModelConfig(path, enable_multimodal=settings["enable_multimodal"]).is_multimodal
     assert ModelConfig(path).is_multimodal
@@ -400,18 +394,20 @@ def test_kimi_vl_runs_on_its_text_model_alone_without_an_image_processor(tmp_pat
 # be built without a GPU, none of them in the weights' path: the CUDA path's RoPE class (not the CPU
 # engine's) built on CPU, without the custom rotary kernel it would import where there is no CUDA,
 # LongCat's side stream, and the device Kimi-VL's MoonViT asks for its 2D RoPE tables.
-PRELUDE = """
-import json, sys, torch
+PRELUDE = (
+    """
+import inspect, json, sys, torch
 from pathlib import Path
 from safetensors.torch import load_file
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed import init_distributed_environment, initialize_model_parallel
+from sglang.srt.distributed.parallel_state import model_parallel_is_initialized
 from sglang.srt.layers.dp_attention import initialize_dp_attention
 from sglang.srt.layers.rotary_embedding import base, factory, rope_variant
 from sglang.srt.model_loader.utils import get_model_architecture
 from sglang.srt.models import kimi_vl_moonvit
 from sglang.srt import runtime_context
-from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+from sglang.srt.server_args import ServerArgs
 from integration.models.families import FAMILIES
 from integration.models.sglang_checkpoint import save_sglang_checkpoint
 
@@ -422,8 +418,25 @@ kimi_vl_moonvit.get_device = lambda *args: "cpu"
 runtime_context.set_stream("alt", object())
 init_distributed_environment(backend="gloo", world_size=1, rank=0, local_rank=0,
                              distributed_init_method="tcp://127.0.0.1:" + sys.argv[2])
-initialize_model_parallel(1)
 torch.set_default_dtype(torch.bfloat16)
+"""
+    + PUBLISH_AS_SCHEDULER
+    + """
+
+# The server arguments published, then the model-parallel groups (once; 0.5.23 sizes them from what was
+# published).
+def start(args):
+    publish_as_scheduler(args)
+    if not model_parallel_is_initialized():
+        initialize_model_parallel()
+
+
+# Attention's data parallelism: 0.5.17 sets it up from the model's config, 0.5.23 from what was published.
+def start_dp_attention(args, config):
+    if "model_config" in inspect.signature(initialize_dp_attention).parameters:
+        initialize_dp_attention(server_args=args, model_config=config)
+    else:
+        initialize_dp_attention(args)
 
 
 # The parameters left unloaded (NaN) after loading the checkpoint into the class built from config.
@@ -434,6 +447,7 @@ def loaded(model_class, config, path):
     model.load_weights(iter(load_file(next(path.glob("*.safetensors"))).items()))
     return [n for n, p in model.named_parameters() if p.float().isnan().any()]
 """
+)
 BUILD = (
     PRELUDE
     + """
@@ -443,9 +457,9 @@ for name in json.loads(sys.argv[3]):
     path = save_sglang_checkpoint(family, Path(sys.argv[1]) / family.published)
     args = ServerArgs(model_path=str(path), device="cpu", page_size=64, prefill_attention_backend="triton",
                       decode_attention_backend="triton", skip_tokenizer_init=True, disable_radix_cache=True)
-    set_global_server_args_for_scheduler(args)
+    start(args)
     config = ModelConfig.from_server_args(args)
-    initialize_dp_attention(server_args=args, model_config=config)
+    start_dp_attention(args, config)
     try:
         result[name] = loaded(get_model_architecture(config)[0], config.hf_config, path)
     except Exception as err:
@@ -464,11 +478,11 @@ from integration.models.sglang_checkpoint import save_sglang_tiny_deepseek
 path = save_sglang_tiny_deepseek(Path(sys.argv[1]) / "tiny_mtp", heads=16, mtp_layers=1)
 args = ServerArgs(model_path=str(path), device="cpu", page_size=64, prefill_attention_backend="triton",
                   decode_attention_backend="triton", skip_tokenizer_init=True, disable_radix_cache=True)
-set_global_server_args_for_scheduler(args)
+start(args)
 result = {}
 for role, draft in (("target", False), ("drafter", True)):
     config = ModelConfig.from_server_args(args, is_draft_model=draft)
-    initialize_dp_attention(server_args=args, model_config=config)
+    start_dp_attention(args, config)
     model_class = get_model_architecture(config)[0]
     try:
         result[role] = [model_class.__name__, loaded(model_class, config.hf_config, path)]
@@ -491,9 +505,9 @@ drafter = save_mistral_eagle_drafter(target, Path(sys.argv[1]) / (family.publish
 args = ServerArgs(model_path=str(target), speculative_draft_model_path=str(drafter), device="cpu", page_size=64,
                   prefill_attention_backend="triton", decode_attention_backend="triton", skip_tokenizer_init=True,
                   disable_radix_cache=True)
-set_global_server_args_for_scheduler(args)
+start(args)
 config = ModelConfig.from_server_args(args, model_path=str(drafter), is_draft_model=True)
-initialize_dp_attention(server_args=args, model_config=config)
+start_dp_attention(args, config)
 model_class = get_model_architecture(config)[0]
 result = {"class": model_class.__name__, "mla": config.attention_arch.name, "layers": config.num_hidden_layers,
           "latent": [config.kv_lora_rank, config.qk_rope_head_dim], "heads": config.num_attention_heads}
@@ -553,7 +567,7 @@ def test_sglang_builds_the_tiny_model_s_nextn_drafter_and_loads_its_mtp_layer(tm
 @pytest.mark.sglang
 @needs_sglang
 def test_sglang_builds_mistral_large_3_s_eagle_drafter_as_mla_and_loads_its_weights(tmp_path):
-    """SGLang 0.5.17 turns the zoo's Eagle drafter (Mistral's format, one layer) into its
+    """SGLang (0.5.17, 0.5.23) turns the zoo's Eagle drafter (Mistral's format, one layer) into its
     MistralLarge3ForCausalLMEagle with MLA attention of the target's latent and heads, and loads every
     weight but the embedding and head, which its EAGLE worker takes from the target."""
     result = run_built(MISTRAL_EAGLE, tmp_path)

@@ -45,6 +45,7 @@ def test_mtp_weights_are_a_decoder_layer_plus_the_mtp_projections(mtp_checkpoint
     assert shapes[prefix + "embed_tokens.weight"] == (vocab, hidden)
 
 
+@pytest.mark.vllm
 def test_vllm_routes_every_mtp_weight_to_the_drafter_and_none_to_the_main_model(mtp_checkpoint):
     from types import SimpleNamespace
 

@@ -25,6 +25,8 @@ from mla_backend.inputs import make_paged_problem
 from mla_backend.vllm import backend, compat
 from mla_backend.vllm.fallback import per_token_requests
 
+pytestmark = pytest.mark.vllm
+
 BACKEND_PATH = "mla_backend.vllm.backend.MLABackend"
 
 

@@ -63,7 +63,11 @@ def select_for_drafter(speculative, capability: tuple[int, int]) -> str:
         AttentionBackendEnum.CUSTOM.clear_override()
 
 
-@pytest.fixture(scope="module", params=DRAFTED, ids=family_id)
+# LongCat's MTP layer is checked against the names vLLM's drafter maps.
+MARKED = [pytest.param(f, marks=pytest.mark.vllm) if f.model_type == "longcat_flash" else f for f in DRAFTED]
+
+
+@pytest.fixture(scope="module", params=MARKED, ids=family_id)
 def drafted(request, tmp_path_factory):
     family = request.param
     path = save_checkpoint(family, tmp_path_factory.mktemp("mtp"), mtp_layers=1)
@@ -124,6 +128,7 @@ def test_the_mtp_layer_is_where_the_family_s_drafter_reads_it(drafted):
     assert shapes[f"model.layers.{layers}.eh_proj.weight"] == (hidden, 2 * hidden)
 
 
+@pytest.mark.vllm
 def test_the_main_model_leaves_the_mtp_layer_to_the_drafter(drafted, monkeypatch):
     from types import SimpleNamespace
 
@@ -156,6 +161,7 @@ def test_the_main_model_leaves_the_mtp_layer_to_the_drafter(drafted, monkeypatch
     assert spec == {n for n in shapes if n.startswith(f"model.layers.{layers}.")}
 
 
+@pytest.mark.vllm
 def test_vllm_makes_the_family_s_drafter_from_the_checkpoint(drafted):
     family, path, _, _ = drafted
     method = engine_kwargs(EngineSpec("CUSTOM", spec_tokens=3, spec_method=family.drafter), str(path), 2048, 0.2)[
@@ -171,6 +177,7 @@ def test_vllm_makes_the_family_s_drafter_from_the_checkpoint(drafted):
     assert speculative.num_speculative_tokens == 3 and drafter.architectures == [expected]
 
 
+@pytest.mark.vllm
 def test_start_up_says_how_to_put_the_drafter_s_mla_layers_on_ours(drafted):
     """vLLM picks a drafter's attention backend itself unless the speculative config names one: with
     the family's MTP drafter and none named, our start-up says what to add; named, nothing."""
@@ -193,6 +200,7 @@ def test_start_up_says_how_to_put_the_drafter_s_mla_layers_on_ours(drafted):
     assert drafter_hint(SimpleNamespace(speculative_config=None)) is None
 
 
+@pytest.mark.vllm
 @pytest.mark.parametrize("capability", [(12, 0), (9, 0)], ids=["sm120", "sm90"])
 def test_vllm_selects_ours_for_the_drafter_s_mla_layers_when_named(drafted, capability):
     """The drafter's engine config as vLLM's proposer makes it (the draft model, the speculative
@@ -210,6 +218,7 @@ def test_vllm_selects_ours_for_the_drafter_s_mla_layers_when_named(drafted, capa
         assert select_for_drafter(speculative, capability) == plugin.BACKEND_PATH
 
 
+@pytest.mark.vllm
 def test_a_family_s_mtp_method_reaches_vllm_by_its_own_name():
     import dataclasses
 
@@ -275,6 +284,7 @@ def eagle3(tmp_path_factory):
     return family, target, save_eagle3_drafter(target, root / "drafter")
 
 
+@pytest.mark.vllm
 def test_the_eagle3_drafter_holds_what_vllm_s_deepseek_eagle3_loads(eagle3):
     from vllm.model_executor.models.deepseek_eagle3 import DeepseekV2Eagle3Model
 
@@ -296,6 +306,7 @@ def test_the_eagle3_drafter_holds_what_vllm_s_deepseek_eagle3_loads(eagle3):
         assert config[key] == target_config[key], key  # the draft layer decodes as the target's layers do
 
 
+@pytest.mark.vllm
 def test_kimi_k25_s_eagle3_drafter_reads_the_wrapper_s_text_model(tmp_path):
     """Kimi-K2.5's checkpoint is the kimi_k25 wrapper: its Eagle3 drafter takes the text model's fields
     (text_config), and vLLM reads it as an MLA drafter beside the wrapper run text-only."""
@@ -323,6 +334,7 @@ def test_aux_layers_are_distinct_layer_inputs_after_the_first(eagle3):
     assert aux_layers(2) == [1, 2] and aux_layers(61) == [1, 30, 61]
 
 
+@pytest.mark.vllm
 def test_vllm_reads_the_eagle3_drafter_as_an_mla_model_beside_its_target(eagle3):
     _, target, drafter = eagle3
     spec = EngineSpec("CUSTOM", spec_tokens=2, spec_method="eagle3", draft_model=str(drafter))
@@ -351,6 +363,7 @@ def mistral_eagle(tmp_path_factory):
     return family, target, save_mistral_eagle_drafter(target, root / "drafter")
 
 
+@pytest.mark.vllm
 def test_the_mistral_eagle_drafter_holds_what_vllm_s_eagle_mistral_large_3_loads(mistral_eagle):
     """Mistral's format, as the Eagle drafter is released: params.json and Mistral's tensor names, which
     vLLM's EagleMistralLarge3ForCausalLM maps onto one DeepSeek-V3 decoder layer shaped as the
@@ -380,6 +393,7 @@ def test_the_mistral_eagle_drafter_holds_what_vllm_s_eagle_mistral_large_3_loads
     assert mapped == {**expected, "model.fc.weight": [dim, 2 * dim]}
 
 
+@pytest.mark.vllm
 def test_vllm_reads_the_mistral_eagle_drafter_as_an_mla_model_beside_its_target(mistral_eagle):
     from types import SimpleNamespace
 
@@ -400,6 +414,7 @@ def test_vllm_reads_the_mistral_eagle_drafter_as_an_mla_model_beside_its_target(
     assert hint is not None and '"attention_backend": "CUSTOM"' in hint  # without it vLLM picks its own
 
 
+@pytest.mark.vllm
 def test_the_speculation_judge_counts_the_mistral_eagle_drafter_s_own_calls(mistral_eagle):
     """vLLM numbers the drafter's layers after the target's, which a target in Mistral's format states
     in params.json (it has no config.json): the judge must count those calls, or a k >= 2 run fails."""
@@ -417,6 +432,7 @@ def test_the_speculation_judge_counts_the_mistral_eagle_drafter_s_own_calls(mist
     assert drafter_calls(result) == 5
 
 
+@pytest.mark.vllm
 @pytest.mark.parametrize("capability", [(12, 0), (9, 0)], ids=["sm120", "sm90"])
 def test_vllm_selects_ours_for_the_mistral_eagle_drafter_s_layers_when_named(mistral_eagle, capability):
     import mla_backend.vllm as plugin

@@ -30,7 +30,7 @@ from ..decode import mla_decode
 from ..launcher import DecodePlan
 from ..route import DecodeShape, Engine, Route, resolve_route
 from ..step_plan import plan_buffer, plan_decode
-from . import NAME
+from . import NAME, compat
 
 logger = logging.getLogger("mla_backend")
 
@@ -68,7 +68,7 @@ SGLANG = Engine("SGLang", "SGLang's triton decode", "SGLang's triton backend")
 def model_shape(runner) -> DecodeShape:
     """What this model runner decodes: the model's latent, its draft tokens per verification, the KV
     dtype and page. Heads per GPU are the layers' own (attention data parallelism changes them)."""
-    model, server_args = runner.model_config, runner.server_args
+    model, server_args = runner.model_config, compat.resolved(runner.server_args)
     spec = getattr(server_args, "speculative_num_draft_tokens", None)
     q_len = int(spec) if getattr(server_args, "speculative_algorithm", None) is not None and spec else 1
     return DecodeShape(
@@ -91,13 +91,14 @@ def resolve(config: MLABackendConfig, device: torch.device, shape: DecodeShape |
 
 def check_server_args(server_args) -> None:
     """Refuse settings the backend cannot serve, before any weight is loaded."""
+    server_args = compat.resolved(server_args)
     page_size = server_args.page_size
     if page_size not in shapes.PAGE_SIZES:
         raise ValueError(
             f"mla_backend needs --page-size in {shapes.PAGE_SIZES} (SGLang defaults to 1 for backends it does not "
             f"know), got {page_size}"
         )
-    prefill, decode = server_args.get_attention_backends()
+    prefill, decode = compat.attention_backends(server_args)
     if prefill == NAME:
         raise ValueError(
             "mla_backend serves decode only: start SGLang with --decode-attention-backend mla_backend "
