@@ -25,7 +25,7 @@ op and the step plan, which never resolve one they were given. The route is a fr
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -79,7 +79,7 @@ class DecodeShape:
 class Route:
     kernel: KernelName
     reason: str
-    fallback: str  # what serves decode where this kernel cannot (another GPU, another model)
+    fallback: str  # what serves decode where this kernel cannot (another GPU, another model); "none": raises
     arch: str | None = None  # the bundled library's architecture
     variant: str | None = None  # the bundled kernel for the shape, where one was given
 
@@ -165,7 +165,7 @@ def gpu_route(config: MLABackendConfig, capability: tuple[int, int], has_flashin
         return Route("trtllm-gen", f"backend='trtllm-gen' requested; SM {cc} with FlashInfer installed", "none")
     if capability in TRTLLM_GEN_CAPABILITIES and has_flashinfer:
         reason = f"auto: SM {cc} with FlashInfer installed -> FlashInfer trtllm-gen"
-        return Route("trtllm-gen", reason, "the bundled kernels", arch)
+        return Route("trtllm-gen", reason, fallback, arch)
     if arch is not None:
         why = ", FlashInfer is not installed" if capability in TRTLLM_GEN_CAPABILITIES else ""
         return Route("bundled", f"auto: SM {cc}{why} -> bundled mma.sync kernels", fallback, arch)
@@ -189,7 +189,7 @@ def resolve_route(
     whatever the order of the calls."""
     route = gpu_route(config, capability, has_flashinfer)
     if engine.fallback is not None and route.fallback != "none":
-        route = Route(route.kernel, route.reason, engine.fallback, route.arch, route.variant)
+        route = replace(route, fallback=engine.fallback)
     if route.kernel == "fallback" or shape is None:
         return route
     problem = model_problem(shape)
@@ -201,7 +201,7 @@ def resolve_route(
     if route.kernel != "bundled":
         return route
     assert route.arch is not None
-    route = Route(route.kernel, route.reason, route.fallback, route.arch, bundled_variant(route.arch, config, shape))
+    route = replace(route, variant=bundled_variant(route.arch, config, shape))
     return flashmla_rule(config, capability, shape, engine, route)
 
 
@@ -221,8 +221,7 @@ def flashmla_rule(
             why = f"{name} is unavailable: {unavailable}"
         elif faster:
             return Route("flashmla", f"auto: SM {_cc(capability)} -> {name}: {why}", "the bundled kernels")
-    keeps = f"{route.reason}; keeps the bundled kernels over {name}: {why}"
-    return Route(route.kernel, keeps, route.fallback, route.arch, route.variant)
+    return replace(route, reason=f"{route.reason}; keeps the bundled kernels over {name}: {why}")
 
 
 def op_route(device: torch.device, config: MLABackendConfig, backend: BackendName = "auto") -> Route:
