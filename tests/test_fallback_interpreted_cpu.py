@@ -49,14 +49,13 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-pytestmark = pytest.mark.slow  # one child process interprets every case's Triton kernels
+# One child process interprets every case's Triton kernels (slow); the kernels are vLLM's Triton MLA decode.
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 from oracle import naive_decode  # noqa: E402
 
 from mla_backend.inputs import make_paged_problem, vllm_bf16_query_layout  # noqa: E402
 from mla_backend.reference import mla_decode_reference  # noqa: E402
-
-pytestmark = pytest.mark.vllm  # vLLM's Triton MLA decode
 
 KV_LORA_RANK = 512
 HEAD_DIM = 576
