@@ -95,7 +95,7 @@ def build_cached(
     library = directory / library_filename(arch, variant)
     stamp_file = directory / "source.sha256"
     csrc = csrc_dir()
-    # nvcc also reads flags from the environment (dev builds: -DMLA_WARP_SPECIALIZED=...): a library
+    # nvcc also reads flags from the environment (dev builds: dev/profiles/ force-included): a library
     # built with others is not this build.
     stamp = source_stamp(csrc, arch, variant) + "".join(
         f"\n{name}={os.environ[name]}" for name in NVCC_ENV_FLAGS if os.environ.get(name)
