@@ -12,6 +12,8 @@
 #define MLA_MAX_KV_SPLITS 256
 // KV tokens per tile of the main loop: the unit the split plan counts in.
 #define MLA_TOKENS_PER_TILE 32
+// The largest page (tokens) the kernels address; pages are powers of two from 1 (a token-indexed cache).
+#define MLA_MAX_PAGE_SIZE 1024
 // Tiles a split holds at least (unless its request is shorter): shorter splits cost more in merging
 // than they save.
 #define MLA_MIN_TILES_PER_SPLIT 4

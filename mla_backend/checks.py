@@ -20,7 +20,9 @@ class DecodeProblem:
     kv_nope: torch.Tensor  # [P, page, 512] latent part of the cache, read in place
     kv_pe: torch.Tensor  # [P, page, 64] rope part (both: rows contiguous, strides 16-byte multiples)
     kv_given: torch.Tensor | None  # the caller's [P, page, 576] cache (3-D view), when it passed one
-    block_tables: torch.Tensor  # int32 [B, max_pages], rows contiguous
+    block_tables: torch.Tensor  # int32 [B, max_pages], rows contiguous; or ragged ids [n] (kv_indptr)
+    kv_indptr: torch.Tensor | None  # int32 [B + 1]: request b's page ids are block_tables[kv_indptr[b]:kv_indptr[b + 1]]
+    causal: bool  # query token i of q_len sees seq_len - q_len + i + 1 keys (else all seq_len)
     seq_lens: torch.Tensor  # int32 [B]
     max_seq_len: int
     qk_nope_head_dim: int  # the model's pre-absorption nope dim (trtllm-gen takes it)
@@ -66,6 +68,15 @@ class DecodeProblem:
     @property
     def num_pages(self) -> int:
         return self.kv_nope.shape[0]
+
+    @property
+    def max_pages(self) -> int:
+        """Page ids a request may own: the table's columns, or all the ragged ids."""
+        return self.block_tables.shape[1] if self.kv_indptr is None else self.block_tables.numel()
+
+    def table_rows(self) -> list[torch.Tensor]:
+        """Each request's page ids (reads kv_indptr on the host)."""
+        return shapes.ragged_rows(self.block_tables, self.kv_indptr)
 
 
 def _require(cond: bool, message: str, exc: type[Exception] = ValueError) -> None:
@@ -176,7 +187,7 @@ def kv_layout_problem(name: str, t: torch.Tensor) -> str | None:
     size = t.element_size()
     if t.stride(-1) != 1:
         return f"{name} token rows must be contiguous (last-dim stride 1), got strides {t.stride()}"
-    if t.stride(1) * size % 16 or (t.shape[0] > 1 and t.stride(0) * size % 16):
+    if (t.shape[1] > 1 and t.stride(1) * size % 16) or (t.shape[0] > 1 and t.stride(0) * size % 16):
         return (
             f"{name} token and page strides must be multiples of 16 bytes (the kernels copy 16-byte chunks), "
             f"got {tuple(st * size for st in t.stride())} bytes"
@@ -210,6 +221,8 @@ def check_decode_inputs(
     out: torch.Tensor | None,
     bmm1_scale,
     bmm2_scale,
+    kv_indptr: torch.Tensor | None = None,
+    causal: bool = True,
 ) -> DecodeProblem:
     q_nope, q_pe, query_given = split_query(query)
     kv_nope, kv_pe, kv_given = split_kv_cache(kv_cache)
@@ -250,17 +263,35 @@ def check_decode_inputs(
     num_pages, page_size, _ = kv_nope.shape
     _require(
         page_size in shapes.PAGE_SIZES,
-        f"page size (kv_cache.shape[-2]) must be one of {shapes.PAGE_SIZES}, got {page_size}",
+        f"page size (kv_cache.shape[-2]) must be a power of two in 1..{shapes.PAGE_SIZES[-1]}, got {page_size}",
     )
+    _require(isinstance(causal, bool), f"causal must be a bool, got {type(causal).__name__}", TypeError)
+    if kv_indptr is None:
+        _require(
+            block_tables.dim() == 2 and block_tables.shape[0] == batch,
+            f"block_tables must be [batch={batch}, max_pages], got {tuple(block_tables.shape)}",
+        )
+        max_pages = block_tables.shape[1]
+    else:
+        _require(isinstance(kv_indptr, torch.Tensor), "kv_indptr must be a torch.Tensor", TypeError)
+        _require(kv_indptr.dtype == torch.int32, f"kv_indptr must be int32, got {kv_indptr.dtype}", TypeError)
+        _require(
+            kv_indptr.dim() == 1 and kv_indptr.shape[0] == batch + 1 and kv_indptr.is_contiguous(),
+            f"kv_indptr must be a contiguous [batch + 1 = {batch + 1}] tensor, got {tuple(kv_indptr.shape)}",
+        )
+        _require(
+            block_tables.dim() == 1,
+            f"with kv_indptr, block_tables holds the ragged page ids (kv_indices) [n], got {tuple(block_tables.shape)}",
+        )
+        max_pages = block_tables.numel()
     _require(
-        block_tables.dim() == 2 and block_tables.shape[0] == batch,
-        f"block_tables must be [batch={batch}, max_pages], got {tuple(block_tables.shape)}",
+        max_pages * page_size < 2**31,
+        f"the page ids address {max_pages} x {page_size} token positions, more than int32 holds",
     )
     _require(
         seq_lens.dim() == 1 and seq_lens.shape[0] == batch,
         f"seq_lens must be [batch={batch}], got {tuple(seq_lens.shape)}",
     )
-    max_pages = block_tables.shape[1]
     _require(
         isinstance(max_seq_len, int) and not isinstance(max_seq_len, bool) and max_seq_len >= 0,
         f"max_seq_len must be a non-negative int, got {max_seq_len!r}",
@@ -281,6 +312,7 @@ def check_decode_inputs(
     for name, t in (
         ("kv_cache", kv_nope),
         ("block_tables", block_tables),
+        ("kv_indptr", kv_indptr),
         ("seq_lens", seq_lens),
         ("workspace_buffer", workspace_buffer),
         ("out", out),
@@ -297,7 +329,7 @@ def check_decode_inputs(
     for name, part in kv_parts.items():
         problem = kv_layout_problem(name, part)
         _require(problem is None, str(problem))
-    _require(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
+    _require(block_tables.stride(-1) == 1, "block_tables rows must be contiguous")
     _require(seq_lens.is_contiguous(), "seq_lens must be contiguous")
     if workspace_buffer is not None:
         _require(workspace_buffer.is_contiguous(), "workspace_buffer must be contiguous")
@@ -323,6 +355,8 @@ def check_decode_inputs(
         kv_pe=kv_pe,
         kv_given=kv_given,
         block_tables=block_tables,
+        kv_indptr=kv_indptr,
+        causal=causal,
         seq_lens=seq_lens,
         max_seq_len=max_seq_len,
         qk_nope_head_dim=qk_nope_head_dim,
@@ -333,19 +367,35 @@ def check_decode_inputs(
     )
 
 
+def check_kv_indptr(kv_indptr: torch.Tensor, count: int) -> None:
+    """FlashInfer's kv_indptr on the host: starts at 0, never decreases, ends within the ``count`` ids."""
+    bounds = kv_indptr.tolist()
+    _require(
+        bounds[0] >= 0 and all(b >= a for a, b in zip(bounds, bounds[1:])) and bounds[-1] <= count,
+        f"kv_indptr must be non-decreasing from >= 0 to <= kv_indices.numel() = {count}, got {bounds}",
+    )
+
+
 def check_page_ids(problem: DecodeProblem) -> None:
     """Host-side check that every page a request reads exists and seq_lens <= max_seq_len.
 
-    Reads seq_lens and block_tables on the host (a device sync on GPU tensors)."""
+    Reads seq_lens, block_tables and kv_indptr on the host (a device sync on GPU tensors)."""
     lengths = problem.seq_lens.tolist()
     num_pages = problem.num_pages
-    for b, seq_len in enumerate(lengths):
+    if problem.kv_indptr is not None:
+        check_kv_indptr(problem.kv_indptr, problem.block_tables.numel())
+    name = "block_tables" if problem.kv_indptr is None else "kv_indices of request"
+    for b, (seq_len, row) in enumerate(zip(lengths, problem.table_rows())):
         _require(
             0 <= seq_len <= problem.max_seq_len,
             f"seq_lens[{b}] = {seq_len} is outside 0..max_seq_len ({problem.max_seq_len})",
         )
         used = -(-seq_len // problem.page_size)
-        ids = problem.block_tables[b, :used]
+        _require(
+            used <= row.numel(),
+            f"seq_lens[{b}] = {seq_len} needs {used} pages of {problem.page_size}, request {b} has {row.numel()}",
+        )
+        ids = row[:used]
         if used and (int(ids.min()) < 0 or int(ids.max()) >= num_pages):
             bad = ids[(ids < 0) | (ids >= num_pages)][0].item()
-            raise ValueError(f"block_tables[{b}] names page {bad}, but kv_cache has pages 0..{num_pages - 1}")
+            raise ValueError(f"{name}[{b}] names page {bad}, but kv_cache has pages 0..{num_pages - 1}")

@@ -27,6 +27,7 @@ Query = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 # kpe_cache [.., 64]) pair, read in place the same way.
 KVCache = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 LN2 = math.log(2.0)
+TRTLLM_GEN_PAGE_SIZES = (16, 32, 64, 128)  # the pages calls are handed to trtllm-gen with
 
 
 def _decode(
@@ -49,6 +50,8 @@ def _decode(
             problem.seq_lens,
             problem.bmm1_scale,
             problem.bmm2_scale,
+            kv_indptr=problem.kv_indptr,
+            causal=problem.causal,
         )
         problem.out.copy_(out)
         if lse is not None:
@@ -66,6 +69,11 @@ def _decode(
 
 
 def _run_flashinfer_trtllm_gen(problem: DecodeProblem, workspace_buffer, enable_pdl, lse: torch.Tensor | None) -> None:
+    if problem.kv_indptr is not None or not problem.causal or problem.page_size not in TRTLLM_GEN_PAGE_SIZES:
+        raise ValueError(
+            f"backend trtllm-gen reads causal calls through a [batch, max_pages] table of {TRTLLM_GEN_PAGE_SIZES}-token "
+            "pages: ragged kv_indptr, causal=False and other page sizes run on the bundled kernels (backend='xqa')"
+        )
     import flashinfer.mla
 
     result = flashinfer.mla.trtllm_batch_decode_with_kv_cache_mla(
@@ -137,6 +145,8 @@ def mla_decode(
     qk_nope_head_dim: int = 128,
     plan: DecodePlan | None = None,
     route: Route | None = None,
+    kv_indptr: torch.Tensor | None = None,
+    causal: bool = True,
 ):
     """Paged MLA decode; returns ``out``, or ``(out, lse)`` with ``return_lse=True``.
 
@@ -150,6 +160,11 @@ def mla_decode(
     ``step_plan.plan_decode`` for this batch and workspace (without one, the call plans its own).
     ``route``: the engine's route (route.resolve_route), resolved once and used as given; without
     one the call resolves the GPU's from ``config`` and ``backend``.
+
+    KV addressed token by token: pages of any power of two from 1 (page size 1: ``block_tables`` holds
+    one slot id a token). ``kv_indptr`` (int32 [B + 1]): ``block_tables`` is FlashInfer's ragged
+    ``kv_indices`` [n], request b's page ids ``block_tables[kv_indptr[b]:kv_indptr[b + 1]]``.
+    ``causal=False``: every query token sees all ``seq_lens[b]`` keys.
     """
     problem = check_decode_inputs(
         query,
@@ -162,6 +177,8 @@ def mla_decode(
         out,
         bmm1_scale,
         bmm2_scale,
+        kv_indptr,
+        causal,
     )
     rows = (problem.batch, problem.q_len, problem.heads)
     if lse is not None:

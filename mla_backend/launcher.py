@@ -209,4 +209,6 @@ def launch_decode(
         bmm2,
         bmm2_t,
         bool(enable_pdl),
+        problem.kv_indptr,
+        problem.causal,
     )

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .shapes import pages_view
+from .shapes import pages_view, ragged_rows
 
 # Largest relative L2 error of one (request, token, head) output row a kernel may show against this
 # reference, by KV dtype (fp8 results are judged against the dequantised inputs).
@@ -27,9 +27,9 @@ def scale_value(scale: float | torch.Tensor) -> float:
     return float(scale.item()) if isinstance(scale, torch.Tensor) else float(scale)
 
 
-def visible_lengths(seq_len: int, q_len: int) -> list[int]:
+def visible_lengths(seq_len: int, q_len: int, causal: bool = True) -> list[int]:
     """Number of KV positions query token i (0-based) may attend to."""
-    return [max(0, seq_len - q_len + i + 1) for i in range(q_len)]
+    return [max(0, seq_len - q_len + i + 1) if causal else seq_len for i in range(q_len)]
 
 
 def mla_decode_reference(
@@ -40,8 +40,12 @@ def mla_decode_reference(
     bmm1_scale: float | torch.Tensor = 1.0,
     bmm2_scale: float | torch.Tensor = 1.0,
     kv_lora_rank: int = 512,
+    *,
+    kv_indptr: torch.Tensor | None = None,
+    causal: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (out float64 [B, q_len, H, kv_lora_rank], lse float64 [B, q_len, H]) on query's device."""
+    """Returns (out float64 [B, q_len, H, kv_lora_rank], lse float64 [B, q_len, H]) on query's device.
+    ``kv_indptr``: ``block_tables`` holds FlashInfer's ragged page ids (shapes.ragged_rows)."""
     batch, q_len, heads, _ = query.shape
     cache = pages_view(kv_cache)
     page_size = cache.shape[1]
@@ -50,16 +54,17 @@ def mla_decode_reference(
     out = torch.zeros(batch, q_len, heads, kv_lora_rank, dtype=torch.float64, device=device)
     lse = torch.full((batch, q_len, heads), -math.inf, dtype=torch.float64, device=device)
     lengths = seq_lens.tolist()
+    rows = ragged_rows(block_tables, kv_indptr)
     for b in range(batch):
         seq_len = int(lengths[b])
         if seq_len == 0:
             continue
         num_pages = -(-seq_len // page_size)
-        pages = block_tables[b, :num_pages].to(device=cache.device, dtype=torch.long)
+        pages = rows[b][:num_pages].to(device=cache.device, dtype=torch.long)
         keys = cache[pages].reshape(-1, cache.shape[-1])[:seq_len].to(device, torch.float64)
         q = query[b].to(torch.float64)  # [q_len, H, D]
         logits = torch.einsum("thd,ld->thl", q, keys) * s1
-        limit = torch.tensor(visible_lengths(seq_len, q_len), device=device)
+        limit = torch.tensor(visible_lengths(seq_len, q_len, causal), device=device)
         hidden = torch.arange(seq_len, device=device)[None, :] >= limit[:, None]  # [q_len, L]
         logits = logits.masked_fill(hidden[:, None, :], -math.inf)
         row_lse = torch.logsumexp(logits, dim=-1)  # -inf where a row sees nothing

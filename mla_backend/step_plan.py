@@ -48,14 +48,16 @@ def _check_plan_inputs(seq_lens, block_tables, page_size, heads, q_len, kv_dtype
     )
     batch = seq_lens.shape[0]
     _require(
-        block_tables.dim() == 2 and block_tables.shape[0] == batch,
-        f"block_tables must be [batch={batch}, max_pages], got {tuple(block_tables.shape)}",
+        (block_tables.dim() == 2 and block_tables.shape[0] == batch) or block_tables.dim() == 1,
+        f"block_tables must be [batch={batch}, max_pages] or ragged page ids [n], got {tuple(block_tables.shape)}",
     )
     _require(
         block_tables.device == seq_lens.device,
         f"block_tables is on {block_tables.device} but seq_lens on {seq_lens.device}",
     )
-    _require(page_size in shapes.PAGE_SIZES, f"page_size must be one of {shapes.PAGE_SIZES}, got {page_size}")
+    _require(
+        page_size in shapes.PAGE_SIZES, f"page_size must be a power of two in 1..{shapes.PAGE_SIZES[-1]}, got {page_size}"
+    )
     _require(1 <= heads <= shapes.MAX_HEADS, f"heads must be 1..{shapes.MAX_HEADS}, got {heads}")
     _require(1 <= q_len <= shapes.MAX_Q_LEN, f"q_len must be 1..{shapes.MAX_Q_LEN}, got {q_len}")
     _require(kv_dtype in shapes.DTYPES, f"kv_dtype must be one of {shapes.DTYPES}, got {kv_dtype}", TypeError)
@@ -116,7 +118,8 @@ def plan_decode(
         _check_plan_buffer(buffer, batch)
     fp8 = kv_dtype == torch.float8_e4m3fn
     capacity = workspace_capacity(workspace_buffer)
-    return launch_plan(seq_lens, block_tables.shape[1], page_size, q_len * heads, fp8, buffer, capacity, config)
+    max_pages = block_tables.shape[1] if block_tables.dim() == 2 else block_tables.numel()
+    return launch_plan(seq_lens, max_pages, page_size, q_len * heads, fp8, buffer, capacity, config)
 
 
 def check_plan(plan: DecodePlan, problem: DecodeProblem, workspace_buffer, config: MLABackendConfig) -> None:

@@ -122,7 +122,7 @@ def calls(draw, device: str, other: str, max_len: int = 40, modes=("served", "on
     dtype = draw(st.sampled_from(SERVED_DTYPES))
     heads = draw(size("heads", st.sampled_from([1, 2, 3, 4, 8, 16, 128])))
     q_len = draw(size("q_len", st.integers(1, MAX_Q_LEN)))
-    page = draw(size("page size", st.sampled_from(SERVED_PAGE_SIZES)))
+    page = draw(size("page size", st.sampled_from(SERVED_PAGE_SIZES[:8])))  # to 128: the oracle stays quick
     batch = draw(mostly(st.integers(1, 3), st.just(0), one_in=12))
     if heads * max(q_len, 1) > 64:  # keep the naive oracle quick
         batch, max_len = min(batch, 1), 8
@@ -699,7 +699,7 @@ LAYOUT_FAULTS = ("start", "strides", "last dim")  # see layouts()
 SIZE_FAULTS = {
     "heads": {"0": 0, "129": 129},
     "q_len": {"0": 0, f"{MAX_Q_LEN + 1}": MAX_Q_LEN + 1},
-    "page size": {"8": 8, "24": 24, "256": 256},
+    "page size": {"3": 3, "24": 24, "2048": 2048},
     "block_tables layout": {"transposed": "transposed", "every other column": "every other column"},
     "seq_lens layout": {"every other element": True},
 }

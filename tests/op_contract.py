@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 # The served problems, as the docs state them ("bf16 or fp8 e4m3, 1-128 heads, q_len 1-8, pages of
-# 16/32/64/128 tokens, scales as floats or one-element fp32 device tensors").
+# any power of two from 1 to 1024 tokens, scales as floats or one-element fp32 device tensors").
 SERVED_DTYPES = (torch.bfloat16, torch.float8_e4m3fn)
-SERVED_PAGE_SIZES = (16, 32, 64, 128)
+SERVED_PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 MAX_HEADS = 128
 MAX_Q_LEN = 8
 LATENT, ROPE = 512, 64

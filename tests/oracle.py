@@ -16,7 +16,7 @@ BF16_ROUNDING = 2.0**-8
 FP32_ROUNDING = 2.0**-22
 
 
-def naive_decode(query, kv_cache, block_tables, seq_lens, bmm1: float, bmm2: float):
+def naive_decode(query, kv_cache, block_tables, seq_lens, bmm1: float, bmm2: float, causal: bool = True):
     """(out [B, q_len, H, 512], lse [B, q_len, H]) in float64; a row that sees no key: zeros, -inf."""
     q = query.double()
     cache = kv_cache.reshape(-1, kv_cache.shape[-2], 576).double()
@@ -28,7 +28,7 @@ def naive_decode(query, kv_cache, block_tables, seq_lens, bmm1: float, bmm2: flo
         n = int(seq_lens[b])
         rows = [cache[int(block_tables[b, pos // page]), pos % page] for pos in range(n)]
         for t in range(q_len):
-            visible = n - q_len + t + 1  # causal: token t sees the keys up to its own position
+            visible = n - q_len + t + 1 if causal else n  # causal: token t sees the keys up to its own position
             for h in range(heads):
                 if visible <= 0:
                     continue
@@ -42,8 +42,8 @@ def naive_decode(query, kv_cache, block_tables, seq_lens, bmm1: float, bmm2: flo
     return out, lse
 
 
-def naive_decode_problem(problem, bmm1: float, bmm2: float):
-    return naive_decode(problem.query, problem.kv_cache, problem.block_tables, problem.seq_lens, bmm1, bmm2)
+def naive_decode_problem(problem, bmm1: float, bmm2: float, causal: bool = True):
+    return naive_decode(problem.query, problem.kv_cache, problem.block_tables, problem.seq_lens, bmm1, bmm2, causal)
 
 
 def assert_rounded_from(

@@ -18,6 +18,7 @@ def test_python_takes_its_constants_from_the_kernel_header():
         "MAX_ROWS": 1024,
         "MAX_KV_SPLITS": kernel_constants.MAX_KV_SPLITS,
         "TOKENS_PER_TILE": kernel_constants.TOKENS_PER_TILE,
+        "MAX_PAGE_SIZE": kernel_constants.MAX_PAGE_SIZE,
         "MIN_TILES_PER_SPLIT": kernel_constants.MIN_TILES_PER_SPLIT,
         "MAX_PLAN_PIECES": kernel_constants.MAX_PLAN_PIECES,
         "PLAN_CUT_WAVES": kernel_constants.PLAN_CUT_WAVES,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from oracle import assert_rounded_from, naive_decode, naive_decode_problem
 
-from mla_backend import trtllm_batch_decode_with_kv_cache_mla, xqa_batch_decode_with_kv_cache_mla
+from mla_backend import mla_decode, trtllm_batch_decode_with_kv_cache_mla, xqa_batch_decode_with_kv_cache_mla
 from mla_backend.inputs import make_paged_problem, vllm_bf16_query_layout
 
 WORKSPACE = torch.empty(1 << 10, dtype=torch.uint8)
@@ -71,7 +71,7 @@ BAD_INPUTS = {
     "nope dim": (dict(qk_nope_head_dim=64), ValueError, "qk_nope_head_dim"),
     "too many heads": (dict(query="heads256"), ValueError, "number of heads"),
     "q_len 9": (dict(query="qlen9"), ValueError, "q_len"),
-    "page size": (dict(kv_cache="page8"), ValueError, "page size"),
+    "page size": (dict(kv_cache="page12"), ValueError, "page size .* must be a power of two in 1..1024, got 12"),
     "max_seq_len": (dict(max_seq_len=10_000), ValueError, "exceeds what block_tables can address"),
     "block_tables dtype": (dict(block_tables="int64"), TypeError, "block_tables must be int32"),
     "seq_lens dtype": (dict(seq_lens="int64"), TypeError, "seq_lens must be int32"),
@@ -149,7 +149,7 @@ def corrupt(problem, key, how):
         "2d": lambda: kv[0],
         "heads256": lambda: q[:, :, :1].expand(-1, -1, 256, -1).contiguous(),
         "qlen9": lambda: q[:, :1].expand(-1, 9, -1, -1).contiguous(),
-        "page8": lambda: kv.reshape(-1, 8, 576),
+        "page12": lambda: kv[:, :12],
         "int64": lambda: (bt if key == "block_tables" else sl).long(),
         "short": lambda: (bt if key == "block_tables" else sl)[:2],
         "strided": lambda: torch.cat([q, q] if key == "query" else [kv, kv], dim=-1)[..., ::2],
@@ -267,6 +267,85 @@ def raising_line(err: BaseException) -> int | None:
     return lines[-1] if lines else None
 
 
+def ragged(problem):
+    """The problem's page ids as FlashInfer's ragged (kv_indices, kv_indptr): each request's used pages."""
+    used = [-(-n // problem.kv_cache.shape[-2]) for n in problem.seq_lens.tolist()]
+    indices = torch.cat([row[:n] for row, n in zip(problem.block_tables, used)])
+    indptr = torch.tensor([0] + used, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    return indices, indptr
+
+
+def call_ragged(problem, **overrides):
+    indices, indptr = ragged(problem)
+    args = dict(block_tables=indices, kv_indptr=indptr, bmm1_scale=0.1)
+    args.update(overrides)
+    block_tables = args.pop("block_tables")
+    return mla_decode(problem.query, problem.kv_cache, None, block_tables, problem.seq_lens, problem.max_seq_len, **args)
+
+
+RAGGED_BAD_INPUTS = {
+    "kv_indptr type": (dict(kv_indptr=[0, 3, 4, 8]), TypeError, "kv_indptr must be a torch.Tensor"),
+    "kv_indptr dtype": (dict(kv_indptr="int64"), TypeError, "kv_indptr must be int32"),
+    "kv_indptr shape": (dict(kv_indptr="short"), ValueError, r"kv_indptr must be a contiguous \[batch \+ 1 = 4\]"),
+    "kv_indptr device": (dict(kv_indptr="meta"), ValueError, "kv_indptr is on meta"),
+    "kv_indptr decreasing": (dict(kv_indptr="decreasing"), ValueError, "kv_indptr must be non-decreasing"),
+    "kv_indptr past the ids": (dict(kv_indptr="past"), ValueError, "<= kv_indices.numel"),
+    "ragged ids with a 2-D table": (dict(block_tables="dense"), ValueError, "block_tables holds the ragged page ids"),
+    "too few ids for seq_len": (dict(kv_indptr="short_request"), ValueError, r"needs 3 pages of 16, request 0 has 2"),
+    "ragged id out of range": (dict(block_tables="bad_id"), ValueError, "kv_indices of request.0. names page 10000"),
+    "causal not a bool": (dict(causal=1), TypeError, "causal must be a bool"),
+    "positions past int32": (dict(block_tables="huge"), ValueError, "more than int32 holds"),
+}
+
+
+def corrupt_ragged(problem, key, how):
+    indices, indptr = ragged(problem)
+    makers = {
+        "int64": lambda: indptr.long(),
+        "short": lambda: indptr[:3],
+        "meta": lambda: indptr.to("meta"),
+        "decreasing": lambda: indptr.flip(0),
+        "past": lambda: torch.cat([indptr[:-1], indptr[-1:] + 1]),
+        "dense": lambda: problem.block_tables,
+        "short_request": lambda: torch.cat([indptr[:1], indptr[1:] - 1]),
+        "bad_id": lambda: indices.clone().index_fill_(0, torch.tensor([0]), 10_000),
+        "huge": lambda: torch.zeros(1, dtype=torch.int32).expand(1 << 27),
+    }
+    return makers[how]()
+
+
+@pytest.mark.parametrize("case", list(RAGGED_BAD_INPUTS))
+def test_bad_ragged_input_raises_clear_error(problem, case):
+    change, exc, fragment = RAGGED_BAD_INPUTS[case]
+    overrides = {k: corrupt_ragged(problem, k, v) if isinstance(v, str) else v for k, v in change.items()}
+    with pytest.raises(exc, match=fragment):
+        call_ragged(problem, **overrides)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_ragged_ids_give_the_table_s_result(problem, causal):
+    """Ragged kv_indices/kv_indptr address the same pages as the table: the same result, bit for bit;
+    causal=False lets every query token see all seq_len keys."""
+    dense = mla_decode(*problem.decode_args(None), bmm1_scale=0.1, return_lse=True, causal=causal)
+    assert all(torch.equal(a, b) for a, b in zip(call_ragged(problem, return_lse=True, causal=causal), dense))
+    want_out, want_lse = naive_decode_problem(problem, 0.1, 1.0, causal=causal)
+    assert_rounded_from(*dense, want_out, want_lse)
+
+
+def test_page_size_one_is_a_token_indexed_cache(problem):
+    """Pages of one token: block_tables holds a slot id a token, and the result is the paged one's."""
+    page = problem.kv_cache.shape[-2]
+    slots = (problem.block_tables.clamp(0, problem.kv_cache.shape[0] - 1).long() * page)[:, :, None] + torch.arange(page)
+    tokens = slots.flatten(1).to(torch.int32)
+    token_cache = problem.kv_cache.reshape(-1, 1, problem.kv_cache.shape[-1])
+    paged = mla_decode(*problem.decode_args(None), bmm1_scale=0.1, return_lse=True)
+    one = mla_decode(
+        problem.query, token_cache, None, tokens, problem.seq_lens, problem.max_seq_len, bmm1_scale=0.1,
+        return_lse=True,
+    )  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(one, paged))
+
+
 def test_every_check_in_checks_py_is_hit_by_a_bad_input(problem):
     """A check nothing triggers could be deleted unnoticed; a new check needs a BAD_INPUTS case."""
     hit = set()
@@ -274,6 +353,12 @@ def test_every_check_in_checks_py_is_hit_by_a_bad_input(problem):
         overrides = {k: corrupt(problem, k, v) if isinstance(v, str) else v for k, v in change.items()}
         try:
             call(problem, **overrides)
+        except exc as err:
+            hit.add(raising_line(err))
+    for change, exc, _ in RAGGED_BAD_INPUTS.values():
+        overrides = {k: corrupt_ragged(problem, k, v) if isinstance(v, str) else v for k, v in change.items()}
+        try:
+            call_ragged(problem, **overrides)
         except exc as err:
             hit.add(raising_line(err))
     missing = sorted(raising_sites() - hit)

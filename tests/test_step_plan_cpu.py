@@ -34,7 +34,7 @@ def test_a_fixed_split_count_needs_no_plan():
         ({"seq_lens": torch.zeros(3, 2, dtype=torch.int32)}, ValueError, "seq_lens must be a contiguous"),
         ({"block_tables": torch.zeros(4, 5, dtype=torch.int32)}, ValueError, r"block_tables must be \[batch=3"),
         ({"block_tables": torch.zeros(3, 5, dtype=torch.float32)}, TypeError, "block_tables must be int32"),
-        ({"page_size": 48}, ValueError, "page_size must be one of"),
+        ({"page_size": 48}, ValueError, "page_size must be a power of two in 1..1024, got 48"),
         ({"heads": 129}, ValueError, "heads must be 1..128"),
         ({"heads": 0}, ValueError, "heads must be 1..128"),
         ({"q_len": 9}, ValueError, "q_len must be 1..8"),

@@ -231,7 +231,7 @@ def test_builder_lets_vllm_send_speculative_batches_to_decode_under_full_graphs(
 
 
 def test_kernel_block_sizes_take_the_newer_signature():
-    sizes = list(shapes.PAGE_SIZES)
+    sizes = list(shapes.VLLM_PAGE_SIZES)
     assert backend.MLABackend.get_supported_kernel_block_sizes() == sizes
     assert backend.MLABackend.get_supported_kernel_block_sizes(kv_cache_spec=None) == sizes  # vLLM 0.31+
 

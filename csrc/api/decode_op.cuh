@@ -43,7 +43,8 @@ inline void carve_workspace(DecodeParams& p, const Tensor& workspace, int* step_
 inline void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor block_tables, Tensor seq_lens,
                    Tensor out, std::optional<Tensor> lse, Tensor workspace, int64_t max_seq_len, int64_t num_splits,
                    int64_t plan_pieces, std::optional<Tensor> plan, int64_t row_groups, int64_t rf, double bmm1,
-                   std::optional<Tensor> bmm1_tensor, double bmm2, std::optional<Tensor> bmm2_tensor, bool pdl) {
+                   std::optional<Tensor> bmm1_tensor, double bmm2, std::optional<Tensor> bmm2_tensor, bool pdl,
+                   std::optional<Tensor> kv_indptr, bool causal) {
   check_q_part(q_nope, kDimV, "q_nope");
   check_q_part(q_pe, kRopeDim, "q_pe");
   MLA_INVARIANT(q_pe.scalar_type() == q_nope.scalar_type() && q_pe.size(0) == q_nope.size(0) &&
@@ -56,9 +57,23 @@ inline void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor b
   check_kv_part(kv_pe, q, kRopeDim, "kv_pe");
   MLA_INVARIANT(kv_pe.size(0) == kv.size(0) && kv_pe.size(1) == kv.size(1), "kv_pe: same pages and page size as kv");
   const int64_t batch = q.size(0), rows = q.size(1) * q.size(2);
-  MLA_INVARIANT(block_tables.scalar_type() == ScalarType::Int && block_tables.dim() == 2 &&
-                    block_tables.size(0) >= batch && block_tables.stride(1) == 1,
-                "block_tables: int32 rows, one a request");
+  const int shift = page_shift(kv.size(1));
+  int64_t max_pages = 0;  // page ids a request may own
+  if (kv_indptr.has_value()) {
+    MLA_INVARIANT(kv_indptr->scalar_type() == ScalarType::Int && kv_indptr->is_contiguous() && kv_indptr->dim() == 1 &&
+                      kv_indptr->numel() >= batch + 1 && kv_indptr->get_device_index() == q.get_device_index(),
+                  "kv_indptr: contiguous int32 [B + 1] on the query's device");
+    MLA_INVARIANT(block_tables.scalar_type() == ScalarType::Int && block_tables.dim() == 1 &&
+                      block_tables.is_contiguous(),
+                  "block_tables with kv_indptr: FlashInfer's kv_indices, contiguous int32 [n]");
+    max_pages = block_tables.numel();
+  } else {
+    MLA_INVARIANT(block_tables.scalar_type() == ScalarType::Int && block_tables.dim() == 2 &&
+                      block_tables.size(0) >= batch && block_tables.stride(1) == 1,
+                  "block_tables: int32 rows, one a request");
+    max_pages = block_tables.size(1);
+  }
+  MLA_INVARIANT((max_pages << shift) <= INT_MAX, "page ids x page size must fit int32 token positions");
   MLA_INVARIANT(seq_lens.scalar_type() == ScalarType::Int && seq_lens.is_contiguous() && seq_lens.numel() >= batch,
                 "seq_lens: int32, one a request");
   MLA_INVARIANT(out.scalar_type() == ScalarType::BFloat16 && out.is_contiguous() && out.numel() == q.numel(),
@@ -89,15 +104,18 @@ inline void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor b
   p.bmm2 = static_cast<float>(bmm2);
   p.page_stride = kv.stride(0) * kv.element_size();
   p.pe_page_stride = kv_pe.stride(0) * kv_pe.element_size();
-  p.token_stride = static_cast<int>(kv.stride(1) * kv.element_size());
-  p.pe_token_stride = static_cast<int>(kv_pe.stride(1) * kv_pe.element_size());
+  // Pages of one token never step along dim 1, whose stride may then be anything.
+  p.token_stride = kv.size(1) == 1 ? 0 : static_cast<int>(kv.stride(1) * kv.element_size());
+  p.pe_token_stride = kv_pe.size(1) == 1 ? 0 : static_cast<int>(kv_pe.stride(1) * kv_pe.element_size());
   p.q_len = static_cast<int>(q.size(1));
   p.heads = static_cast<int>(q.size(2));
   p.rows = static_cast<int>(rows);
   p.heads_recip = ((1 << 20) + p.heads - 1) / p.heads;
-  p.page_shift = page_shift(kv.size(1));
-  p.max_pages = static_cast<int>(block_tables.size(1));
-  p.bt_stride = static_cast<int>(block_tables.stride(0));
+  p.page_shift = shift;
+  p.max_pages = static_cast<int>(max_pages);
+  p.kv_indptr = kv_indptr.has_value() ? static_cast<const int*>(kv_indptr->data_ptr()) : nullptr;
+  p.bt_stride = kv_indptr.has_value() ? 0 : static_cast<int>(block_tables.stride(0));
+  p.causal = causal ? 1 : 0;
   p.batch = static_cast<int>(batch);
   p.num_splits = static_cast<int>(num_splits);
   p.max_seq_len =

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "api/invariants.h"
+#include "common/kernel_constants.h"
 #include "schedule/plan_layout.h"
 
 namespace mla {
@@ -46,14 +47,17 @@ inline void check_kv_part(const Tensor& t, const Tensor& q, int64_t dim, const c
   MLA_INVARIANT(
       t.is_cuda() && t.scalar_type() == q.scalar_type() && t.dim() == 3 && t.size(2) == dim && t.stride(2) == 1, name,
       ": [pages, page, ", dim, "] CUDA tensor of the query's dtype with contiguous rows");
-  MLA_INVARIANT(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(1) * t.element_size() % 16 == 0 &&
+  MLA_INVARIANT(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 &&
+                    (t.size(1) == 1 || t.stride(1) * t.element_size() % 16 == 0) &&
                     (t.size(0) == 1 || t.stride(0) * t.element_size() % 16 == 0),
                 name, ": start, token stride and page stride must be 16-byte aligned");
 }
 
-// Pages of a power-of-two size of at least 16 tokens: a token's page is its index shifted right.
+// Pages of a power-of-two size (1: a token-indexed cache, one slot id a token): a token's page is its
+// index shifted right.
 inline int page_shift(int64_t page_size) {
-  MLA_INVARIANT(page_size >= 16 && (page_size & (page_size - 1)) == 0, "page size must be a power of two >= 16");
+  MLA_INVARIANT(page_size >= 1 && page_size <= kMaxPageSize && (page_size & (page_size - 1)) == 0,
+                "page size must be a power of two in 1..", kMaxPageSize);
   return __builtin_ctzll(page_size);
 }
 

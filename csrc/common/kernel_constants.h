@@ -10,6 +10,7 @@ constexpr int kRopeDim = MLA_ROPE_DIM;        // 64 rope dims: K's second part
 constexpr int kHeadDim = kDimV + kRopeDim;    // 576
 constexpr int kBlockN = MLA_TOKENS_PER_TILE;  // KV tokens per tile
 constexpr int kMaxRows = MLA_MAX_ROWS;
+constexpr int kMaxPageSize = MLA_MAX_PAGE_SIZE;
 constexpr int kMaxSplits = MLA_MAX_KV_SPLITS;
 constexpr int kMinTilesPerSplit = MLA_MIN_TILES_PER_SPLIT;
 constexpr int kSplitsPerMergeTile = MLA_SPLITS_PER_MERGE_TILE;

@@ -18,7 +18,9 @@ struct DecodeParams {
   long long q_pe_stride[3];
   const uint8_t* kv;        // latent part (512) of the first token row: pages of [page_size, >= 512]
   const uint8_t* kv_pe;     // rope part (64): the same rows 512 elements on, or a separate cache
-  const int* block_tables;  // [B, bt_stride]
+  const int* block_tables;  // [B, bt_stride] page ids, or FlashInfer's ragged kv_indices (kv_indptr)
+  const int* kv_indptr;     // [B + 1]: request b's page ids are block_tables[kv_indptr[b], kv_indptr[b + 1]),
+                            // or nullptr: a table of bt_stride columns a request
   const int* seq_lens;      // [B]
   __nv_bfloat16* out;       // [B, q_len, H, 512]
   float* lse;               // [B, q_len, H] natural log, or nullptr
@@ -34,10 +36,11 @@ struct DecodeParams {
   int pe_token_stride;       // ... of kv_pe
   int q_len, heads, rows;    // rows = q_len * heads
   int heads_recip;           // ceil(2^20 / heads): row / heads == (row * heads_recip) >> 20 for rows < 1024
-  int page_shift;            // log2(page_size)
-  int max_pages;             // block-table columns: never read past them
+  int page_shift;            // log2(page_size): 0 for a token-indexed cache (one slot id a token)
+  int max_pages;             // block-table columns: never read past them (the ragged ids' count)
   int max_seq_len;           // the host's bound on seq_lens (<= max_pages * page_size): a guess
                              // that lets page ids be fetched before seq_len arrives
+  int causal;                // query token i of q_len sees seq_len - q_len + i + 1 keys; else seq_len
   int bt_stride;
   int batch;        // requests
   int num_splits;   // splits of every request, where there is no plan
@@ -72,9 +75,25 @@ __device__ __forceinline__ int tiles_per_split(int len, int splits) {
   return ((len + kBlockN - 1) / kBlockN + splits - 1) / splits;
 }
 
-// A request's length as the kernels read it: never past what its block-table row addresses.
-__device__ __forceinline__ int request_len(const DecodeParams& p, int b) {
-  return max(0, min(p.seq_lens[b], p.max_pages << p.page_shift));
+// A request's page ids: its block-table row, or its range of the ragged ids (read from kv_indptr).
+struct TableRow {
+  const int* ids;
+  int entries;  // ids the request owns: never read past them
+};
+__device__ __forceinline__ TableRow table_row(const DecodeParams& p, int b) {
+  if (p.kv_indptr == nullptr) return {p.block_tables + static_cast<long long>(b) * p.bt_stride, p.max_pages};
+  const int begin = __ldg(p.kv_indptr + b);
+  return {p.block_tables + begin, max(0, min(__ldg(p.kv_indptr + b + 1) - begin, p.max_pages))};
+}
+
+// A request's length as the kernels read it: never past what its page ids address.
+__device__ __forceinline__ int request_len(const DecodeParams& p, int b, int entries) {
+  return max(0, min(p.seq_lens[b], entries << p.page_shift));
+}
+
+// The first KV position some query row may not see (the softmax masks from the tile holding it on).
+__device__ __forceinline__ int first_masked_position(const DecodeParams& p, int seq_len) {
+  return p.causal ? seq_len - p.q_len + 1 : seq_len;
 }
 
 // The KV tiles [begin, end) split `split` of `splits` of a request of `seq_len` tokens owns (empty past

@@ -56,13 +56,15 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   const uint32_t q_smem = kv_smem + C::kQOffset;
   [[maybe_unused]] std::conditional_t<C::kQInSmem, QTileLoad<C>, NoQTileLoad> q_load;
   if constexpr (C::kQInSmem) q_load.issue(q_smem, p, b, blockIdx.x * C::kTileRows);
-  const int* bt_row = p.block_tables + (long long)b * p.bt_stride;
-  const int guess_len = p.max_seq_len, guess_begin = split * tiles_per_split(guess_len, item.splits);
+  const TableRow table = table_row(p, b);
+  const int* bt_row = table.ids;
+  const int guess_len = min(p.max_seq_len, table.entries << p.page_shift);
+  const int guess_begin = split * tiles_per_split(guess_len, item.splits);
   int guessed_page[C::kStages - 1];
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) guessed_page[s] = page_of<C>(p, bt_row, guess_begin + s, guess_len);
 
-  const int seq_len = request_len(p, b);
+  const int seq_len = request_len(p, b, table.entries);
   const SplitTiles tiles = split_tiles(seq_len, split, item.splits);
   const int tile_begin = tiles.begin, tile_end = tiles.end;
   // Page id of this thread's token in tile tile_begin + s: the guess where it read the right entry.
@@ -76,7 +78,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   const int warp_row0 = blockIdx.x * C::kTileRows + w.wr * C::kRowsPerWarp;
   // Causal over the q_len new tokens: row r sees positions < seq_len - q_len + r / heads + 1, so
   // only tiles reaching past seq_len - q_len need a mask (rows past the problem have Q = 0).
-  const int first_masked = seq_len - p.q_len + 1;
+  const int first_masked = first_masked_position(p, seq_len);
 
   const uint32_t p_smem = kv_smem + C::kPOffset;
   float* corr_smem = reinterpret_cast<float*>(smem + C::kCorrOffset);

@@ -121,8 +121,10 @@ __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
   const uint32_t q_smem = kv_smem + C::kQOffset;
   [[maybe_unused]] std::conditional_t<C::kQInSmem, QTileLoad<C>, NoQTileLoad> q_load;
   uint32_t qf[C::kQRegFragments][C::kQkChunks][4];  // Q's A fragments where it stays in registers (16 rows)
-  const int* bt_row = p.block_tables + (long long)b * p.bt_stride;
-  const int guess_len = p.max_seq_len, guess_begin = split * tiles_per_split(guess_len, item.splits);
+  const TableRow table = table_row(p, b);
+  const int* bt_row = table.ids;
+  const int guess_len = min(p.max_seq_len, table.entries << p.page_shift);
+  const int guess_begin = split * tiles_per_split(guess_len, item.splits);
   int guessed_page[C::kStages];
   // Rows of an S or O thread: fragment f, half h -> row = warp_row0 + 16 f + 8 h + g.
   const int warp_row0 = blockIdx.x * C::kTileRows + w.wr * C::kRowsPerWarp;
@@ -140,7 +142,7 @@ __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
     for (int s = 0; s < C::kStages; ++s)
       guessed_page[s] = page_at(p, bt_row, (guess_begin + s) * kBlockN + loader_token, guess_len);
   }
-  const int seq_len = request_len(p, b);
+  const int seq_len = request_len(p, b, table.entries);
   const SplitTiles tiles = split_tiles(seq_len, split, item.splits);
   const int tile_begin = tiles.begin, tile_end = tiles.end;
   float* row_stats_smem = reinterpret_cast<float*>(smem + C::kScoresOffset);
@@ -180,7 +182,7 @@ __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
       cp_async_wait<0>();  // this thread's part of Q landed; the barrier below shows every S thread's
     }
     const float scale_log2 = read_scale(p.bmm1_ptr, p.bmm1) * kLog2e;
-    const int first_masked = seq_len - p.q_len + 1;
+    const int first_masked = first_masked_position(p, seq_len);
     OnlineSoftmax<C> softmax(w.wr * C::kRowsPerWarp + w.wd * C::kSoftRows,
                              reinterpret_cast<float*>(smem + C::kExactSumOffset), lane);
 

@@ -82,8 +82,9 @@ struct OnlineSoftmax {
         x[2] += v.z;
         x[3] += v.w;
       }
-      // Causal limit of the row (log2 domain from here on).
-      const int limit = masked_tile ? first_masked + token_of_row(p, blockIdx.x * C::kTileRows + row) : seq_len;
+      // The row's limit: causal, or seq_len for every row (log2 domain from here on).
+      const int limit =
+          masked_tile ? min(first_masked + token_of_row(p, blockIdx.x * C::kTileRows + row), seq_len) : seq_len;
       float mx = -INFINITY;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {

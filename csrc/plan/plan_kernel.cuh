@@ -69,8 +69,10 @@ constexpr int count_split_candidates() {
 }
 constexpr int kSplitCandidates = count_split_candidates();
 
+// A request's tiles as the plan weighs them: its length within all the page ids of the call (a ragged
+// request's own count bounds what the decode kernel reads; the plan only balances the splits).
 __device__ __forceinline__ int request_tiles(const DecodeParams& p, int b) {
-  return (request_len(p, b) + kBlockN - 1) / kBlockN;
+  return (request_len(p, b, p.max_pages) + kBlockN - 1) / kBlockN;
 }
 
 // Tiles a split of the longest request cut into k: at least one (a batch of empties has no tile).

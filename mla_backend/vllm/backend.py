@@ -168,7 +168,7 @@ class MLABackend(MLACommonBackend):
 
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
-        return list(shapes.PAGE_SIZES)
+        return list(shapes.VLLM_PAGE_SIZES)
 
     @classmethod
     def get_preferred_block_size(cls, default_block_size: int) -> int:
@@ -255,7 +255,7 @@ class MLABackendMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
             )
             self.flashmla_scheduler = flashmla.Scheduler(shape.heads, shape.kv_fp8, graph_buffers, self.device)
         # A block size the kernels do not read is cut into kernel pages by vLLM: those calls plan themselves.
-        if self.route.kernel == "bundled" and shape.page_size in shapes.PAGE_SIZES:
+        if self.route.kernel == "bundled" and shape.page_size in shapes.VLLM_PAGE_SIZES:
             self.plan_shape = shape
             # vLLM captures graphs of at most max_num_seqs requests, and no step decodes more.
             self.plan_config = plugin_config(vllm_config)
