@@ -24,7 +24,7 @@
 #   | gputests (TEST_FILES, default the kernel tests and the peers' grids; their per-case errors in $OUT/grids.jsonl;
 #     TREE: run them in a source tree carried in the checkout, e.g. an ignored copy of a branch, whose
 #     package builds its kernels here with NVCC_APPEND_FLAGS)
-#   | bench | routes
+#   | bench | routes | tokenbench (page 64 against one slot id a token and FlashInfer's ragged ids)
 #   | profile (Nsight Compute on ours and FlashMLA at SHAPE="heads batch seq [q_len]", FP8, and on the
 #     wheel in .gpu/ab/ as ours_base where carried: two builds of ours side by side; reports in $OUT)
 #   | ab (our times, dev/time_ours.py, alternating the wheel in .gpu/ab/ (base) and .gpu/dist/, 3 rounds)
@@ -236,6 +236,7 @@ for part in ${PART//,/ }; do
     # From /tmp, so that the installed wheel (not the checkout) is the package measured and written.
     bench) (cd /tmp && run python3 -m mla_backend bench ${QUICK:+--quick} --out "$OUT/bench") ;;
     routes) (cd /tmp && run python3 -m mla_backend bench --route-table --write --out "$OUT/bench") ;;
+    tokenbench) (cd /tmp && run python3 -m mla_backend bench --token-indexed) ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done

@@ -52,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
         help="measure, per shape class, ours against vLLM's FlashMLA: the table auto routes by on SM90",
     )
     bench.add_argument("--write", action="store_true", help="with --route-table: store it in the installed package")
+    bench.add_argument(
+        "--token-indexed",
+        action="store_true",
+        help="time two shapes read through 64-token pages, one slot id a token, and FlashInfer's ragged ids",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
@@ -67,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         from .jit import build_cli
 
         return build_cli(args.arch, strict=args.strict, variant=KernelVariant(args.fp8_qk, args.fp8_pv))
+    if args.token_indexed:
+        from .tools.bench_token_indexed import main as token_indexed
+
+        return token_indexed()
     if args.route_table:
         from .tools.route_table import main as route_table
 

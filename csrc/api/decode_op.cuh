@@ -63,9 +63,9 @@ inline void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor b
     MLA_INVARIANT(kv_indptr->scalar_type() == ScalarType::Int && kv_indptr->is_contiguous() && kv_indptr->dim() == 1 &&
                       kv_indptr->numel() >= batch + 1 && kv_indptr->get_device_index() == q.get_device_index(),
                   "kv_indptr: contiguous int32 [B + 1] on the query's device");
-    MLA_INVARIANT(block_tables.scalar_type() == ScalarType::Int && block_tables.dim() == 1 &&
-                      block_tables.is_contiguous(),
-                  "block_tables with kv_indptr: FlashInfer's kv_indices, contiguous int32 [n]");
+    MLA_INVARIANT(
+        block_tables.scalar_type() == ScalarType::Int && block_tables.dim() == 1 && block_tables.is_contiguous(),
+        "block_tables with kv_indptr: FlashInfer's kv_indices, contiguous int32 [n]");
     max_pages = block_tables.numel();
   } else {
     MLA_INVARIANT(block_tables.scalar_type() == ScalarType::Int && block_tables.dim() == 2 &&

@@ -14,7 +14,8 @@ STABLE_TORCH_LIBRARY(mla_backend, m) {
       "out, Tensor(b!)? "
       "lse, "
       "Tensor(c!) workspace, int max_seq_len, int num_splits, int plan_pieces, Tensor? plan, int row_groups, int rf, "
-      "float bmm1, Tensor? bmm1_tensor, float bmm2, Tensor? bmm2_tensor, bool pdl, Tensor? kv_indptr, bool causal) -> ()");
+      "float bmm1, Tensor? bmm1_tensor, float bmm2, Tensor? bmm2_tensor, bool pdl, Tensor? kv_indptr, bool causal) "
+      "-> ()");
   m.def("plan(Tensor seq_lens, Tensor(a!) plan, int max_pages, int page_size, int plan_pieces) -> ()");
   m.def("ctas_per_sm(bool fp8, int row_groups, int rf) -> int");
   m.def("plan_ints(int batch, int plan_pieces) -> int");
