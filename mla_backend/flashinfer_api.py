@@ -273,7 +273,7 @@ def batch_mla_paged_attention(
     ``return_lse=True``; a caller's ``out`` and ``lse`` buffers are filled and returned as given.
 
     Served: bf16 or fp8 e4m3, 1-128 heads, q_len 1-8 (or variable, via ``cum_seq_lens_q``/
-    ``max_q_len``, each request 1-8), pages of 16/32/64/128 tokens, scales as floats or one-element
+    ``max_q_len``, each request 1-8), pages of any power of two from 1 to 1024 tokens, scales as floats or one-element
     fp32 device tensors, cyclic DCP (``enable_dcp``, ``cp_world``, ``cp_rank``,
     ``causal_seqlens_kv_global``: with q_len > 1 each query token runs as its own request, reading
     the KV once per token). Hints without effect here: ``is_var_seq``, ``cute_dsl_impl``,
