@@ -71,8 +71,9 @@ def _decode(
 def _run_flashinfer_trtllm_gen(problem: DecodeProblem, workspace_buffer, enable_pdl, lse: torch.Tensor | None) -> None:
     if problem.kv_indptr is not None or not problem.causal or problem.page_size not in TRTLLM_GEN_PAGE_SIZES:
         raise ValueError(
-            f"backend trtllm-gen reads causal calls through a [batch, max_pages] table of {TRTLLM_GEN_PAGE_SIZES}-token "
-            "pages: ragged kv_indptr, causal=False and other page sizes run on the bundled kernels (backend='xqa')"
+            "backend trtllm-gen reads causal calls through a [batch, max_pages] table of "
+            f"{TRTLLM_GEN_PAGE_SIZES}-token pages: ragged kv_indptr, causal=False and other page sizes run on "
+            "the bundled kernels (backend='xqa')"
         )
     import flashinfer.mla
 
