@@ -1,9 +1,9 @@
 """mla_backend: fast MLA (DeepSeek-V3/R1) decode for vLLM, SM120 first.
 
-FlashInfer's MLA decode functions are here under their own names, signatures and conventions, so
-switching is a change of import; ``mla_decode`` is the package's own op (natural-log LSE), and
-``plan_decode`` plans a step's split-KV once for all its layers' calls; ``resolve_route`` says which
-kernel serves a decode, and why.
+FlashInfer's MLA decode functions and its ``BatchMLAPagedAttentionWrapper`` are here under their own
+names, signatures and conventions, so switching is a change of import; ``mla_decode`` is the package's own
+op (natural-log LSE), and ``plan_decode`` plans a step's split-KV once for all its layers' calls;
+``resolve_route`` says which kernel serves a decode, and why.
 """
 
 from .config import BackendUnavailableError, MLABackendConfig
@@ -13,6 +13,7 @@ from .flashinfer_api import (
     trtllm_batch_decode_with_kv_cache_mla,
     xqa_batch_decode_with_kv_cache_mla,
 )
+from .flashinfer_wrapper import BatchMLAPagedAttentionWrapper
 from .launcher import DecodePlan
 from .reference import mla_decode_reference
 from .route import DecodeShape, Route, resolve_route
@@ -22,6 +23,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackendUnavailableError",
+    "BatchMLAPagedAttentionWrapper",
     "DecodePlan",
     "DecodeShape",
     "MLABackendConfig",

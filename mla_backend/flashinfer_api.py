@@ -30,6 +30,7 @@ import torch
 from . import shapes
 from .config import MLABackendConfig
 from .decode import KVCache, Query, Scale, check_lse_buffer, mla_decode
+from .packed_queries import PackedQueries
 
 LOG2E = 1.0 / math.log(2.0)
 SUPPORTED_BACKENDS = ("auto", "xqa", "trtllm-gen")
@@ -154,42 +155,6 @@ def _check_context_parallel(enable_dcp, cp_world, cp_rank, causal_seqlens_kv_glo
     if not bound.is_contiguous():
         raise ValueError("causal_seqlens_kv_global must be contiguous")
     return ContextParallel(cp_world, cp_rank, bound)
-
-
-@dataclass(frozen=True)
-class PackedQueries:
-    """Variable-length queries packed as [total_q, H, D] with cum_seq_lens_q [B + 1]: each request's
-    tokens right-aligned in a [B, max_q_len] grid, so the kernels' fixed-q_len causal rule (token i of
-    q_len sees seq_len - q_len + i + 1 keys) gives each real token its own bound; the grid's leading
-    slots of a shorter request are computed and dropped."""
-
-    cum: torch.Tensor  # int32 [B + 1]
-    max_q_len: int
-    total: int
-
-    @property
-    def batch(self) -> int:
-        return self.cum.shape[0] - 1
-
-    def grid_sources(self) -> torch.Tensor:
-        """[B * max_q_len] packed row feeding each grid slot (a request's first row for its unused slots)."""
-        cum = self.cum.to(torch.int64)
-        slots = torch.arange(self.max_q_len, device=cum.device)
-        source = cum[1:, None] - self.max_q_len + slots[None, :]
-        return torch.maximum(source, cum[:-1, None]).clamp(0, max(self.total - 1, 0)).reshape(-1)
-
-    def packed_slots(self) -> torch.Tensor:
-        """[total_q] grid slot that holds each packed row's result."""
-        cum = self.cum.to(torch.int64)
-        rows = torch.arange(self.total, device=cum.device)
-        request = torch.searchsorted(cum[1:], rows, right=True)
-        return request * self.max_q_len + self.max_q_len - (cum[1:][request] - rows)
-
-    def to_grid(self, packed: torch.Tensor) -> torch.Tensor:
-        return packed.index_select(0, self.grid_sources()).view(self.batch, self.max_q_len, *packed.shape[1:])
-
-    def from_grid(self, grid: torch.Tensor) -> torch.Tensor:
-        return grid.reshape(self.batch * self.max_q_len, *grid.shape[2:]).index_select(0, self.packed_slots())
 
 
 def _check_packed_queries(cum_seq_lens_q, max_q_len, query) -> PackedQueries | None:
