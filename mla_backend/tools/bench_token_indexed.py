@@ -3,11 +3,14 @@
 - ``page64``: a [B, max_pages] table of shuffled 64-token pages (the paged path);
 - ``page1``: one slot id a token (SGLang's default page size), the slots a random permutation of the
   cache, so no two neighbouring tokens of a request sit side by side;
-- ``ragged1``: the same slot ids as FlashInfer's ragged ``kv_indices``/``kv_indptr``.
+- ``ragged1``: the same slot ids as FlashInfer's ragged ``kv_indices``/``kv_indptr``;
+- ``runs16``: one slot id a token, the slots in runs of 16 (what an allocator's free list hands out
+  once the cache has churned), read as pages of one token.
 
 Each token's row (576 bytes fp8, 1152 bf16) is 32-byte-sector aligned wherever its slot is, and every
 loader thread already looks up its own token's page id, so a gather of single tokens moves the same
-bytes as whole pages. Ratios are against ``page64`` of the same shape in the same run.
+bytes as whole pages; what a random permutation of the slots costs on top is the locality DRAM and
+the address translation lose. Ratios are against ``page64`` of the same shape in the same run.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from .bench import copies_past_l2, time_graph
 from .peers import SM_SCALE
 
 SHAPES = [(16, 128, 16384), (128, 64, 8192)]  # heads, batch, context
-LAYOUTS = ("page64", "page1", "ragged1")
+LAYOUTS = ("page64", "page1", "ragged1", "runs16")
 
 
 def _ragged(problem) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,6 +33,16 @@ def _ragged(problem) -> tuple[torch.Tensor, torch.Tensor]:
     indices = torch.cat([row[:n] for row, n in zip(problem.block_tables, used)])
     indptr = torch.tensor([0] + used, device=indices.device).cumsum(0).to(torch.int32)
     return indices, indptr
+
+
+def _token_slots(problem):
+    """``problem`` (pages of several tokens) as one slot id a token over a page-size-1 view of its cache."""
+    page = problem.kv_cache.shape[-2]
+    first_slots = problem.block_tables.clamp(min=0).long() * page
+    slots = (first_slots[:, :, None] + torch.arange(page, device=first_slots.device)).flatten(1)
+    problem.block_tables = slots.to(torch.int32)
+    problem.kv_cache = problem.kv_cache.view(-1, 1, problem.kv_cache.shape[-1])
+    return problem
 
 
 def _call(problem, workspace, ragged: bool):
@@ -44,12 +57,14 @@ def _call(problem, workspace, ragged: bool):
 
 def time_layout(dtype: torch.dtype, heads: int, batch: int, seq: int, layout: str, workspace) -> float:
     """Median microseconds of one decode call of the shape read through ``layout``."""
-    page = 64 if layout == "page64" else 1
+    page = {"page64": 64, "runs16": 16}.get(layout, 1)
     kv_bytes = batch * seq * 576 * (1 if dtype == torch.float8_e4m3fn else 2)
     problems = [
         make_paged_problem([seq] * batch, 1, heads, page, dtype, "cuda", seed=i, extra_pages=0)
         for i in range(copies_past_l2(kv_bytes))
     ]
+    if layout == "runs16":
+        problems = [_token_slots(p) for p in problems]
     us = time_graph([_call(p, workspace, layout == "ragged1") for p in problems])
     del problems
     torch.cuda.empty_cache()
