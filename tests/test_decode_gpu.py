@@ -323,6 +323,8 @@ def test_the_bindings_own_checks_reach_python_as_errors(workspace):
             1.0,
             None,
             False,
+            None,
+            True,
         )
     assert torch.isnan(out).all(), "nothing may run after a failed check"
 
