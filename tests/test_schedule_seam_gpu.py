@@ -53,6 +53,8 @@ def raw_decode(problem, workspace, num_splits=1, plan_pieces=0, plan=None):
         1.0,
         None,
         False,
+        None,
+        True,
     )
     torch.cuda.synchronize()
     return out
