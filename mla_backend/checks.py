@@ -21,7 +21,8 @@ class DecodeProblem:
     kv_pe: torch.Tensor  # [P, page, 64] rope part (both: rows contiguous, strides 16-byte multiples)
     kv_given: torch.Tensor | None  # the caller's [P, page, 576] cache (3-D view), when it passed one
     block_tables: torch.Tensor  # int32 [B, max_pages], rows contiguous; or ragged ids [n] (kv_indptr)
-    kv_indptr: torch.Tensor | None  # int32 [B + 1]: request b's page ids are block_tables[kv_indptr[b]:kv_indptr[b + 1]]
+    # int32 [B + 1]: request b's page ids are block_tables[kv_indptr[b]:kv_indptr[b + 1]]
+    kv_indptr: torch.Tensor | None
     causal: bool  # query token i of q_len sees seq_len - q_len + i + 1 keys (else all seq_len)
     seq_lens: torch.Tensor  # int32 [B]
     max_seq_len: int

@@ -56,7 +56,8 @@ def _check_plan_inputs(seq_lens, block_tables, page_size, heads, q_len, kv_dtype
         f"block_tables is on {block_tables.device} but seq_lens on {seq_lens.device}",
     )
     _require(
-        page_size in shapes.PAGE_SIZES, f"page_size must be a power of two in 1..{shapes.PAGE_SIZES[-1]}, got {page_size}"
+        page_size in shapes.PAGE_SIZES,
+        f"page_size must be a power of two in 1..{shapes.PAGE_SIZES[-1]}, got {page_size}",
     )
     _require(1 <= heads <= shapes.MAX_HEADS, f"heads must be 1..{shapes.MAX_HEADS}, got {heads}")
     _require(1 <= q_len <= shapes.MAX_Q_LEN, f"q_len must be 1..{shapes.MAX_Q_LEN}, got {q_len}")

@@ -280,7 +280,8 @@ def call_ragged(problem, **overrides):
     args = dict(block_tables=indices, kv_indptr=indptr, bmm1_scale=0.1)
     args.update(overrides)
     block_tables = args.pop("block_tables")
-    return mla_decode(problem.query, problem.kv_cache, None, block_tables, problem.seq_lens, problem.max_seq_len, **args)
+    seq_lens, max_seq_len = problem.seq_lens, problem.max_seq_len
+    return mla_decode(problem.query, problem.kv_cache, None, block_tables, seq_lens, max_seq_len, **args)
 
 
 RAGGED_BAD_INPUTS = {
@@ -335,7 +336,8 @@ def test_ragged_ids_give_the_table_s_result(problem, causal):
 def test_page_size_one_is_a_token_indexed_cache(problem):
     """Pages of one token: block_tables holds a slot id a token, and the result is the paged one's."""
     page = problem.kv_cache.shape[-2]
-    slots = (problem.block_tables.clamp(0, problem.kv_cache.shape[0] - 1).long() * page)[:, :, None] + torch.arange(page)
+    first_slots = problem.block_tables.clamp(0, problem.kv_cache.shape[0] - 1).long() * page
+    slots = first_slots[:, :, None] + torch.arange(page)
     tokens = slots.flatten(1).to(torch.int32)
     token_cache = problem.kv_cache.reshape(-1, 1, problem.kv_cache.shape[-1])
     paged = mla_decode(*problem.decode_args(None), bmm1_scale=0.1, return_lse=True)
