@@ -9,7 +9,8 @@
 # dev/bundle_preflight.py checks each family's model imports against them on CPU first). Installs them
 # under /tmp (kept while the machine stays warm), then runs PART:
 #   sglang (integration/sglang_e2e.py, alone in its call: carry .gpu-sglang, the SGLang bundle of
-#     ../shared/gpu/README.md, and .gpu/dist instead of the vLLM bundle; SGL_KV, SGL_PARTS; SGL_FAMILIES
+#     ../shared/gpu/README.md, and .gpu/dist instead of the vLLM bundle; SGL_KV, SGL_PARTS; SGL_PAGES (page
+#     sizes, default 1,64: 1 is SGLang's default, its engines start without one); SGL_FAMILIES
 #     of the zoo, SGL_LAYOUTS first|all, SGL_REFUSALS=1 for the families SGLang must refuse, SGL_DP=2 for
 #     data-parallel attention on two GPUs, SGL_SPEC=k to draft k tokens with the tiny model's MTP layer)
 #   | sglang_faults (integration/sglang_fault_check.py, carried as sglang is, with the bundle's server
@@ -171,7 +172,7 @@ for part in ${PART//,/ }; do
       models=(--heads "$HEADS")
       [ -n "${SGL_FAMILIES:-}" ] && models=(--families "$SGL_FAMILIES" --layouts "${SGL_LAYOUTS:-first}")
       run python3 integration/sglang_e2e.py "${models[@]}" ${SGL_REFUSALS:+--refusals} --kv "${SGL_KV:-fp8_e4m3,auto}" \
-        --dp-attention "${SGL_DP:-1}" --spec-tokens "${SGL_SPEC:-0}" \
+        --dp-attention "${SGL_DP:-1}" --spec-tokens "${SGL_SPEC:-0}" --page-sizes "${SGL_PAGES:-1,64}" \
         --references "${SGL_REFS:-triton}" --parts "${SGL_PARTS:-tokens,check,selftest}" --out "$OUT/sglang" ;;
     sglang_faults) run python3 integration/sglang_fault_check.py --heads "$HEADS" --kv "${SGL_KV:-fp8_e4m3}" \
       --parts "${FAULT_PARTS:-preemption,aborts,radix}" ${SELFTEST:+--selftest} --out "$OUT/sglang_faults" ;;

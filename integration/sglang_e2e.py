@@ -1,12 +1,14 @@
 """End-to-end check of the SGLang plugin on a GPU: seeded MLA models through ``sglang.Engine`` with
 ``--decode-attention-backend mla_backend`` against SGLang's own decode backends (prefill: triton).
 
-    python integration/sglang_e2e.py --heads 16 --kv fp8_e4m3,auto --parts tokens,check,selftest
+    python integration/sglang_e2e.py --heads 16 --kv fp8_e4m3,auto --parts tokens,check,selftest --page-sizes 1,64
     python integration/sglang_e2e.py --families all --layouts all --refusals --out results/sglang_zoo
 
 Models: a tiny DeepSeek-V3 with --heads heads, or (--families) the zoo's families as SGLang 0.5.17
 reads them (models/sglang_checkpoint.py; names as zoo_e2e.py takes them, ``all`` for every family it
-runs on our kernels), in each family's first layout or (--layouts all) every one. Per model and KV dtype:
+runs on our kernels), in each family's first layout or (--layouts all) every one. Per page size
+(--page-sizes; 1 is SGLang's default, so its engines start without a page size, as a user's would), model
+and KV dtype:
 - tokens: greedy tokens agree with SGLang's triton decode up to its first tie (the vLLM check's rule,
   integration/judges/tokens.py): a step where its top-2 logprob gap is below 0.1 nats, or where a second
   reference (--references) disagrees with it. With an FP8 cache the reference is triton on the query
@@ -69,6 +71,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layouts", choices=("first", "all"), default="first")
     parser.add_argument("--refusals", action="store_true", help="also start every family our backend refuses")
     parser.add_argument("--kv", default="fp8_e4m3,auto")
+    parser.add_argument(
+        "--page-sizes", default="1,64", help="KV page sizes, powers of two to 1024 (1: SGLang's default, not given)"
+    )
     parser.add_argument("--references", default=f"{REFERENCE},{SECOND_REFERENCE}")
     parser.add_argument("--parts", default="tokens,check,selftest")
     parser.add_argument("--dp-attention", type=int, default=1, help="GPUs of data-parallel attention (1: none)")
@@ -83,6 +88,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--spec-tokens: 0 to 7 (our kernels take up to 8 query tokens a request)")
     if args.heads is not None and args.families:
         parser.error("--heads picks the tiny DeepSeek-V3; with --families name a layout as Name@heads")
+    try:
+        args.page_sizes = [int(p) for p in args.page_sizes.split(",")]
+    except ValueError:
+        parser.error(f"--page-sizes: comma-separated integers, got {args.page_sizes!r}")
+    if any(p < 1 or p > 1024 or p & (p - 1) for p in args.page_sizes):
+        parser.error(f"--page-sizes: powers of two from 1 to 1024 (what mla_backend reads), got {args.page_sizes}")
     return args
 
 
@@ -148,10 +159,19 @@ def speculative_args(spec_tokens: int) -> dict | None:
     }
 
 
-def engine_layout(args: argparse.Namespace) -> dict | None:
-    """The further sglang.Engine arguments every engine of the run takes (None: none)."""
+def page_args(page_size: int) -> dict:
+    """sglang.Engine's page size: none at 1, SGLang's default, so that the default is what runs."""
+    return {} if page_size == 1 else {"page_size": page_size}
+
+
+def page_label(page_size: int) -> str:
+    return f"page {page_size}" + (" (SGLang's default)" if page_size == 1 else "")
+
+
+def engine_layout(args: argparse.Namespace, page_size: int = 1) -> dict | None:
+    """The further sglang.Engine arguments every engine of the run at ``page_size`` takes (None: none)."""
     layout = {**(parallel_args(args.dp_attention) or {}), **(speculative_args(args.spec_tokens) or {})}
-    return layout or None
+    return {**layout, **page_args(page_size)} or None
 
 
 def describe(run: dict) -> str:
@@ -209,16 +229,33 @@ def tokens(
 
 
 def run_model(model: str, label: str, args: argparse.Namespace, work: Path, log: Path, rows: list) -> None:
-    """The parts on one model, each KV dtype; a row per part into ``rows``."""
+    """The parts on one model, each page size and KV dtype; a row per part into ``rows``."""
     prompts, parts = make_prompts(), set(args.parts.split(","))
-    layout_args = engine_layout(args)
     if args.spec_tokens:
         label += f", MTP k={args.spec_tokens}"
     if args.dp_attention > 1:
         label += f", DP attention {args.dp_attention}"
-    work.mkdir(parents=True, exist_ok=True)
+    for page_size in args.page_sizes:
+        page_work = work / f"page{page_size}"
+        page_work.mkdir(parents=True, exist_ok=True)
+        run_page(model, f"{label}, {page_label(page_size)}", args, page_size, page_work, log, rows, prompts, parts)
+
+
+def run_page(
+    model: str,
+    label: str,
+    args: argparse.Namespace,
+    page_size: int,
+    work: Path,
+    log: Path,
+    rows: list,
+    prompts: list,
+    parts: set[str],
+) -> None:
+    """The parts on one model at one page size, each KV dtype; each row records the page size."""
+    layout_args = engine_layout(args, page_size)
     for kv in args.kv.split(","):
-        row = partial(add_row, rows, label, kv)
+        row = partial(add_row, rows, label, kv, page_size=page_size)
         if "check" in parts:
             within, note = run_checked(model, prompts, kv, 1.0, work, log, layout_args)
             row("check", "PASS" if within is True else "FAIL", note)

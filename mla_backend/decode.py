@@ -16,7 +16,7 @@ from .checks import DecodeProblem, check_decode_inputs, check_page_ids
 from .config import BackendName, BackendUnavailableError, MLABackendConfig, default_config
 from .launcher import DecodePlan
 from .reference import mla_decode_reference
-from .route import Route, op_route
+from .route import TRTLLM_GEN_PAGE_SIZES, Route, op_route
 from .step_plan import check_plan
 
 Scale = float | torch.Tensor
@@ -27,7 +27,6 @@ Query = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 # kpe_cache [.., 64]) pair, read in place the same way.
 KVCache = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 LN2 = math.log(2.0)
-TRTLLM_GEN_PAGE_SIZES = (16, 32, 64, 128)  # the pages calls are handed to trtllm-gen with
 
 
 def _decode(
@@ -71,9 +70,9 @@ def _decode(
 def _run_flashinfer_trtllm_gen(problem: DecodeProblem, workspace_buffer, enable_pdl, lse: torch.Tensor | None) -> None:
     if problem.kv_indptr is not None or not problem.causal or problem.page_size not in TRTLLM_GEN_PAGE_SIZES:
         raise ValueError(
-            "backend trtllm-gen reads causal calls through a [batch, max_pages] table of pages of "
-            f"{TRTLLM_GEN_PAGE_SIZES} tokens: ragged kv_indptr, causal=False and other page sizes run on the "
-            "bundled kernels (backend='xqa')"
+            "backend trtllm-gen reads causal calls through a [batch, max_pages] table of "
+            f"{TRTLLM_GEN_PAGE_SIZES}-token pages: ragged kv_indptr, causal=False and other page sizes run on "
+            "the bundled kernels (backend='xqa')"
         )
     import flashinfer.mla
 

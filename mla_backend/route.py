@@ -13,6 +13,8 @@ The rules, in the order they apply:
    goes to the engine's portable decode under ``auto``; an explicit backend raises.
 4. ``auto`` on SM 9.0, where the bundled kernels would serve: the engine's FlashMLA instead for the
    shape classes the measured table (sm90_table.py) has it faster at, with pages of 64 tokens.
+5. FlashInfer's trtllm-gen reads pages of 16 to 128 tokens: a cache of another page (SGLang's default
+   of 1) decodes on the bundled kernels under ``auto``; an explicit ``trtllm-gen`` raises.
 A bundled route names its variant: the architecture's library, the FP8 kernels' products (``fp8_qk``
 and ``fp8_pv``, resolved per architecture by kernel_build.KernelVariant) and the tile its rows
 (heads x query tokens) take.
@@ -35,6 +37,8 @@ from .config import BackendName, BackendUnavailableError, MLABackendConfig
 from .launcher import tile_shape
 from .sm90_table import FLASHMLA_PAGE_SIZE, flashmla_verdict
 from .targets import ARCH_BY_CAPABILITY, TRTLLM_GEN_CAPABILITIES, bundled_arch, served_capabilities
+
+TRTLLM_GEN_PAGE_SIZES = (16, 32, 64, 128)  # the pages trtllm-gen reads; ours read any of shapes.PAGE_SIZES
 
 # bundled: our kernels; trtllm-gen: FlashInfer's (SM100); flashmla: the engine's FlashMLA (SM90,
 # auto, where measured faster); fallback: the engine's portable MLA decode; reference: the op's
@@ -198,11 +202,24 @@ def resolve_route(
             instead = engine.fallback_kernel or "the engine's portable MLA decode"
             raise BackendUnavailableError(f"{problem}; backend='auto' decodes such models with {instead}")
         return Route("fallback", f"auto: {problem} -> {engine.fallback or 'no kernel'}", route.fallback)
+    if route.kernel == "trtllm-gen":
+        route = trtllm_gen_page_rule(config, shape, route)
     if route.kernel != "bundled":
         return route
     assert route.arch is not None
     route = replace(route, variant=bundled_variant(route.arch, config, shape))
     return flashmla_rule(config, capability, shape, engine, route)
+
+
+def trtllm_gen_page_rule(config: MLABackendConfig, shape: DecodeShape, route: Route) -> Route:
+    """Rule 5: a page trtllm-gen does not read goes to the bundled kernels under auto."""
+    if shape.page_size is None or shape.page_size in TRTLLM_GEN_PAGE_SIZES:
+        return route
+    why = f"FlashInfer's trtllm-gen reads pages of {TRTLLM_GEN_PAGE_SIZES} tokens, the cache has {shape.page_size}"
+    if config.backend == "trtllm-gen" or route.arch is None:
+        instead = "backend='auto' decodes it with the bundled kernels" if route.arch else "use a page of those"
+        raise BackendUnavailableError(f"{why}; {instead}")
+    return Route("bundled", f"{route.reason}; {why} -> bundled mma.sync kernels", route.fallback, route.arch)
 
 
 def flashmla_rule(
@@ -269,6 +286,7 @@ def routes_table(config: MLABackendConfig | None = None) -> list[str]:
 
 __all__ = [
     "OP",
+    "TRTLLM_GEN_PAGE_SIZES",
     "BackendUnavailableError",
     "DecodeShape",
     "Engine",

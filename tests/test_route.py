@@ -156,3 +156,17 @@ def test_the_op_refuses_a_route_it_cannot_run_on_a_gpu_tensor(monkeypatch):
         call_kernel(torch.device("cuda", 0), MLABackendConfig(), "auto", flashmla)
     bundled = resolve_route(MLABackendConfig(), (12, 0))
     assert call_kernel(torch.device("cuda", 0), MLABackendConfig(), "auto", bundled) == "bundled"
+
+
+@pytest.mark.parametrize("page_size", [1, 8, 256])
+def test_a_page_trtllm_gen_does_not_read_decodes_on_the_bundled_kernels_under_auto(page_size):
+    """SGLang's default page (1) on a B200 with FlashInfer: trtllm-gen reads pages of 16 to 128 tokens, so
+    auto takes the bundled kernels and says why; an explicit trtllm-gen stops, naming the pages."""
+    shape = DecodeShape(16, 1, kv_fp8=True, page_size=page_size)
+    route = resolve_route(MLABackendConfig(), (10, 0), shape, has_flashinfer=True)
+    assert (route.kernel, route.arch) == ("bundled", "sm_100a") and route.variant
+    assert f"the cache has {page_size}" in route.reason
+    with pytest.raises(BackendUnavailableError, match=rf"\(16, 32, 64, 128\) tokens, the cache has {page_size}"):
+        resolve_route(MLABackendConfig(backend="trtllm-gen"), (10, 0), shape, has_flashinfer=True)
+    served = resolve_route(MLABackendConfig(), (10, 0), dataclasses.replace(shape, page_size=64), has_flashinfer=True)
+    assert served.kernel == "trtllm-gen"

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang_release import release, resolved_server_args, server_args_fields, server_args_like
@@ -78,6 +80,7 @@ def make_runner(dtype, page_size=64, pool_pages=24, layers=1, **args):
         page_size=page_size,
         device="cpu",
         kv_cache_dtype=dtype,
+        kv_index_translator=None,  # SGLang 0.5.23's HybridAttnBackend reads it (none: slots are the pool's)
     )
 
 
@@ -194,9 +197,9 @@ def test_the_cli_accepts_the_name_and_rejects_others():
         parser.parse_args(["--model-path", "m", "--decode-attention-backend", "mla_backendx"])
 
 
-@pytest.mark.parametrize("page_size", [16, 64, 128])
+@pytest.mark.parametrize("page_size", [1, 16, 64, 128])
 def test_page_table_from_the_request_to_token_map(page_size):
-    runner = make_runner(torch.bfloat16, page_size)
+    runner = make_runner(torch.bfloat16, page_size, pool_pages=24 * 64 // page_size)
     lengths = [1, page_size + 3, 3 * page_size]
     indices = place_requests(runner, lengths)
     bk = make_backend(runner)
@@ -209,11 +212,34 @@ def test_page_table_from_the_request_to_token_map(page_size):
             assert meta.block_tables[b, page] == r2t[row, page * page_size] // page_size
     assert meta.seq_lens.tolist() == lengths and meta.seq_lens.dtype == torch.int32
     assert meta.max_seq_len == max(lengths) and meta.q_len == 1
+    assert meta.block_tables.dtype == torch.int32 and meta.block_tables.shape[1] == math.ceil(max(lengths) / page_size)
+    if page_size == 1:  # SGLang's default: the token map's rows are the table, slot for slot
+        assert torch.equal(meta.block_tables, r2t[indices, : max(lengths)])
 
 
+def test_the_graph_table_at_page_size_1_is_the_token_map_s_width_filled_in_place():
+    """SGLang's default page: a graph's table holds every slot of the token map's rows (as SGLang's own
+    MLA backends size their graph kv_indices), and each refill writes the rows into it, not a copy of
+    a copy; a table at page 64 holds a 64th of that."""
+    runner = make_runner(torch.bfloat16, 1, pool_pages=1024)
+    bk = make_backend(runner)
+    bk.init_cuda_graph_state(max_bs=4, max_num_tokens=4)
+    assert bk.graph_block_tables.shape == (4, CONTEXT) and bk.graph_block_tables.dtype == torch.int32
+    lengths = [3, 300, 512]
+    indices = place_requests(runner, lengths)
+    buffer = bk.graph_block_tables.data_ptr()
+    bk.init_forward_metadata_out_graph(decode_batch(indices, lengths), in_capture=True)
+    bk.init_forward_metadata_in_graph(decode_batch(indices, lengths))
+    assert bk.graph_block_tables.data_ptr() == buffer
+    assert bk.forward_metadata.block_tables.data_ptr() == buffer
+    assert torch.equal(bk.graph_block_tables[:3], runner.req_to_token_pool.req_to_token[indices])
+    assert make_backend(make_runner(torch.bfloat16, 64)).max_pages == CONTEXT // 64
+
+
+@pytest.mark.parametrize("page_size", [64, 1])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
-def test_forward_decode_on_sglangs_pool_matches_attention_over_its_slots(dtype):
-    runner = make_runner(dtype)
+def test_forward_decode_on_sglangs_pool_matches_attention_over_its_slots(dtype, page_size):
+    runner = make_runner(dtype, page_size, pool_pages=24 * 64 // page_size)
     lengths = [5, 130, 300]
     indices = place_requests(runner, lengths)
     bk = make_backend(runner)
@@ -260,9 +286,10 @@ def test_target_verify_attends_causally_over_prefix_and_drafts():
     assert_close_to(out.view(-1, 512), want.view(-1, 512))
 
 
+@pytest.mark.parametrize("page_size", [64, 1])
 @pytest.mark.parametrize("hooks", ["0.5.16+", "0.5.12"])
-def test_graph_buffers_are_refilled_for_each_replayed_batch(hooks):
-    runner = make_runner(torch.bfloat16)
+def test_graph_buffers_are_refilled_for_each_replayed_batch(hooks, page_size):
+    runner = make_runner(torch.bfloat16, page_size, pool_pages=24 * 64 // page_size)
     bk = make_backend(runner)
     bk.init_cuda_graph_state(max_bs=4, max_num_tokens=4)
     first, second = [30, 200, 64], [129, 7, 400]
@@ -341,6 +368,92 @@ def test_a_gpu_it_cannot_serve_gets_sglangs_triton_and_says_why(monkeypatch, cap
     assert "triton backend" in caplog.text and "8.0" in caplog.text
 
 
+class PrefillStandIn(AttentionBackend):
+    """SGLang's triton backend as the combined backend's prefill side: records what reaches it."""
+
+    def __init__(self):
+        self.calls = []
+
+    def init_forward_metadata(self, forward_batch):
+        self.calls.append(("metadata", forward_batch.forward_mode))
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        self.calls.append(("extend", forward_batch.forward_mode, sorted(kwargs)))
+        return q
+
+
+def one_flag_runner(monkeypatch, page_size=64, **args):
+    """A model runner started with ``--attention-backend mla_backend`` alone, SGLang's triton stood in."""
+    from mla_backend.sglang import fallback
+
+    monkeypatch.setenv("MLA_BACKEND_DEVICE_CAPABILITY", "9.0")
+    prefill = PrefillStandIn()
+    monkeypatch.setattr(fallback, "triton_backend", lambda runner: prefill)
+    one_flag = dict(attention_backend=NAME, prefill_attention_backend=None, decode_attention_backend=None)
+    runner = make_runner(torch.bfloat16, page_size, pool_pages=24 * 64 // page_size, **(one_flag | args))
+    if release() >= (0, 5, 23):  # its HybridAttnBackend reads the settings SGLang published
+        from sglang.srt.layers.attention import hybrid_attn_backend
+
+        settings = runner.server_args
+        spec = SimpleNamespace(
+            **{k: getattr(settings, k) for k in ("speculative_attention_mode", "speculative_algorithm")}
+        )
+        monkeypatch.setattr(hybrid_attn_backend, "get_spec", lambda: spec)
+        monkeypatch.setattr(
+            hybrid_attn_backend, "get_exec", lambda: SimpleNamespace(dllm=SimpleNamespace(dllm_algorithm=None))
+        )
+    return runner, prefill
+
+
+@pytest.mark.parametrize("page_size", [64, 1])
+def test_one_flag_for_both_decodes_on_ours_and_prefills_on_sglangs_triton(monkeypatch, page_size):
+    """``--attention-backend mla_backend``: SGLang asks our factory for one backend and hands it every
+    forward mode. Decode (eager and its graph buffers) reaches our kernels and matches attention over
+    the pool's slots; prefill and extend reach SGLang's triton, with the query parts DeepSeek's layers
+    hand a backend named ours."""
+    from sglang.srt.layers.attention.hybrid_attn_backend import HybridAttnBackend
+
+    runner, prefill = one_flag_runner(monkeypatch, page_size)
+    made = backend.create_backend(runner)
+    assert isinstance(made, HybridAttnBackend) and made.prefill_backend is prefill
+    ours = made.decode_backend
+    assert isinstance(ours, backend.MLADecodeBackend)
+
+    lengths = [5, 130, 300]
+    indices = place_requests(runner, lengths)
+    batch = decode_batch(indices, lengths)
+    made.init_forward_metadata(batch)
+    q_nope, q_rope = absorbed_query(len(lengths), torch.bfloat16)
+    out = made.forward(q_nope, None, None, layer(), batch, save_kv_cache=False, q_rope=q_rope)
+    want = expected_attention(runner, indices, lengths, q_nope, q_rope, 1)
+    assert_close_to(out.view(-1, 512), want.view(-1, 512))
+    made.init_cuda_graph_state(4, 4)
+    assert ours.graph_block_tables is not None and made.get_cuda_graph_seq_len_fill_value() == 1
+    assert prefill.calls == []
+
+    extend = decode_batch(indices, lengths, ForwardMode.EXTEND)
+    made.init_forward_metadata(extend)
+    assert made.forward(q_nope, None, None, layer(), extend, save_kv_cache=False, q_rope=q_rope) is q_nope
+    assert prefill.calls == [("metadata", ForwardMode.EXTEND), ("extend", ForwardMode.EXTEND, ["q_rope"])]
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_one_flag_verifies_drafts_where_sglang_s_attention_mode_sends_them(monkeypatch, mode):
+    args = dict(speculative_algorithm="NEXTN", speculative_num_draft_tokens=4, speculative_num_steps=3)
+    args |= dict(speculative_eagle_topk=1, speculative_draft_attention_backend="triton")
+    runner, prefill = one_flag_runner(monkeypatch, speculative_attention_mode=mode, **args)
+    made = backend.create_backend(runner)
+    verify = made._select_backend(ForwardMode.TARGET_VERIFY)
+    assert verify is (made.decode_backend if mode == "decode" else prefill)
+
+
+def test_prefill_alone_named_gets_sglang_s_triton(monkeypatch):
+    """``--prefill-attention-backend mla_backend`` with another decode backend: SGLang asks our factory
+    for its prefill side only, which our kernels do not serve: SGLang's triton it is."""
+    runner, prefill = one_flag_runner(monkeypatch, decode_attention_backend="flashmla")
+    assert backend.create_backend(runner) is prefill
+
+
 def test_the_fallback_joins_the_absorbed_query_and_key():
     from mla_backend.sglang.fallback import _joined
 
@@ -356,12 +469,13 @@ def test_the_fallback_joins_the_absorbed_query_and_key():
     [
         ({"MLA_BACKEND": "nope"}, {}, "mla_backend: bad settings in the environment: mla_backend.backend"),
         ({"MLA_BACKEND": "xqa", "MLA_BACKEND_DEVICE_CAPABILITY": "7.5"}, {}, "backend='xqa' needs compute capability"),
-        ({"MLA_BACKEND_DEVICE_CAPABILITY": "9.0"}, {"page_size": 1}, "needs --page-size in"),
         (
             {"MLA_BACKEND_DEVICE_CAPABILITY": "9.0"},
-            {"prefill_attention_backend": None, "attention_backend": NAME},
-            "serves decode only",
+            {"page_size": 48},
+            "pages of a power of two from 1 to 1024 tokens: --page-size in (1, 2, 4, 8, 16, 32, 64, 128, 256, "
+            "512, 1024) (SGLang's default, 1, included), got 48",
         ),
+        ({"MLA_BACKEND_DEVICE_CAPABILITY": "9.0"}, {"page_size": 2048}, "--page-size in (1, 2, 4"),
         (
             {"MLA_BACKEND_DEVICE_CAPABILITY": "9.0"},
             {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 4},
@@ -383,7 +497,7 @@ def test_bad_settings_stop_start_up_with_our_message(monkeypatch, env, args, mes
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     runner = make_runner(torch.bfloat16, **args)
-    with pytest.raises(Exception, match=message.replace("(", r"\(")) as info:
+    with pytest.raises(Exception, match=re.escape(message)) as info:
         backend.create_backend(runner)
     assert "mla_backend" in str(info.value) or "backend='xqa'" in str(info.value)
 
@@ -392,7 +506,7 @@ def test_the_checks_read_the_settings_sglang_resolved(tmp_path, caplog):
     """Real server arguments for DeepSeek-V3 with NEXTN drafting and no --page-size: SGLang resolves the
     page size to 1 and the drafter to three steps of four draft tokens, on the record's fields as it is
     built (0.5.17), or beside the operator's input, which stays unset (0.5.23); the checks read what SGLang
-    resolved, and its (prefill, decode) backends."""
+    resolved, and its (prefill, decode) backends. The page SGLang resolves to (1) is served."""
     from integration.models.families import FAMILIES
     from integration.models.sglang_checkpoint import save_sglang_config
 
@@ -409,12 +523,12 @@ def test_the_checks_read_the_settings_sglang_resolved(tmp_path, caplog):
     resolved = (settings.page_size, settings.speculative_num_steps, settings.speculative_num_draft_tokens)
     assert resolved == (1, 3, 4) and settings.speculative_eagle_topk == 1
     assert compat.attention_backends(settings) == ("triton", NAME)
-    with pytest.raises(ValueError, match=r"needs --page-size in \(16, 32, 64, 128\).*got 1$"):
-        backend.check_server_args(args)
+    # SGLang's default page (1) is served: what stops these settings is the drafter's attention
     with pytest.raises(ValueError, match="add --speculative-draft-attention-backend triton"):
-        backend.check_server_args(resolved_server_args(**given, page_size=64))
-    given |= dict(page_size=64, speculative_draft_attention_backend="triton", speculative_attention_mode="decode")
-    served = resolved_server_args(**given)
+        backend.check_server_args(args)
+    given |= dict(speculative_draft_attention_backend="triton", speculative_attention_mode="decode")
+    served = resolved_server_args(**given)  # still no --page-size: SGLang's 1
+    assert compat.resolved(served).page_size == 1
     caplog.clear()  # SGLang's own warnings as it resolved the settings
     with caplog.at_level(logging.WARNING, logger="mla_backend"):
         backend.check_server_args(served)

@@ -118,11 +118,11 @@ def run_main(monkeypatch, *argv):
 def test_the_runner_gives_one_row_per_model_layout_kv_and_part_and_keeps_the_json(monkeypatch, tmp_path, capsys):
     runs = fake_engines(monkeypatch, tmp_path)
     argv = ["--families", "GLM-4.7-Flash,Kimi-K2@64,DeepSeek-V3.2", "--references", "triton", "--out", str(tmp_path)]
-    assert run_main(monkeypatch, *argv) == 0
+    assert run_main(monkeypatch, *argv, "--page-sizes", "64") == 0
     rows = json.loads((tmp_path / "sglang_zoo.json").read_text())
     ours = [(r["model"], r["kv"], r["part"], r["status"]) for r in rows if r["status"] != "ref"]
     parts = ["check", "selftest x1.05", "tokens graphs", "tokens eager"]
-    models = ["GLM-4.7-Flash TP1 (20 heads)", "Kimi-K2 / K2.5 (text) TP1 (64 heads)"]
+    models = ["GLM-4.7-Flash TP1 (20 heads), page 64", "Kimi-K2 / K2.5 (text) TP1 (64 heads), page 64"]
     want = [(m, kv, p, "PASS") for m in models for kv in ("fp8_e4m3", "auto") for p in parts]
     assert ours == [("DeepSeek-V3.2 TP8 (16 heads)", "auto", "refused", "PASS"), *want]
     references = {"reference triton", "reference triton, fp8 query", "reference triton, fp8 query, eager"}
@@ -135,26 +135,27 @@ def test_the_runner_gives_one_row_per_model_layout_kv_and_part_and_keeps_the_jso
 
 def test_the_tiny_path_keeps_its_summary_and_a_failing_part_fails_the_run(monkeypatch, tmp_path):
     fake_engines(monkeypatch, tmp_path, check_error=0.5)  # beyond every tolerance: the check fails
-    assert run_main(monkeypatch, "--heads", "32", "--kv", "auto", "--parts", "check", "--out", str(tmp_path)) == 1
+    argv = ["--heads", "32", "--kv", "auto", "--parts", "check", "--page-sizes", "64", "--out", str(tmp_path)]
+    assert run_main(monkeypatch, *argv) == 1
     (row,) = json.loads((tmp_path / "sglang_h32.json").read_text())
-    assert (row["model"], row["part"], row["status"]) == ("tiny DeepSeek-V3 (32 heads)", "check", "FAIL")
+    assert (row["model"], row["part"], row["status"]) == ("tiny DeepSeek-V3 (32 heads), page 64", "check", "FAIL")
 
 
 def test_dp_attention_runs_every_engine_on_the_layout_and_the_check_on_every_rank(monkeypatch, tmp_path):
     runs = fake_engines(monkeypatch, tmp_path)
     argv = ["--heads", "128", "--kv", "fp8_e4m3", "--dp-attention", "2", "--references", "triton"]
-    assert run_main(monkeypatch, *argv, "--out", str(tmp_path)) == 0
-    layout = {"tp_size": 2, "dp_size": 2, "enable_dp_attention": True}
+    assert run_main(monkeypatch, *argv, "--page-sizes", "64", "--out", str(tmp_path)) == 0
+    layout = {"tp_size": 2, "dp_size": 2, "enable_dp_attention": True, "page_size": 64}
     assert len(runs) == 7 and all(engine_args == layout for *_, engine_args in runs)  # ours x4, triton x3
     rows = {r["part"]: r for r in json.loads((tmp_path / "sglang_h128.json").read_text()) if r["status"] != "ref"}
-    assert all(r["status"] == "PASS" and r["model"].endswith("DP attention 2") for r in rows.values())
+    assert all(r["status"] == "PASS" and r["model"].endswith("DP attention 2, page 64") for r in rows.values())
     assert "2 of 2 ranks checked" in rows["check"]["note"]
 
 
 def test_dp_attention_fails_where_one_rank_checked_nothing(monkeypatch, tmp_path):
     fake_engines(monkeypatch, tmp_path, checked_ranks=1)  # the other rank ran no decode call
     argv = ["--heads", "128", "--kv", "fp8_e4m3", "--dp-attention", "2", "--parts", "check", "--out", str(tmp_path)]
-    assert run_main(monkeypatch, *argv) == 1
+    assert run_main(monkeypatch, *argv, "--page-sizes", "64") == 1
     (row,) = json.loads((tmp_path / "sglang_h128.json").read_text())
     assert row["status"] == "FAIL" and "1 of 2 ranks checked" in row["note"]
 
@@ -164,22 +165,52 @@ def test_mtp_drafting_runs_every_engine_with_the_drafter_and_needs_verification_
     saved: list = []
     monkeypatch.setattr(sglang_e2e, "save_sglang_tiny_deepseek", lambda path, heads, mtp=0: saved.append(mtp) or path)
     argv = ["--heads", "16", "--kv", "fp8_e4m3", "--spec-tokens", "3", "--references", "triton"]
-    assert run_main(monkeypatch, *argv, "--out", str(tmp_path)) == 0
+    assert run_main(monkeypatch, *argv, "--page-sizes", "1", "--out", str(tmp_path)) == 0
     assert saved[-1] == 1  # the checkpoint holds the MTP layer
     drafting = sglang_e2e.speculative_args(3)
     assert drafting["speculative_num_draft_tokens"] == 4 and drafting["speculative_eagle_topk"] == 1
-    assert all(engine_args == drafting for *_, engine_args in runs)
+    assert all(engine_args == drafting for *_, engine_args in runs)  # page 1: SGLang's default, not given
     rows = {r["part"]: r for r in json.loads((tmp_path / "sglang_h16.json").read_text()) if r["status"] != "ref"}
-    assert all(r["status"] == "PASS" and r["model"].endswith("MTP k=3") for r in rows.values())
+    assert all(
+        r["status"] == "PASS" and r["model"].endswith("MTP k=3, page 1 (SGLang's default)") for r in rows.values()
+    )
     assert "6 calls verifying 4 tokens a request" in rows["check"]["note"]
 
 
 def test_mtp_drafting_fails_where_no_verification_reached_our_kernel(monkeypatch, tmp_path):
     fake_engines(monkeypatch, tmp_path, verified=False)
     argv = ["--heads", "16", "--kv", "auto", "--spec-tokens", "1", "--parts", "check", "--out", str(tmp_path)]
-    assert run_main(monkeypatch, *argv) == 1
+    assert run_main(monkeypatch, *argv, "--page-sizes", "64") == 1
     (row,) = json.loads((tmp_path / "sglang_h16.json").read_text())
     assert row["status"] == "FAIL" and "0 calls verifying 2 tokens" in row["note"]
+
+
+def test_by_default_one_run_covers_sglang_s_default_page_given_no_page_size_and_page_64(monkeypatch, tmp_path):
+    """Page 1 is SGLang's default: its engines (ours and the references) start with no page size, so the
+    default is what runs; page 64's with it. Every row names and records its page, the check's summaries
+    of the two pages are kept apart, and a failing page fails the run."""
+    runs = fake_engines(monkeypatch, tmp_path)
+    argv = ["--heads", "16", "--kv", "auto", "--references", "triton", "--out", str(tmp_path)]
+    assert run_main(monkeypatch, *argv) == 0
+    pages = [engine_args for *_, engine_args in runs]
+    assert pages == [None] * (len(runs) // 2) + [{"page_size": 64}] * (len(runs) // 2)
+    rows = [r for r in json.loads((tmp_path / "sglang_h16.json").read_text()) if r["status"] != "ref"]
+    assert [(r["page_size"], r["part"]) for r in rows] == [
+        (page, part) for page in (1, 64) for part in ("check", "selftest x1.05", "tokens graphs", "tokens eager")
+    ]
+    assert {r["model"] for r in rows} == {
+        "tiny DeepSeek-V3 (16 heads), page 1 (SGLang's default)",
+        "tiny DeepSeek-V3 (16 heads), page 64",
+    }
+    assert (tmp_path / "page1").is_dir() and (tmp_path / "page64").is_dir()
+
+
+@pytest.mark.parametrize("bad", ["48", "0", "2048", "1,x"])
+def test_page_sizes_are_powers_of_two_mla_backend_reads(bad, capsys):
+    with pytest.raises(SystemExit):
+        sglang_e2e.parse(["--page-sizes", bad])
+    assert "--page-sizes" in capsys.readouterr().err
+    assert sglang_e2e.parse(["--page-sizes", "1,16,1024"]).page_sizes == [1, 16, 1024]
 
 
 def test_drafting_is_the_tiny_model_s_and_fits_the_kernels_query_tokens(monkeypatch):
@@ -381,7 +412,7 @@ def test_kimi_vl_runs_on_its_text_model_alone_without_an_image_processor(tmp_pat
     kimi_vl = next(f for f in FAMILIES if f.architecture == "KimiVLForConditionalGeneration")
     path = str(save_sglang_checkpoint(kimi_vl, tmp_path / kimi_vl.published))
     settings = engine_settings(path, "mla_backend", "fp8_e4m3", True)
-    assert set(settings) <= server_args_fields()
+    assert set(settings) <= server_args_fields() and "page_size" not in settings  # the run's, or SGLang's default
     assert settings["enable_multimodal"] is False
     assert not ModelConfig(path, enable_multimodal=settings["enable_multimodal"]).is_multimodal
     assert ModelConfig(path).is_multimodal

@@ -24,7 +24,7 @@ from integration.engines.entry_point_dir import path_with  # noqa: E402
 from integration.engines.text_only import has_vision_tower  # noqa: E402
 
 NEW_TOKENS = 32
-PAGE_SIZE = 64
+PAGE_SIZE = 64  # the servers' (sglang_server.py); engines take theirs from engine_args, SGLang's default (1) without
 THROUGHPUT = dict(batch=32, context=2048, new_tokens=128)
 REFUSAL_TIMEOUT_S = 300  # start-up to the backend's factory: config, dummy weights, memory pools
 
@@ -39,11 +39,12 @@ def run_engine(
     engine_args: dict | None = None,
 ) -> dict:
     """One engine (this process): greedy tokens with top-2 logprobs, then decode tokens/s.
-    ``engine_args``: further sglang.Engine arguments (a refused family's ``load_format``)."""
+    ``engine_args``: further sglang.Engine arguments (a refused family's ``load_format``, a page size:
+    without one the engine runs SGLang's default page of 1)."""
     import sglang
     import torch
 
-    engine = sglang.Engine(**engine_settings(model, decode, kv, graphs), **(engine_args or {}))
+    engine = sglang.Engine(**{**engine_settings(model, decode, kv, graphs), **(engine_args or {})})
     try:
         greedy = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
         outs = engine.generate(input_ids=prompts, sampling_params=greedy, return_logprob=True, top_logprobs_num=2)
@@ -62,11 +63,11 @@ def run_engine(
 
 
 def engine_settings(model: str, decode: str, kv: str, graphs: bool) -> dict:
-    """sglang.Engine arguments of one engine of the run."""
+    """sglang.Engine arguments of one engine of the run; no page size (SGLang's default) unless the run's
+    engine_args give one."""
     return dict(
         model_path=model,
         skip_tokenizer_init=True,
-        page_size=PAGE_SIZE,
         prefill_attention_backend="triton",
         decode_attention_backend=decode,
         kv_cache_dtype=kv,

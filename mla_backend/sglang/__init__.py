@@ -11,9 +11,11 @@ SGLang (0.5.12 and newer) runs the entry points of the group ``sglang.srt.plugin
   of backends that take the absorbed query as its two parts (q_nope [T, H, 512], q_pe [T, H, 64]),
   which the kernels read in place.
 
-Start SGLang with ``--decode-attention-backend mla_backend --prefill-attention-backend triton``
-(any prefill backend) and an explicit ``--page-size`` of 16, 32, 64 or 128. Settings come from the
-``MLA_BACKEND_*`` environment variables (SGLang has no per-backend configuration).
+Start SGLang with ``--decode-attention-backend mla_backend`` (prefill on any backend SGLang has, e.g.
+``--prefill-attention-backend triton``) or ``--attention-backend mla_backend`` alone (prefill and extend
+then run SGLang's triton backend, prefill.py). Any page size that is a power of two from 1 (SGLang's
+default) to 1024 is served. Settings come from the ``MLA_BACKEND_*`` environment variables (SGLang has
+no per-backend configuration).
 """
 
 from __future__ import annotations

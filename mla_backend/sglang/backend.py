@@ -48,10 +48,21 @@ class DecodeMetadata:
     plans: dict[int, DecodePlan | None] = field(default_factory=dict)  # the step's split plans, by heads
 
 
-def page_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, page_size: int, pages: int) -> torch.Tensor:
-    """int32 [B, pages]: page ids of each request's first ``pages`` pages."""
-    first_slots = req_to_token[req_pool_indices, : pages * page_size : page_size]
-    return (first_slots // page_size).to(torch.int32)
+def page_table(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    page_size: int,
+    pages: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """int32 [B, pages]: page ids of each request's first ``pages`` pages, gathered once from SGLang's
+    int32 token map (into ``out`` where given: a graph's buffer). At page size 1 (SGLang's default) a
+    slot is its page: the table is the map's rows as they are, the one copy SGLang's own backends make
+    of them too (their kv_indices)."""
+    if page_size == 1:
+        return torch.index_select(req_to_token[:, :pages], 0, req_pool_indices, out=out)
+    first_slots = req_to_token[:, : pages * page_size : page_size]
+    return torch.index_select(first_slots, 0, req_pool_indices, out=out).floor_divide_(page_size)
 
 
 def configured() -> MLABackendConfig:
@@ -95,15 +106,10 @@ def check_server_args(server_args) -> None:
     page_size = server_args.page_size
     if page_size not in shapes.PAGE_SIZES:
         raise ValueError(
-            f"mla_backend needs --page-size in {shapes.PAGE_SIZES} (SGLang defaults to 1 for backends it does not "
-            f"know), got {page_size}"
+            f"mla_backend reads pages of a power of two from 1 to {shapes.PAGE_SIZES[-1]} tokens: --page-size in "
+            f"{shapes.PAGE_SIZES} (SGLang's default, 1, included), got {page_size}"
         )
     prefill, decode = compat.attention_backends(server_args)
-    if prefill == NAME:
-        raise ValueError(
-            "mla_backend serves decode only: start SGLang with --decode-attention-backend mla_backend "
-            "--prefill-attention-backend triton (or another prefill backend)"
-        )
     if server_args.speculative_algorithm is not None and (server_args.speculative_eagle_topk or 1) > 1:
         raise ValueError("mla_backend verifies draft chains (speculative_eagle_topk 1), not trees")
     if server_args.speculative_algorithm is not None and not getattr(
@@ -122,7 +128,7 @@ def check_server_args(server_args) -> None:
         logger.warning(
             "mla_backend: SGLang verifies drafts on the prefill backend (%s), so mla_backend decodes nothing "
             "while speculation is on: add --speculative-attention-mode decode for mla_backend to verify them",
-            prefill,
+            "SGLang's triton, mla_backend's prefill" if prefill == NAME else prefill,
         )
 
 
@@ -140,18 +146,30 @@ def check_model(model_config) -> None:
 
 def create_backend(runner) -> AttentionBackend:
     """Factory SGLang calls per model runner: our backend, or SGLang's triton on a GPU we do not serve
-    and, under `auto`, for a model the kernels do not take (a named backend stops start-up there)."""
+    and, under `auto`, for a model the kernels do not take (a named backend stops start-up there).
+    Named for prefill too (``--attention-backend mla_backend``), prefill and extend run SGLang's triton
+    beside our decode (prefill.py); named for prefill alone, SGLang's triton is all it is asked for."""
+    from .fallback import triton_backend
+
     check_model(runner.model_config)
+    prefill, decode = compat.attention_backends(compat.resolved(runner.server_args))
+    if decode != NAME:
+        logger.info("mla_backend: our kernels decode only; prefill runs SGLang's triton backend")
+        return triton_backend(runner)
     config = configured()
     route = resolve(config, torch.device(runner.device), model_shape(runner))
     if route.kernel == "fallback":
-        from .fallback import triton_backend
-
         logger.warning("mla_backend: MLA decode runs SGLang's triton backend: %s", route.reason)
         return triton_backend(runner)
     check_server_args(runner.server_args)
     logger.info("mla_backend: MLA decode route: %s", route.describe())
-    return MLADecodeBackend(runner, config, route)
+    ours = MLADecodeBackend(runner, config, route)
+    if prefill != NAME:  # SGLang composes ours with its prefill backend
+        return ours
+    from .prefill import with_triton_prefill
+
+    logger.info("mla_backend: prefill and extend run SGLang's triton backend, decode our kernels")
+    return with_triton_prefill(runner, ours)
 
 
 class MLADecodeBackend(AttentionBackend):
@@ -232,9 +250,8 @@ class MLADecodeBackend(AttentionBackend):
         return DecodeMetadata(tables, lens, bound, q_len, self.graph_plan_buffer)
 
     def _refill_graph_buffers(self, bs: int, req_pool_indices, seq_lens, q_len: int, verify: bool) -> None:
-        self.graph_block_tables[:bs].copy_(
-            page_table(self.req_to_token, req_pool_indices[:bs], self.page_size, self.max_pages)
-        )
+        tables = self.graph_block_tables[:bs]
+        page_table(self.req_to_token, req_pool_indices[:bs], self.page_size, self.max_pages, out=tables)
         self.graph_seq_lens[:bs].copy_(self._kv_lens(seq_lens[:bs], q_len, verify))
 
     # SGLang >= 0.5.16: out_graph runs before capture and before each replay; in_graph is recorded.
@@ -351,5 +368,8 @@ class MLADecodeBackend(AttentionBackend):
         self, q, k, v, layer, forward_batch, save_kv_cache=True, q_rope=None, k_rope=None, **kwargs
     ) -> torch.Tensor:
         if not forward_batch.forward_mode.is_target_verify():
-            raise NotImplementedError("mla_backend serves decode only; prefill goes to --prefill-attention-backend")
+            raise NotImplementedError(
+                "mla_backend's kernels serve decode only; prefill goes to the prefill backend SGLang composes "
+                "ours with (--prefill-attention-backend, or triton under --attention-backend mla_backend)"
+            )
         return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache, q_rope=q_rope, k_rope=k_rope)
