@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from wrapper_cases import assert_matches, make_batch, reference
+from wrapper_cases import assert_matches, documentation_example, make_batch, reference
 
 import mla_backend
 from mla_backend import BatchMLAPagedAttentionWrapper
@@ -60,37 +60,7 @@ def test_exported_from_the_package():
 
 
 def test_flashinfer_docstring_example():
-    num_local_heads, batch_size, head_dim_ckv, head_dim_kpe, page_size = 8, 6, 512, 64, 1
-    kv_len = 37
-    mla_wrapper = BatchMLAPagedAttentionWrapper(torch.empty(128 * 1024, dtype=torch.int8), backend="fa2")
-    q_indptr = torch.arange(0, batch_size + 1).int()  # for decode, each query length is 1
-    kv_lens = torch.full((batch_size,), kv_len, dtype=torch.int32)
-    kv_indptr = torch.arange(0, batch_size + 1).int() * kv_len
-    kv_indices = torch.arange(0, batch_size * kv_len).int()
-    q_nope = torch.randn(batch_size * 1, num_local_heads, head_dim_ckv, dtype=torch.bfloat16)
-    q_pe = torch.zeros(batch_size * 1, num_local_heads, head_dim_kpe, dtype=torch.bfloat16)
-    ckv = torch.randn(batch_size * kv_len, 1, head_dim_ckv, dtype=torch.bfloat16)
-    kpe = torch.zeros(batch_size * kv_len, 1, head_dim_kpe, dtype=torch.bfloat16)
-    sm_scale = 1.0 / ((128 + 64) ** 0.5)  # use head dimension before matrix absorption
-    mla_wrapper.plan(
-        q_indptr,
-        kv_indptr,
-        kv_indices,
-        kv_lens,
-        num_local_heads,
-        head_dim_ckv,
-        head_dim_kpe,
-        page_size,
-        False,  # causal
-        sm_scale,
-        q_nope.dtype,
-        ckv.dtype,
-    )
-    o = mla_wrapper.run(q_nope, q_pe, ckv, kpe, return_lse=False)
-    assert o.shape == torch.Size([batch_size, num_local_heads, head_dim_ckv]) and o.dtype == torch.bfloat16
-    batch = make_batch([1] * batch_size, [kv_len] * batch_size, 1)
-    batch.qo_indptr, batch.kv_indptr, batch.kv_indices, batch.kv_lens = q_indptr, kv_indptr, kv_indices, kv_lens
-    batch.q_nope, batch.q_pe, batch.ckv, batch.kpe = q_nope, q_pe, ckv, kpe
+    batch, o, sm_scale = documentation_example("cpu", num_local_heads=8, batch_size=6, kv_len=37, rope=torch.zeros)
     assert_matches(o, reference(batch, causal=False, sm_scale=sm_scale)[0])
 
 

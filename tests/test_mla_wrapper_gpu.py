@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 from peer_grids import assert_lse_exact
-from wrapper_cases import LOG2E, WrapperBatch, assert_matches, make_batch, reference
+from wrapper_cases import LOG2E, assert_matches, documentation_example, make_batch, reference
 
 from mla_backend import BatchMLAPagedAttentionWrapper
 from mla_backend.reference import ROW_ERROR_TOLERANCE
@@ -53,36 +53,7 @@ def uniform_batch(batch_size, qo_len, kv_len, page_size, heads=16, seed=0):
 def test_flashinfers_documentation_example_keyword_by_keyword():
     """The class docstring's example as FlashInfer writes it (128 heads, 114 requests of 999 tokens,
     page size 1, not causal), on random rope parts instead of its zeros so the rope dims count."""
-    from mla_backend import BatchMLAPagedAttentionWrapper as Wrapper
-
-    num_local_heads, batch_size, head_dim_ckv, head_dim_kpe, page_size = 128, 114, 512, 64, 1
-    mla_wrapper = Wrapper(torch.empty(128 * 1024 * 1024, dtype=torch.int8).to(0), backend="fa2")
-    q_indptr = torch.arange(0, batch_size + 1).to(0).int()  # for decode, each query length is 1
-    kv_lens = torch.full((batch_size,), 999, dtype=torch.int32).to(0)
-    kv_indptr = torch.arange(0, batch_size + 1).to(0).int() * 999
-    kv_indices = torch.arange(0, batch_size * 999).to(0).int()
-    q_nope = torch.randn(batch_size * 1, num_local_heads, head_dim_ckv, dtype=torch.bfloat16, device="cuda")
-    q_pe = torch.randn(batch_size * 1, num_local_heads, head_dim_kpe, dtype=torch.bfloat16, device="cuda")
-    ckv = torch.randn(batch_size * 999, 1, head_dim_ckv, dtype=torch.bfloat16, device="cuda")
-    kpe = torch.randn(batch_size * 999, 1, head_dim_kpe, dtype=torch.bfloat16, device="cuda")
-    sm_scale = 1.0 / ((128 + 64) ** 0.5)  # use head dimension before matrix absorption
-    mla_wrapper.plan(
-        q_indptr,
-        kv_indptr,
-        kv_indices,
-        kv_lens,
-        num_local_heads,
-        head_dim_ckv,
-        head_dim_kpe,
-        page_size,
-        False,  # causal
-        sm_scale,
-        q_nope.dtype,
-        ckv.dtype,
-    )
-    o = mla_wrapper.run(q_nope, q_pe, ckv, kpe, return_lse=False)
-    assert o.shape == torch.Size([114, 128, 512])
-    batch = WrapperBatch(q_indptr, kv_indptr, kv_indices, kv_lens, q_nope, q_pe, ckv, kpe, page_size)
+    batch, o, sm_scale = documentation_example("cuda")
     judge(batch, o, None, False, sm_scale=sm_scale)
 
 

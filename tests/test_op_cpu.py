@@ -207,12 +207,6 @@ def corrupt(problem, key, how):
     return makers[how]()
 
 
-@pytest.mark.parametrize("case", list(BAD_INPUTS))
-def test_bad_input_raises_clear_error(problem, case):
-    change, exc, fragment = BAD_INPUTS[case]
-    overrides = {k: corrupt(problem, k, v) if isinstance(v, str) else v for k, v in change.items()}
-    with pytest.raises(exc, match=fragment):
-        call(problem, **overrides)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
@@ -315,12 +309,27 @@ def corrupt_ragged(problem, key, how):
     return makers[how]()
 
 
-@pytest.mark.parametrize("case", list(RAGGED_BAD_INPUTS))
-def test_bad_ragged_input_raises_clear_error(problem, case):
-    change, exc, fragment = RAGGED_BAD_INPUTS[case]
-    overrides = {k: corrupt_ragged(problem, k, v) if isinstance(v, str) else v for k, v in change.items()}
+# Each table of bad inputs with how its arguments are corrupted and how the op is called.
+BAD_INPUT_SUITES = {
+    "table": (BAD_INPUTS, corrupt, call),
+    "ragged": (RAGGED_BAD_INPUTS, corrupt_ragged, call_ragged),
+}
+
+
+def call_bad(problem, suite: str, case: str):
+    cases, corrupt_arg, call_op = BAD_INPUT_SUITES[suite]
+    change = cases[case][0]
+    overrides = {k: corrupt_arg(problem, k, v) if isinstance(v, str) else v for k, v in change.items()}
+    return call_op(problem, **overrides)
+
+
+@pytest.mark.parametrize(
+    "suite, case", [(suite, case) for suite, (cases, _, _) in BAD_INPUT_SUITES.items() for case in cases]
+)
+def test_bad_input_raises_clear_error(problem, suite, case):
+    _, exc, fragment = BAD_INPUT_SUITES[suite][0][case]
     with pytest.raises(exc, match=fragment):
-        call_ragged(problem, **overrides)
+        call_bad(problem, suite, case)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -351,18 +360,12 @@ def test_page_size_one_is_a_token_indexed_cache(problem):
 def test_every_check_in_checks_py_is_hit_by_a_bad_input(problem):
     """A check nothing triggers could be deleted unnoticed; a new check needs a BAD_INPUTS case."""
     hit = set()
-    for change, exc, _ in BAD_INPUTS.values():
-        overrides = {k: corrupt(problem, k, v) if isinstance(v, str) else v for k, v in change.items()}
-        try:
-            call(problem, **overrides)
-        except exc as err:
-            hit.add(raising_line(err))
-    for change, exc, _ in RAGGED_BAD_INPUTS.values():
-        overrides = {k: corrupt_ragged(problem, k, v) if isinstance(v, str) else v for k, v in change.items()}
-        try:
-            call_ragged(problem, **overrides)
-        except exc as err:
-            hit.add(raising_line(err))
+    for suite, (cases, _, _) in BAD_INPUT_SUITES.items():
+        for case, (_, exc, _) in cases.items():
+            try:
+                call_bad(problem, suite, case)
+            except exc as err:
+                hit.add(raising_line(err))
     missing = sorted(raising_sites() - hit)
     assert not missing, f"checks.py lines no bad input reaches: {missing}"
 

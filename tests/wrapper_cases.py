@@ -144,3 +144,39 @@ def assert_matches(got, want, lse=None, want_lse=None, base_e=False, tolerance=R
     scaled = want_lse if base_e else want_lse * LOG2E
     seen = ~unseen
     torch.testing.assert_close(lse[seen].double(), scaled[seen], rtol=2e-6, atol=1e-5)
+
+
+def documentation_example(device, num_local_heads=128, batch_size=114, kv_len=999, rope=torch.randn):
+    """FlashInfer's class docstring example, keyword by keyword (at its size by default; ``rope``
+    fills the rope parts, which the docstring leaves zero). Returns (its batch, o, sm_scale)."""
+    from mla_backend import BatchMLAPagedAttentionWrapper
+
+    head_dim_ckv, head_dim_kpe, page_size = 512, 64, 1
+    workspace = torch.empty(128 * 1024 * 1024, dtype=torch.int8).to(device)
+    mla_wrapper = BatchMLAPagedAttentionWrapper(workspace, backend="fa2")
+    q_indptr = torch.arange(0, batch_size + 1).to(device).int()  # for decode, each query length is 1
+    kv_lens = torch.full((batch_size,), kv_len, dtype=torch.int32).to(device)
+    kv_indptr = torch.arange(0, batch_size + 1).to(device).int() * kv_len
+    kv_indices = torch.arange(0, batch_size * kv_len).to(device).int()
+    q_nope = torch.randn(batch_size * 1, num_local_heads, head_dim_ckv, dtype=torch.bfloat16, device=device)
+    q_pe = rope(batch_size * 1, num_local_heads, head_dim_kpe, dtype=torch.bfloat16, device=device)
+    ckv = torch.randn(batch_size * kv_len, 1, head_dim_ckv, dtype=torch.bfloat16, device=device)
+    kpe = rope(batch_size * kv_len, 1, head_dim_kpe, dtype=torch.bfloat16, device=device)
+    sm_scale = 1.0 / ((128 + 64) ** 0.5)  # use head dimension before matrix absorption
+    mla_wrapper.plan(
+        q_indptr,
+        kv_indptr,
+        kv_indices,
+        kv_lens,
+        num_local_heads,
+        head_dim_ckv,
+        head_dim_kpe,
+        page_size,
+        False,  # causal
+        sm_scale,
+        q_nope.dtype,
+        ckv.dtype,
+    )
+    o = mla_wrapper.run(q_nope, q_pe, ckv, kpe, return_lse=False)
+    assert o.shape == torch.Size([batch_size, num_local_heads, head_dim_ckv]) and o.dtype == torch.bfloat16
+    return WrapperBatch(q_indptr, kv_indptr, kv_indices, kv_lens, q_nope, q_pe, ckv, kpe, page_size), o, sm_scale
