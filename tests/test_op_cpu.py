@@ -207,8 +207,6 @@ def corrupt(problem, key, how):
     return makers[how]()
 
 
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_split_query_pair_equals_the_whole_query(dtype):
     problem = make_paged_problem([37, 64], q_len=2, heads=4, page_size=16, dtype=dtype, seed=8)
