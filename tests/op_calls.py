@@ -449,7 +449,7 @@ def bend_kv_kind(draw, case, how):
 
 def bend_block_tables(draw, case, how):
     bt = case.block_tables
-    if not isinstance(bt, torch.Tensor) or bt.dim() != 2:
+    if not isinstance(bt, torch.Tensor) or bt.dim() != 2 or bt.is_meta:  # a meta tensor has no values to bend
         return NOTHING
     case.block_tables = {
         "int64": lambda: bt.long(),
@@ -470,6 +470,8 @@ def bend_page_id(draw, case, how):
     bt, sl = case.block_tables, case.seq_lens
     if not (kv_tensors(case) and isinstance(bt, torch.Tensor) and isinstance(sl, torch.Tensor) and bt.dim() == 2):
         return NOTHING
+    if bt.is_meta or sl.is_meta:  # moved to the meta device by an earlier bend: no values to read
+        return NOTHING
     pages = pages_view(parts_of(case.kv_cache)[2]).shape
     lengths = sl.reshape(-1).tolist()[: bt.shape[0]]
     reads = [(b, i) for b, n in enumerate(lengths) for i in range(min(-(-int(n) // pages[1]), bt.shape[1]))]
@@ -485,7 +487,7 @@ def bend_page_id(draw, case, how):
 
 def bend_seq_lens(draw, case, how):
     sl = case.seq_lens
-    if not isinstance(sl, torch.Tensor) or sl.dim() != 1:
+    if not isinstance(sl, torch.Tensor) or sl.dim() != 1 or sl.is_meta:  # a meta tensor has no values to bend
         return NOTHING
     case.seq_lens = {
         "int64": lambda: sl.long(),
