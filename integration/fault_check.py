@@ -526,23 +526,41 @@ def soak_schedule(seed: int, seconds: float) -> list[Arrival]:
         arrivals.append(Arrival(at, prompt, max_tokens, leave))
 
 
+def memory_warmup_s(seconds: float) -> float:
+    """Memory is judged after the longer of SOAK_WARMUP_S and SOAK_WARMUP_SHARE of the soak."""
+    return max(SOAK_WARMUP_S, SOAK_WARMUP_SHARE * seconds)
+
+
+def samples_after_warmup(samples: list[tuple[float, float | None, float | None]], seconds: float) -> int:
+    warmup = memory_warmup_s(seconds)
+    return sum(t >= warmup for t, _, _ in samples)
+
+
 async def soak(server: Served, schedule: list[Arrival]) -> dict:
     """Send ``schedule`` on time, sample memory meanwhile, wait for the last request; the log as it
-    stood before the stop (the stop itself is judged by its exit status)."""
+    stood before the stop (the stop itself is judged by its exit status). Sampling goes on past the
+    last request until the memory judge has its MEMORY_SAMPLES_MIN after warm-up: a busy machine
+    delivers fewer samples than the interval promises."""
     samples: list[tuple[float, float | None, float | None]] = []
     done = asyncio.Event()
+    ended: dict[str, float] = {}
     # The client first: making it can import the HTTP stack, which holds the loop for seconds on a
     # busy machine and would delay the first arrivals and samples against the clock.
     async with client_for(server.port) as client:
         begun = time.monotonic()
 
+        def enough() -> bool:
+            return done.is_set() and samples_after_warmup(samples, ended["seconds"]) >= faults.MEMORY_SAMPLES_MIN
+
         async def sample():
-            while not done.is_set():
+            while not enough():
                 gpu = await asyncio.to_thread(gpu_memory_used_mib)
                 host = await asyncio.to_thread(process_tree_rss_mib, server.process.pid)
                 samples.append((time.monotonic() - begun, gpu, host))
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(done.wait(), SOAK_SAMPLE_S)
+                if done.is_set():
+                    await asyncio.sleep(SOAK_SAMPLE_S)  # the traffic is over: the samples' interval
 
         async def send(arrival: Arrival) -> dict:
             await asyncio.sleep(max(0.0, begun + arrival.at - time.monotonic()))
@@ -553,7 +571,7 @@ async def soak(server: Served, schedule: list[Arrival]) -> dict:
 
         sampler = asyncio.create_task(sample())
         results = await asyncio.gather(*(send(a) for a in schedule))
-    seconds = time.monotonic() - begun
+    ended["seconds"] = seconds = time.monotonic() - begun
     done.set()
     await sampler
     return {"results": results, "seconds": seconds, "samples": samples, "log": server.log.read_text(errors="replace")}
@@ -630,7 +648,7 @@ def part_soak(ctx: Context) -> None:
             f"p50/p99 {whole['p50_ms']:.2f}/{whole['p99_ms']:.2f} ms, {whole['tokens_per_s']:.0f} tok/s",
         ),
     )
-    warmup = max(SOAK_WARMUP_S, SOAK_WARMUP_SHARE * ours["seconds"])
+    warmup = memory_warmup_s(ours["seconds"])
     gpu = [(t, m) for t, m, _ in ours["samples"] if m is not None]
     host = [(t, m) for t, _, m in ours["samples"] if m is not None]
     ctx.details["memory"] = {"warmup_s": warmup, "gpu_mib": gpu, "host_mib": host}
@@ -641,7 +659,7 @@ def part_soak(ctx: Context) -> None:
     ctx.row("server log", faults.judge_log(ours["log"]))
     ctx.row("exit on SIGINT", faults.judge_clean_exit(ours["stop"]["stopped"], ours["stop"]["exit"]))
     if ctx.selftest:
-        growth = 4 * faults.MEMORY_GROWTH_MIB / max(ours["seconds"] - warmup, 1.0)
+        growth = faults.leak_rate_to_catch(gpu, warmup, 4 * faults.MEMORY_GROWTH_MIB)
         ctx.selftest_row("memory that grows", faults.judge_memory_flat(faults.grow_memory(gpu, growth), warmup))
         ctx.selftest_row("an error in the log", faults.judge_log(faults.log_with_error(ours["log"])))
         cut = faults.drop_token([r["tokens"] for _, r in stayed])

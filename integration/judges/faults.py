@@ -28,6 +28,7 @@ IDLE = (RUNNING, WAITING, KV_USAGE)
 
 USAGE_IDLE_MAX = 1e-6  # exactly 0 when every block is free; one block held of a 100k-block pool is 1e-5
 MEMORY_GROWTH_MIB = 256  # GPU memory may move this much between the first and last third after warm-up
+MEMORY_SAMPLES_MIN = 6  # samples after warm-up, fewer are too few to judge
 SPEED_SLACK = 1.5  # ours may be this much slower than the reference (p50, p99 latency; tokens/s)
 LOG_ERROR = re.compile(r"Traceback \(most recent call last\)|\bERROR\b|CUDA error|illegal memory access")
 # vLLM's record prefix: "(APIServer pid=1) WARNING 11-25 07:33:57 [base.py:258] ...", one per line of a record.
@@ -189,10 +190,10 @@ def judge_speed(ours: dict, ref: dict, ref_name: str, slack: float = SPEED_SLACK
 
 def memory_growth(samples: list[tuple[float, float]], warmup_s: float) -> tuple[float, float, float, int] | None:
     """Memory samples ``(seconds since start, MiB)`` after warm-up: the medians of their first and
-    last thirds, the peak and how many there are; None with fewer than 6 (too few to judge). Medians:
-    one allocation spike is not a leak, a steady climb moves the whole last third."""
+    last thirds, the peak and how many there are; None with fewer than MEMORY_SAMPLES_MIN (too few to
+    judge). Medians: one allocation spike is not a leak, a steady climb moves the whole last third."""
     after = [mib for t, mib in samples if t >= warmup_s]
-    if len(after) < 6:
+    if len(after) < MEMORY_SAMPLES_MIN:
         return None
     third = len(after) // 3
     return statistics.median(after[:third]), statistics.median(after[-third:]), max(after), len(after)
@@ -205,7 +206,7 @@ def judge_memory_flat(
     to the last (memory_growth)."""
     growth = memory_growth(samples, warmup_s)
     if growth is None:
-        return False, f"fewer than 6 samples after {warmup_s:.0f} s of warm-up: too few to judge"
+        return False, f"fewer than {MEMORY_SAMPLES_MIN} samples after {warmup_s:.0f} s of warm-up: too few to judge"
     first, last, peak, count = growth
     return last - first <= max_growth_mib, (
         f"{first:.0f} -> {last:.0f} MiB after {warmup_s:.0f} s of warm-up ({last - first:+.0f}, max "
@@ -261,6 +262,15 @@ def drop_token(tokens: list[list[int]]) -> list[list[int]]:
 def leak_block(idle: dict[str, float], blocks: int) -> dict[str, float]:
     """Idle metrics as they would read with one block of a ``blocks`` pool never given back."""
     return {**idle, KV_USAGE: idle.get(KV_USAGE, 0.0) + 1 / max(blocks - 1, 1)}
+
+
+def leak_rate_to_catch(samples: list[tuple[float, float]], warmup_s: float, growth_mib: float) -> float:
+    """MiB/s of a steady leak that moves memory_growth's last-third median ``growth_mib`` above its
+    first-third median, whatever the spacing of the samples the machine delivered."""
+    times = [t for t, _ in samples if t >= warmup_s]
+    third = len(times) // 3
+    spread = statistics.median(times[-third:]) - statistics.median(times[:third]) if third else 0.0
+    return growth_mib / max(spread, 1e-3)
 
 
 def grow_memory(samples: list[tuple[float, float]], mib_per_s: float) -> list[tuple[float, float]]:
