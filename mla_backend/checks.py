@@ -69,11 +69,6 @@ class DecodeProblem:
     def num_pages(self) -> int:
         return self.kv_nope.shape[0]
 
-    @property
-    def max_pages(self) -> int:
-        """Page ids a request may own: the table's columns, or all the ragged ids."""
-        return self.block_tables.shape[1] if self.kv_indptr is None else self.block_tables.numel()
-
     def table_rows(self) -> list[torch.Tensor]:
         """Each request's page ids (reads kv_indptr on the host)."""
         return shapes.ragged_rows(self.block_tables, self.kv_indptr)

@@ -27,6 +27,14 @@ class PagedProblem:
         """``mla_decode``'s positional arguments for this problem."""
         return (self.query, self.kv_cache, workspace, self.block_tables, self.seq_lens, self.max_seq_len)
 
+    def ragged_ids(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(kv_indices, kv_indptr): each request's used page ids of the table, packed as FlashInfer's ragged ids."""
+        page = self.kv_cache.shape[-2]
+        used = [-(-n // page) for n in self.seq_lens.tolist()]
+        indices = torch.cat([row[:n] for row, n in zip(self.block_tables, used)])
+        indptr = torch.tensor([0] + used, device=indices.device).cumsum(0).to(torch.int32)
+        return indices, indptr
+
     def step_plan(self, workspace: torch.Tensor | None, config=None, buffer: torch.Tensor | None = None):
         """``plan_decode`` for this problem's step (None where its calls plan for themselves)."""
         from .step_plan import plan_decode

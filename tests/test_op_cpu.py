@@ -259,16 +259,8 @@ def raising_line(err: BaseException) -> int | None:
     return lines[-1] if lines else None
 
 
-def ragged(problem):
-    """The problem's page ids as FlashInfer's ragged (kv_indices, kv_indptr): each request's used pages."""
-    used = [-(-n // problem.kv_cache.shape[-2]) for n in problem.seq_lens.tolist()]
-    indices = torch.cat([row[:n] for row, n in zip(problem.block_tables, used)])
-    indptr = torch.tensor([0] + used, dtype=torch.int32).cumsum(0, dtype=torch.int32)
-    return indices, indptr
-
-
 def call_ragged(problem, **overrides):
-    indices, indptr = ragged(problem)
+    indices, indptr = problem.ragged_ids()
     args = dict(block_tables=indices, kv_indptr=indptr, bmm1_scale=0.1)
     args.update(overrides)
     block_tables = args.pop("block_tables")
@@ -292,7 +284,7 @@ RAGGED_BAD_INPUTS = {
 
 
 def corrupt_ragged(problem, key, how):
-    indices, indptr = ragged(problem)
+    indices, indptr = problem.ragged_ids()
     makers = {
         "int64": lambda: indptr.long(),
         "short": lambda: indptr[:3],

@@ -27,15 +27,6 @@ def workspace():
     return torch.zeros(256 << 20, dtype=torch.uint8, device="cuda")
 
 
-def ragged(problem) -> tuple[torch.Tensor, torch.Tensor]:
-    """(kv_indices, kv_indptr): each request's used page ids of ``problem``'s table, packed."""
-    page = problem.kv_cache.shape[-2]
-    used = [-(-n // page) for n in problem.seq_lens.tolist()]
-    indices = torch.cat([row[:n] for row, n in zip(problem.block_tables, used)])
-    indptr = torch.tensor([0] + used, device="cuda").cumsum(0).to(torch.int32)
-    return indices, indptr
-
-
 def decode(problem, workspace, *, causal=True, kv_indptr=None, block_tables=None, plan=None):
     """The op on NaN-poisoned out and LSE buffers; returns (out, natural-log LSE)."""
     batch, q_len, heads, _ = problem.query.shape
@@ -77,7 +68,7 @@ def test_small_and_large_pages(workspace, dtype, page_size, heads, q_len):
 def test_ragged_ids_give_the_table_s_result_bit_for_bit(workspace, dtype, page_size, batch):
     lengths = [(977 * b) % 3001 for b in range(batch)]
     problem = make_paged_problem(lengths, 2, 16, page_size, dtype, "cuda", seed=batch)
-    indices, indptr = ragged(problem)
+    indices, indptr = problem.ragged_ids()
     table = decode(problem, workspace)
     by_ids = decode(problem, workspace, kv_indptr=indptr, block_tables=indices)
     assert torch.equal(table[0], by_ids[0]) and torch.equal(table[1], by_ids[1])
@@ -148,7 +139,7 @@ def test_a_graph_of_ragged_ids_replays_with_new_lengths_and_ids(workspace, dtype
     for seed in range(3):
         lengths = [(389 * (b + seed) + seed) % capacity for b in range(batch)]
         fresh = make_paged_problem(lengths, q_len, heads, 1, dtype, "cuda", seed=60 + seed)
-        fresh_indices, fresh_indptr = ragged(fresh)
+        fresh_indices, fresh_indptr = fresh.ragged_ids()
         static.query.copy_(fresh.query)
         static.seq_lens.copy_(fresh.seq_lens)
         static.kv_cache.view(-1)[: fresh.kv_cache.numel()].copy_(fresh.kv_cache.view(-1))

@@ -26,15 +26,6 @@ SHAPES = [(16, 128, 16384), (128, 64, 8192)]  # heads, batch, context
 LAYOUTS = ("page64", "page1", "ragged1", "runs16")
 
 
-def _ragged(problem) -> tuple[torch.Tensor, torch.Tensor]:
-    """(kv_indices, kv_indptr) holding each request's ids of ``problem``'s table."""
-    page = problem.kv_cache.shape[-2]
-    used = [-(-n // page) for n in problem.seq_lens.tolist()]
-    indices = torch.cat([row[:n] for row, n in zip(problem.block_tables, used)])
-    indptr = torch.tensor([0] + used, device=indices.device).cumsum(0).to(torch.int32)
-    return indices, indptr
-
-
 def _token_slots(problem):
     """``problem`` (pages of several tokens) as one slot id a token over a page-size-1 view of its cache."""
     page = problem.kv_cache.shape[-2]
@@ -50,7 +41,7 @@ def _call(problem, workspace, ragged: bool):
     args = problem.decode_args(workspace)
     if not ragged:
         return lambda: mla_decode(*args, bmm1_scale=SM_SCALE, plan=plan)
-    indices, indptr = _ragged(problem)
+    indices, indptr = problem.ragged_ids()
     args = (args[0], args[1], workspace, indices, args[4], args[5])
     return lambda: mla_decode(*args, bmm1_scale=SM_SCALE, plan=plan, kv_indptr=indptr)
 
