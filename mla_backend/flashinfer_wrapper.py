@@ -19,10 +19,10 @@ import torch
 
 from . import shapes
 from .decode import mla_decode
+from .flashinfer_api import LOG2E
 from .fp8_query import quantise_query
 from .wrapper_layout import INT32_LIMIT, KernelLayout, build_layout
 
-LOG2E = 1.0 / math.log(2.0)
 SERVED_BACKENDS = ("auto", "fa2", "fa3")
 # (q_data_type, kv_data_type) the kernels serve; fp8 KV with a bf16 query quantises the query in run.
 PLAN_DTYPES = (
