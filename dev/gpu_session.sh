@@ -26,6 +26,7 @@
 #     TREE: run them in a source tree carried in the checkout, e.g. an ignored copy of a branch, whose
 #     package builds its kernels here with NVCC_APPEND_FLAGS)
 #   | bench | routes | tokenbench (page 64 against one slot id a token and FlashInfer's ragged ids)
+#   | sparsebench (sparse decode, top-k 2048 over fp8_ds_mla, against vLLM's FlashMLA sparse decode)
 #   | profile (Nsight Compute on ours and FlashMLA at SHAPE="heads batch seq [q_len]", FP8, and on the
 #     wheel in .gpu/ab/ as ours_base where carried: two builds of ours side by side; reports in $OUT)
 #   | ab (our times, dev/time_ours.py, alternating the wheel in .gpu/ab/ (base) and .gpu/dist/, 3 rounds)
@@ -238,6 +239,7 @@ for part in ${PART//,/ }; do
     bench) (cd /tmp && run python3 -m mla_backend bench ${QUICK:+--quick} --out "$OUT/bench") ;;
     routes) (cd /tmp && run python3 -m mla_backend bench --route-table --write --out "$OUT/bench") ;;
     tokenbench) (cd /tmp && run python3 -m mla_backend bench --token-indexed) ;;
+    sparsebench) (cd /tmp && run python3 -m mla_backend bench --sparse) ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done

@@ -2,7 +2,9 @@
 
 FlashInfer's MLA decode functions and its ``BatchMLAPagedAttentionWrapper`` are here under their own
 names, signatures and conventions, so switching is a change of import; ``mla_decode`` is the package's own
-op (natural-log LSE), and ``plan_decode`` plans a step's split-KV once for all its layers' calls;
+op (natural-log LSE), ``sparse_mla_decode`` its sparse op (DeepSeek Sparse Attention: per-token
+top-k index lists over a bf16 or fp8_ds_mla cache), and ``plan_decode`` plans a step's split-KV once
+for all its layers' calls;
 ``resolve_route`` says which kernel serves a decode, and why.
 """
 
@@ -17,6 +19,7 @@ from .flashinfer_wrapper import BatchMLAPagedAttentionWrapper
 from .launcher import DecodePlan
 from .reference import mla_decode_reference
 from .route import DecodeShape, Route, resolve_route
+from .sparse import sparse_mla_decode
 from .step_plan import plan_buffer, plan_decode
 
 __version__ = "0.1.0"
@@ -34,6 +37,7 @@ __all__ = [
     "plan_buffer",
     "plan_decode",
     "resolve_route",
+    "sparse_mla_decode",
     "trtllm_batch_decode_with_kv_cache_mla",
     "xqa_batch_decode_with_kv_cache_mla",
 ]

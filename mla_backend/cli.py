@@ -57,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="time two shapes read through 64-token pages, one slot id a token, and FlashInfer's ragged ids",
     )
+    bench.add_argument(
+        "--sparse",
+        action="store_true",
+        help="time sparse decode (top-k 2048, fp8_ds_mla) against FlashMLA's sparse decode where vLLM ships it",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
@@ -76,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         from .tools.bench_token_indexed import main as token_indexed
 
         return token_indexed()
+    if args.sparse:
+        from .tools.bench_sparse import main as sparse_bench
+
+        return sparse_bench()
     if args.route_table:
         from .tools.route_table import main as route_table
 

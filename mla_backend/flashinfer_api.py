@@ -76,10 +76,10 @@ def _check_unserved_keywords(
             backend,
             f"one of {SUPPORTED_BACKENDS} (FlashInfer's cute-dsl, sparse, fa2, fa3 and cutlass are not bundled)",
         )
-    if sparse_mla_top_k != 0:
-        _refuse("sparse_mla_top_k", sparse_mla_top_k, "0 (dense MLA only; sparse-attention models are not served)")
-    if sparse_mla_top_k_lens is not None:
-        _refuse("sparse_mla_top_k_lens", "a tensor", "None (dense MLA only)")
+    if not isinstance(sparse_mla_top_k, int) or isinstance(sparse_mla_top_k, bool) or sparse_mla_top_k < 0:
+        _refuse("sparse_mla_top_k", sparse_mla_top_k, "0 (dense) or the index lists' width K > 0 (sparse)")
+    if sparse_mla_top_k_lens is not None and sparse_mla_top_k == 0:
+        _refuse("sparse_mla_top_k_lens", "a tensor", "None without sparse_mla_top_k")
     if sinks is not None:
         _refuse("sinks", "a value", "None (no attention sinks in the bundled kernels)")
     if skip_softmax_threshold_scale_factor is not None:
@@ -93,7 +93,9 @@ def _check_unserved_keywords(
     if cute_dsl_impl not in CUTE_DSL_IMPLS:
         _refuse("cute_dsl_impl", cute_dsl_impl, f"one of {CUTE_DSL_IMPLS} (unused: no cute-dsl backend here)")
     if kv_scale_format not in KV_SCALE_FORMATS:
-        _refuse("kv_scale_format", kv_scale_format, f"one of {KV_SCALE_FORMATS} (unused by dense decode)")
+        _refuse(
+            "kv_scale_format", kv_scale_format, f"one of {KV_SCALE_FORMATS} (fp8_ds_mla's scales, applied as stored)"
+        )
     if use_fp16_softmax:
         _refuse("use_fp16_softmax", use_fp16_softmax, "None or False (the softmax runs in fp32)")
     if return_lse_base not in LSE_BASES:
@@ -241,8 +243,10 @@ def batch_mla_paged_attention(
     ``max_q_len``, each request 1-8), pages of any power of two from 1 to 1024 tokens, scales as floats or one-element
     fp32 device tensors, cyclic DCP (``enable_dcp``, ``cp_world``, ``cp_rank``,
     ``causal_seqlens_kv_global``: with q_len > 1 each query token runs as its own request, reading
-    the KV once per token). Hints without effect here: ``is_var_seq``, ``cute_dsl_impl``,
-    ``kv_scale_format``, ``multi_ctas_kv_counter_buffer`` (the split-KV merge needs no counters).
+    the KV once per token). Sparse MLA (``sparse_mla_top_k`` > 0, ``sparse_mla_top_k_lens``,
+    ``kv_scale_format``) as FlashInfer's sparse path reads them: flashinfer_sparse.py. Hints without
+    effect here: ``is_var_seq``, ``cute_dsl_impl``, ``multi_ctas_kv_counter_buffer`` (the split-KV merge
+    needs no counters).
     Beyond FlashInfer: ``config`` replaces the settings read from the environment.
     """
     _check_unserved_keywords(
@@ -276,6 +280,19 @@ def batch_mla_paged_attention(
         config=config,
         qk_nope_head_dim=qk_nope_head_dim,
     )
+    if sparse_mla_top_k > 0:
+        if cum_seq_lens_q is not None or max_q_len is not None or enable_dcp is not False:
+            raise ValueError("sparse_mla_top_k takes [B, q_len] queries: no cum_seq_lens_q / max_q_len / enable_dcp")
+        if backend == "trtllm-gen":
+            _refuse("backend", backend, "'auto' or 'xqa' with sparse_mla_top_k (the bundled sparse kernels)")
+        from .flashinfer_sparse import run_flashinfer_sparse
+
+        return run_flashinfer_sparse(
+            query=q, kv_cache=kv, workspace_buffer=workspace_buffer, block_tables=block_tables, seq_lens=seq_lens,
+            sparse_mla_top_k=sparse_mla_top_k, sparse_mla_top_k_lens=sparse_mla_top_k_lens, out=out,
+            bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale, enable_pdl=enable_pdl, lse=lse, return_lse=return_lse,
+            return_lse_base=return_lse_base, config=config,
+        )  # fmt: skip
     if enable_dcp is True and (cum_seq_lens_q is not None or max_q_len is not None):
         raise ValueError("enable_dcp=True does not support cum_seq_lens_q / max_q_len (as in FlashInfer)")
     packed = _check_packed_queries(cum_seq_lens_q, max_q_len, lead)

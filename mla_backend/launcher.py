@@ -16,6 +16,7 @@ import torch
 from .checks import DecodeProblem
 from .config import MLABackendConfig
 from .kernel_constants import TILE_SHAPES
+from .sparse_inputs import KV_FORMAT_CODES, SparseProblem
 
 
 def tile_shape(rows: int, fp8: bool) -> tuple[int, int]:
@@ -211,4 +212,59 @@ def launch_decode(
         bool(enable_pdl),
         problem.kv_indptr,
         problem.causal,
+    )
+
+
+def launch_sparse(
+    problem: SparseProblem,
+    workspace: torch.Tensor | None,
+    config: MLABackendConfig,
+    enable_pdl: bool | None,
+    lse: torch.Tensor | None,
+) -> None:
+    """Launch the sparse kernels for a validated problem: fills ``problem.out`` and, when given, ``lse``
+    (contiguous fp32 [T, H], natural log). Each query token is a one-token request to the BF16 tiles;
+    without a caller's workspace the call takes one for the split count that fills the GPU."""
+    device = problem.device
+    index = load_library(device, config)
+    tokens, heads = problem.tokens, problem.heads
+    row_groups, rf = tile_shape(heads, False)
+    slots = resident_slots(index, False, row_groups, rf)
+    if config.num_kv_splits is not None:
+        splits = config.num_kv_splits
+    else:
+        capacity = workspace_capacity(workspace) if workspace is not None else 1 << 62
+        splits = choose_num_splits(tokens, heads, False, problem.topk, slots, capacity)
+    need = workspace_bytes(tokens, heads, splits)
+    if workspace is None or workspace_capacity(workspace) < need:
+        if workspace is not None and config.num_kv_splits is not None:
+            raise ValueError(
+                f"workspace_buffer holds {workspace_capacity(workspace)} bytes but num_kv_splits={splits} needs {need}"
+            )
+        workspace = torch.empty(need, dtype=torch.uint8, device=device)
+    if enable_pdl is None:
+        enable_pdl = config.enable_pdl
+    if enable_pdl is None:
+        enable_pdl = torch.cuda.get_device_capability(device)[0] >= 9
+    assert lse is None or (lse.is_contiguous() and lse.dtype == torch.float32), "lse: contiguous fp32"
+    query = problem.query.view(tokens, 1, heads, -1)
+    bmm1, bmm1_t = _scale_args(problem.sm_scale)
+    torch.ops.mla_backend.sparse_decode(
+        query[..., :512],
+        query[..., 512:],
+        problem.kv_rows,
+        problem.indices,
+        problem.topk_lens,
+        problem.out,
+        lse,
+        workspace,
+        splits,
+        row_groups,
+        rf,
+        bmm1,
+        bmm1_t,
+        1.0,
+        None,
+        bool(enable_pdl),
+        KV_FORMAT_CODES[problem.kv_format],
     )

@@ -15,6 +15,9 @@ The rules, in the order they apply:
    shape classes the measured table (sm90_table.py) has it faster at, with pages of 64 tokens.
 5. FlashInfer's trtllm-gen reads pages of 16 to 128 tokens: a cache of another page (SGLang's default
    of 1) decodes on the bundled kernels under ``auto``; an explicit ``trtllm-gen`` raises.
+6. Sparse index lists (DeepSeek Sparse Attention: DeepSeek-V3.2, GLM-5) run the bundled kernels on
+   every GPU they are built for, under ``auto`` and ``xqa`` alike (no other kernel here reads them);
+   ``trtllm-gen`` raises, and so does a GPU they are not built for.
 A bundled route names its variant: the architecture's library, the FP8 kernels' products (``fp8_qk``
 and ``fp8_pv``, resolved per architecture by kernel_build.KernelVariant) and the tile its rows
 (heads x query tokens) take.
@@ -284,6 +287,25 @@ def routes_table(config: MLABackendConfig | None = None) -> list[str]:
     return rows
 
 
+def sparse_route(device: torch.device, config: MLABackendConfig) -> Route:
+    """Rule 6: the route of a sparse decode call on a CUDA ``device``; raises ``BackendUnavailableError``
+    where the bundled kernels cannot serve it."""
+    capability = config.capability(torch.cuda.get_device_capability(device))
+    cc = _cc(capability)
+    arch = bundled_arch(capability)
+    if config.backend == "trtllm-gen":
+        raise BackendUnavailableError(
+            "sparse MLA decode runs the bundled kernels; backend='trtllm-gen' has no sparse path here "
+            "(use backend='auto' or 'xqa')"
+        )
+    if arch is None:
+        raise BackendUnavailableError(
+            f"sparse MLA decode needs compute capability {served_capabilities()} (the bundled kernels); "
+            f"this GPU is {cc}"
+        )
+    return Route("bundled", f"sparse index lists: SM {cc} -> bundled mma.sync kernels", "none", arch)
+
+
 __all__ = [
     "OP",
     "TRTLLM_GEN_PAGE_SIZES",
@@ -295,4 +317,5 @@ __all__ = [
     "op_route",
     "resolve_route",
     "routes_table",
+    "sparse_route",
 ]

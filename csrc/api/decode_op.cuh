@@ -113,6 +113,8 @@ inline void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor b
   p.heads_recip = ((1 << 20) + p.heads - 1) / p.heads;
   p.page_shift = shift;
   p.max_pages = static_cast<int>(max_pages);
+  MLA_INVARIANT(kv.size(0) <= INT_MAX, "kv: at most 2^31 - 1 pages (int32 page ids)");
+  p.num_pages = static_cast<int>(kv.size(0));
   p.kv_indptr = kv_indptr.has_value() ? static_cast<const int*>(kv_indptr->data_ptr()) : nullptr;
   p.bt_stride = kv_indptr.has_value() ? 0 : static_cast<int>(block_tables.stride(0));
   p.causal = causal ? 1 : 0;

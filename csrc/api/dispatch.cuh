@@ -66,16 +66,18 @@ auto with_tile_shape(bool fp8, int64_t row_groups, int64_t rf, const Fn& fn) {
   STD_TORCH_CHECK(false, "mla_backend: no kernel built for fp8=", fp8, " row_groups=", row_groups, " rf=", rf);
 }
 
-// The decode kernel of a tile shape, its threads and the shared memory it asks for.
-template <bool FP8, int ROW_GROUPS, int RF>
+// The decode kernel of a tile shape and KV format, its threads and the shared memory it asks for.
+// fp8_ds_mla rows convert in registers on their way to shared memory, which the warp-specialized
+// loader (24 registers a thread) cannot: they run the v1 kernel everywhere.
+template <bool FP8, int ROW_GROUPS, int RF, KvFormat KV = KvFormat::kPlain>
 struct DecodeKernel {
   using C = TileConfig<FP8, ROW_GROUPS, RF>;
-  static constexpr bool kWs = kWarpSpecialized<FP8, ROW_GROUPS, RF>;
+  static constexpr bool kWs = KV == KvFormat::kPlain && kWarpSpecialized<FP8, ROW_GROUPS, RF>;
   static auto kernel() {
     if constexpr (kWs)
       return mla_decode_ws_kernel<C>;
     else
-      return mla_decode_kernel<FP8, ROW_GROUPS, RF>;
+      return mla_decode_kernel<FP8, ROW_GROUPS, RF, KV>;
   }
   static constexpr int kThreads = kWs ? WsLayout<C>::kThreads : C::kThreads;
   static constexpr int kSmemBytes = smem_request(kWs ? WsLayout<C>::kSmemBytes : C::kSmemBytes);
@@ -85,9 +87,20 @@ struct LaunchDecode {
   const DecodeParams& params;
   cudaStream_t stream;
   bool pdl;
+  KvFormat kv_format = KvFormat::kPlain;
   template <bool FP8, int ROW_GROUPS, int RF>
   void operator()() const {
-    using K = DecodeKernel<FP8, ROW_GROUPS, RF>;
+    if constexpr (FP8) {
+      STD_TORCH_CHECK(kv_format == KvFormat::kPlain, "mla_backend: fp8_ds_mla KV runs a BF16 tile");
+      launch_kernel<DecodeKernel<FP8, ROW_GROUPS, RF>>();
+    } else if (kv_format == KvFormat::kDsMla) {
+      launch_kernel<DecodeKernel<FP8, ROW_GROUPS, RF, KvFormat::kDsMla>>();
+    } else {
+      launch_kernel<DecodeKernel<FP8, ROW_GROUPS, RF>>();
+    }
+  }
+  template <class K>
+  void launch_kernel() const {
     // With a plan, grid.y covers its largest item count (plan/plan_kernel.cuh); CTAs past the step's
     // items return.
     const int row_blocks = (params.rows + K::C::kTileRows - 1) / K::C::kTileRows;

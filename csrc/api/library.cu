@@ -7,6 +7,7 @@
 #include "api/decode_op.cuh"
 #include "api/dispatch.cuh"
 #include "api/schedule_ops.h"
+#include "api/sparse_op.cuh"
 
 STABLE_TORCH_LIBRARY(mla_backend, m) {
   m.def(
@@ -16,6 +17,10 @@ STABLE_TORCH_LIBRARY(mla_backend, m) {
       "Tensor(c!) workspace, int max_seq_len, int num_splits, int plan_pieces, Tensor? plan, int row_groups, int rf, "
       "float bmm1, Tensor? bmm1_tensor, float bmm2, Tensor? bmm2_tensor, bool pdl, Tensor? kv_indptr, bool causal) "
       "-> ()");
+  m.def(
+      "sparse_decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor indices, Tensor topk_lens, Tensor(a!) out, "
+      "Tensor(b!)? lse, Tensor(c!) workspace, int num_splits, int row_groups, int rf, float bmm1, Tensor? bmm1_tensor, "
+      "float bmm2, Tensor? bmm2_tensor, bool pdl, int kv_format) -> ()");
   m.def("plan(Tensor seq_lens, Tensor(a!) plan, int max_pages, int page_size, int plan_pieces) -> ()");
   m.def("ctas_per_sm(bool fp8, int row_groups, int rf) -> int");
   m.def("plan_ints(int batch, int plan_pieces) -> int");
@@ -28,6 +33,7 @@ STABLE_TORCH_LIBRARY(mla_backend, m) {
 
 STABLE_TORCH_LIBRARY_IMPL(mla_backend, CUDA, m) {
   m.impl("decode", TORCH_BOX(&mla::decode));
+  m.impl("sparse_decode", TORCH_BOX(&mla::sparse_decode));
   m.impl("plan", TORCH_BOX(&mla::plan));
 }
 

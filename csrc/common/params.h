@@ -11,6 +11,10 @@
 
 namespace mla {
 
+// How KV rows are stored: the query dtype's plain rows (576 values), or DeepSeek's fp8_ds_mla rows of
+// 656 bytes (decode/load_kv_ds_mla.cuh), read by a BF16 tile.
+enum class KvFormat : int { kPlain = 0, kDsMla = 1 };
+
 struct DecodeParams {
   const uint8_t* q_nope;       // [B, q_len, H, 512] latent part of Q, rows contiguous
   const uint8_t* q_pe;         // [B, q_len, H, 64] rope part (a separate tensor or a view of one Q)
@@ -38,6 +42,9 @@ struct DecodeParams {
   int heads_recip;           // ceil(2^20 / heads): row / heads == (row * heads_recip) >> 20 for rows < 1024
   int page_shift;            // log2(page_size): 0 for a token-indexed cache (one slot id a token)
   int max_pages;             // block-table columns: never read past them (the ragged ids' count)
+  int num_pages;             // pages of the cache: an id outside [0, num_pages) reads as no page
+  int sparse;                // 1: entries are per-token slot ids of a sparse index list (page size 1), and
+                             // an id outside the cache (-1: an empty entry) is masked out of the softmax
   int max_seq_len;           // the host's bound on seq_lens (<= max_pages * page_size): a guess
                              // that lets page ids be fetched before seq_len arrives
   int causal;                // query token i of q_len sees seq_len - q_len + i + 1 keys; else seq_len
@@ -84,6 +91,11 @@ __device__ __forceinline__ TableRow table_row(const DecodeParams& p, int b) {
   if (p.kv_indptr == nullptr) return {p.block_tables + static_cast<long long>(b) * p.bt_stride, p.max_pages};
   const int begin = __ldg(p.kv_indptr + b);
   return {p.block_tables + begin, max(0, min(__ldg(p.kv_indptr + b + 1) - begin, p.max_pages))};
+}
+
+// A page id the kernels may read: one in [0, num_pages); -1 for any other (a sparse list's empty entry).
+__device__ __forceinline__ int checked_page(const DecodeParams& p, int id) {
+  return static_cast<unsigned>(id) < static_cast<unsigned>(p.num_pages) ? id : -1;
 }
 
 // A request's length as the kernels read it: never past what its page ids address.

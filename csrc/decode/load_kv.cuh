@@ -1,7 +1,7 @@
 // KV tiles from the paged cache into the shared-memory ring. Thread i loads token i / kThreadsPerToken
 // of a tile, so it looks up one page per tile; the page id is fetched a tile ahead (page_of), which
-// keeps the block-table read off the critical path. Tokens at or past seq_len are zero-filled, so a
-// tile is always whole.
+// keeps the block-table read off the critical path. Tokens at or past seq_len, and ids outside the
+// cache, are zero-filled, so a tile is always whole.
 #pragma once
 
 #include <stdint.h>
@@ -18,9 +18,9 @@ __device__ __forceinline__ int kv_pos(int tile) {
   return tile * kBlockN + threadIdx.x / C::kThreadsPerToken;
 }
 
-// Page id of the token at pos, or -1 past seq_len.
+// Page id of the token at pos, or -1 past seq_len or where the id is outside the cache.
 __device__ __forceinline__ int page_at(const DecodeParams& p, const int* bt_row, int pos, int seq_len) {
-  return pos < seq_len ? __ldg(bt_row + (pos >> p.page_shift)) : -1;
+  return pos < seq_len ? checked_page(p, __ldg(bt_row + (pos >> p.page_shift))) : -1;
 }
 
 // Page id of this thread's token of a tile, or -1 past seq_len.

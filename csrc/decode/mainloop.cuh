@@ -21,6 +21,7 @@
 #include "common/ptx.cuh"
 #include "decode/epilogue.cuh"
 #include "decode/load_kv.cuh"
+#include "decode/load_kv_ds_mla.cuh"
 #include "decode/load_q.cuh"
 #include "decode/qk_pv.cuh"
 #include "decode/softmax.cuh"
@@ -28,10 +29,15 @@
 
 namespace mla {
 
-template <bool FP8, int ROW_GROUPS, int RF>
+template <bool FP8, int ROW_GROUPS, int RF, KvFormat KV = KvFormat::kPlain>
 __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     mla_decode_kernel(const __grid_constant__ DecodeParams p) {
   using C = TileConfig<FP8, ROW_GROUPS, RF>;
+  // fp8_ds_mla rows go through registers (load_kv_ds_mla.cuh): a tile is fetched one tile before it is
+  // stored, so two stages hold the tile read now and the one stored for the next.
+  constexpr bool kDsMla = KV == KvFormat::kDsMla;
+  static_assert(!kDsMla || C::kStages == 2, "fp8_ds_mla tiles load in the two-stage (BF16) loop");
+  [[maybe_unused]] std::conditional_t<kDsMla, DsMlaTileLoad<C>, NoDsMlaLoad> ds_load;
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t kv_smem = smem_u32(smem);
   float* scores = reinterpret_cast<float*>(smem + C::kScoresOffset);
@@ -79,6 +85,8 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   // Causal over the q_len new tokens: row r sees positions < seq_len - q_len + r / heads + 1, so
   // only tiles reaching past seq_len - q_len need a mask (rows past the problem have Q = 0).
   const int first_masked = first_masked_position(p, seq_len);
+  // Sparse lists come with bf16 queries only: the FP8 tiles never mask (registers they lack).
+  const int* const sparse_ids = !C::kFp8 && p.sparse ? bt_row : nullptr;
 
   const uint32_t p_smem = kv_smem + C::kPOffset;
   float* corr_smem = reinterpret_cast<float*>(smem + C::kCorrOffset);
@@ -93,7 +101,14 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
 
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
-    if (tile_begin + s < tile_end) load_kv_tile<C>(kv_smem + s * C::kStageBytes, p, tile_begin + s, first_page(s));
+    if constexpr (kDsMla) {
+      if (tile_begin + s < tile_end) {
+        ds_load.fetch(p, tile_begin + s, first_page(s));
+        ds_load.store(kv_smem + s * C::kStageBytes);
+      }
+    } else if (tile_begin + s < tile_end) {
+      load_kv_tile<C>(kv_smem + s * C::kStageBytes, p, tile_begin + s, first_page(s));
+    }
     // Q joins the first tile's group (cp.async), or is widened to f16 while the tiles load.
     if constexpr (C::kQInSmem) {
       if (s == 0) q_load.finish(q_smem);
@@ -101,6 +116,11 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     cp_async_commit();
   }
   int next_page = page_of<C>(p, bt_row, tile_begin + C::kStages - 1, seq_len);
+  // fp8_ds_mla: the tile after the first is fetched now, stored at the first tile's refill.
+  if constexpr (kDsMla) {
+    if (tile_begin + 1 < tile_end) ds_load.fetch(p, tile_begin + 1, next_page);
+    next_page = page_of<C>(p, bt_row, tile_begin + 2, seq_len);
+  }
   // Ring positions (byte offsets) of the tile read now and of the tile loaded now, rotated by
   // compare-and-wrap rather than a modulo.
   uint32_t read_off = 0, fill_off = (C::kStages - 1) * C::kStageBytes;
@@ -109,9 +129,15 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   };
   auto load_ahead = [&](int tile) {  // tile + kStages - 1 into the stage freed last
     const int next = tile + C::kStages - 1;
-    if (next < tile_end) load_kv_tile<C>(kv_smem + fill_off, p, next, next_page);
-    cp_async_commit();
-    next_page = page_of<C>(p, bt_row, next + 1, seq_len);  // consumed next iteration
+    if constexpr (kDsMla) {  // tile + 1 from registers; tile + 2 into them
+      if (next < tile_end) ds_load.store(kv_smem + fill_off);
+      if (next + 1 < tile_end) ds_load.fetch(p, next + 1, next_page);
+      next_page = page_of<C>(p, bt_row, next + 2, seq_len);
+    } else {
+      if (next < tile_end) load_kv_tile<C>(kv_smem + fill_off, p, next, next_page);
+      cp_async_commit();
+      next_page = page_of<C>(p, bt_row, next + 1, seq_len);  // consumed next iteration
+    }
     fill_off = advance(fill_off);
   };
 
@@ -148,7 +174,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     store_partial_scores<C>(scores, sc, w);
     __syncthreads();  // partial scores complete; every warp is past the previous tile's P.V
     if constexpr (kPipelined) load_ahead(tile);
-    softmax.update(scores, p, tile, first_masked, seq_len, scale_log2, p_smem, corr_smem, w);
+    softmax.update(scores, p, tile, first_masked, seq_len, scale_log2, p_smem, corr_smem, w, sparse_ids);
     if constexpr (kPipelined) cp_async_wait<C::kStages - 2>();  // the next tile, for its QK^T
     __syncthreads();                                            // P and the rescale factors complete
 

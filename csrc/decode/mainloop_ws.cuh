@@ -183,6 +183,8 @@ __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
     }
     const float scale_log2 = read_scale(p.bmm1_ptr, p.bmm1) * kLog2e;
     const int first_masked = first_masked_position(p, seq_len);
+    // Sparse lists come with bf16 queries only: the FP8 tiles never mask (registers they lack).
+    const int* const sparse_ids = !C::kFp8 && p.sparse ? bt_row : nullptr;
     OnlineSoftmax<C> softmax(w.wr * C::kRowsPerWarp + w.wd * C::kSoftRows,
                              reinterpret_cast<float*>(smem + C::kExactSumOffset), lane);
 
@@ -202,7 +204,7 @@ __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
       const int buffer = i & 1;
       const uint32_t p_smem = kv_smem + (buffer ? L::kP1Offset : C::kPOffset);
       float* corr_smem = reinterpret_cast<float*>(smem + (buffer ? L::kCorr1Offset : C::kCorrOffset));
-      softmax.update(scores, p, tile, first_masked, seq_len, scale_log2, p_smem, corr_smem, w);
+      softmax.update(scores, p, tile, first_masked, seq_len, scale_log2, p_smem, corr_smem, w, sparse_ids);
       mbarrier_arrive(p_full(i));
     }
     named_barrier_sync(L::kScoreBarrier, L::kRoleThreads);  // every S warp is done with the scores

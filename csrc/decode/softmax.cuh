@@ -62,12 +62,13 @@ struct OnlineSoftmax {
     }
   }
 
-  // One tile: sum the partial scores, mask (causal over the q_len new tokens, and seq_len), update
+  // One tile: sum the partial scores, mask (causal over the q_len new tokens, seq_len, and a sparse
+  // list's empty entries where sparse_ids is its row, else nullptr), update
   // the running maximum and sum, write P and each row's rescale factor to shared memory.
   // first_masked: the first position some row may not see (only tiles reaching it are masked).
   __device__ __forceinline__ void update(const float* scores, const DecodeParams& p, int tile, int first_masked,
                                          int seq_len, float scale_log2, uint32_t p_smem, float* corr_smem,
-                                         const WarpRole& w) {
+                                         const WarpRole& w, const int* sparse_ids) {
     const int lane = w.lane;
     const bool masked_tile = (tile + 1) * kBlockN > first_masked;
 #pragma unroll
@@ -88,7 +89,11 @@ struct OnlineSoftmax {
       float mx = -INFINITY;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        x[e] = tile * kBlockN + tok0 + e < limit ? x[e] * scale_log2 : -INFINITY;
+        const int pos = tile * kBlockN + tok0 + e;
+        bool visible = pos < limit;
+        // A sparse list's empty entries (ids outside the cache) are masked; the loader zero-filled them.
+        if (sparse_ids != nullptr && visible) visible = checked_page(p, __ldg(sparse_ids + pos)) >= 0;
+        x[e] = visible ? x[e] * scale_log2 : -INFINITY;
         mx = fmaxf(mx, x[e]);
       }
 #pragma unroll
