@@ -137,6 +137,8 @@ def sparse_mla_reference(
         part = slice(start, start + step)
         count = safe[part].shape[0]
         gathered = keys.index_select(0, safe[part].reshape(-1)).view(count, slots.shape[1], dim)  # [t, K, D]
+        # Masked entries weigh nothing, and their stand-in row (row 0, NaN in a poisoned cache) adds nothing.
+        gathered.masked_fill_(~valid[part, :, None], 0.0)
         logits = torch.matmul(q[part], gathered.mT).mul_(scale_value(sm_scale))  # [t, H, K]
         logits.masked_fill_(~valid[part, None, :], -math.inf)
         part_lse = torch.logsumexp(logits, dim=-1)  # -inf where a token has no valid entry
