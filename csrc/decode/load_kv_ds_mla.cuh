@@ -1,7 +1,11 @@
 // KV tiles from the fp8_ds_mla cache (DeepSeek-V3.2, GLM-5): rows of 656 bytes, 512 e4m3 latent values,
 // four fp32 scales (scale j multiplies values 128 j .. 128 j + 127), then 64 bf16 rope values. They are
-// dequantised on their way into shared memory, into the BF16 tile layout, so the BF16 kernel's QK^T,
-// softmax and P.V run on them unchanged and Q stays in bf16 (as the models' reference kernels compute).
+// widened on their way into shared memory into the BF16 tile layout, unscaled (e4m3 is exact in bf16),
+// each row's four scales in its 16-byte pad, so the BF16 kernel's QK^T, softmax and P.V run on them with
+// Q in bf16. The scales join after the products: each warp's dim quarter is one scale tile, so its partial
+// scores are scaled per token once its latent steps are done (exact to fp32 for any scale, where a scaled
+// value in bf16 would round: GLM's scales are not powers of two), and its P fragments per token before
+// P.V (one bf16 rounding of P x scale, as the plain path rounds P).
 // A conversion sits between global and shared memory, so the copies go through registers: fetch()
 // issues a tile's loads and store() converts and writes them one tile later, once they have landed;
 // the tile's compute in between hides their latency.
@@ -19,6 +23,13 @@ constexpr int kDsMlaScaleOffset = kDimV;                  // bytes: after the 51
 constexpr int kDsMlaRopeOffset = kDsMlaScaleOffset + 16;  // after the four fp32 scales
 constexpr int kDsMlaRowBytes = kDsMlaRopeOffset + kRopeDim * 2;
 static_assert(kDsMlaRowBytes == 656, "fp8_ds_mla rows are 656 bytes");
+constexpr int kScalesInRow = kHeadDim * 2;  // the shared-memory row's pad: its four scales
+
+// Scale tile `tile` of the token at row `tok` of a stage.
+template <class C>
+__device__ __forceinline__ float row_scale(uint32_t stage, int tok, int tile) {
+  return ld_shared_f32(stage + tok * C::kSmemRowBytes + kScalesInRow + 4 * tile);
+}
 
 struct NoDsMlaLoad {};  // plain rows: cp.async (load_kv.cuh)
 
@@ -60,15 +71,14 @@ struct DsMlaTileLoad {
       rope[i] = __ldg(reinterpret_cast<const uint4*>(row + kDsMlaRopeOffset) + i * kThreadsPerToken + first);
   }
 
-  // The fetched share, dequantised to bf16, into its row of the stage.
+  // The fetched share, widened to bf16 (unscaled), into its row of the stage; the first thread of a
+  // token writes its scales into the row's pad.
   __device__ __forceinline__ void store(uint32_t stage) const {
     const int tok = threadIdx.x / kThreadsPerToken, first = threadIdx.x % kThreadsPerToken;
     const uint32_t dst = stage + tok * C::kSmemRowBytes;
-    const float scale[4] = {scales.x, scales.y, scales.z, scales.w};
 #pragma unroll
     for (int i = 0; i < kLatentChunks; ++i) {
-      const int chunk = i * kThreadsPerToken + first;  // 16 values, all in scale tile chunk / 8
-      const float s = scale[chunk / 8];
+      const int chunk = i * kThreadsPerToken + first;
       const uint32_t words[4] = {latent[i].x, latent[i].y, latent[i].z, latent[i].w};
       uint32_t out[8];
 #pragma unroll
@@ -76,16 +86,58 @@ struct DsMlaTileLoad {
         uint32_t lo, hi;
         e4m3x4_to_f16x4(words[k], lo, hi);
         const float2 a = unpack2<true>(lo), b = unpack2<true>(hi);
-        out[2 * k] = pack2<false>(a.x * s, a.y * s);
-        out[2 * k + 1] = pack2<false>(b.x * s, b.y * s);
+        out[2 * k] = pack2<false>(a.x, a.y);
+        out[2 * k + 1] = pack2<false>(b.x, b.y);
       }
       st_shared_v4(dst + chunk * 32, out[0], out[1], out[2], out[3]);
       st_shared_v4(dst + chunk * 32 + 16, out[4], out[5], out[6], out[7]);
     }
+    if (first == 0)
+      st_shared_v4(dst + kScalesInRow, __float_as_uint(scales.x), __float_as_uint(scales.y), __float_as_uint(scales.z),
+                   __float_as_uint(scales.w));
 #pragma unroll
     for (int i = 0; i < kRopeChunks; ++i)
       st_shared_v4(dst + kDimV * 2 + (i * kThreadsPerToken + first) * 16, rope[i].x, rope[i].y, rope[i].z, rope[i].w);
   }
 };
+
+// This warp's latent partial scores (its dim quarter, scale tile wd), scaled per token: accumulator
+// columns of n-tile j are tokens 8 j + 2 t and 8 j + 2 t + 1.
+template <class C>
+__device__ __forceinline__ void scale_latent_scores(float (&sc)[C::kFragments][4][4], uint32_t stage,
+                                                    const WarpRole& w) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float s0 = row_scale<C>(stage, 8 * j + 2 * w.t, w.wd), s1 = row_scale<C>(stage, 8 * j + 2 * w.t + 1, w.wd);
+#pragma unroll
+    for (int f = 0; f < C::kFragments; ++f) {
+      sc[f][j][0] *= s0;
+      sc[f][j][1] *= s1;
+      sc[f][j][2] *= s0;
+      sc[f][j][3] *= s1;
+    }
+  }
+}
+
+// This warp's P fragments times its scale tile per token, for P.V on the unscaled values: in A
+// fragment kk, registers 0-1 hold tokens 16 kk + 2 t, + 1 and registers 2-3 the same 8 tokens on.
+template <class C>
+__device__ __forceinline__ void scale_p_fragments(uint32_t (&pf)[C::kFragments][2][4], uint32_t stage,
+                                                  const WarpRole& w) {
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int tok = 16 * kk + 8 * half + 2 * w.t;
+      const float s0 = row_scale<C>(stage, tok, w.wd), s1 = row_scale<C>(stage, tok + 1, w.wd);
+#pragma unroll
+      for (int f = 0; f < C::kFragments; ++f)
+#pragma unroll
+        for (int r = 2 * half; r < 2 * half + 2; ++r) {
+          const float2 v = unpack2<false>(pf[f][kk][r]);
+          pf[f][kk][r] = pack2<false>(v.x * s0, v.y * s1);
+        }
+    }
+}
 
 }  // namespace mla

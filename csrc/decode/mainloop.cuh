@@ -168,7 +168,10 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
       load_ahead(tile);
       zero_fill(sc);
 #pragma unroll
-      for (int i = 0; i < C::kQkSteps; ++i) qk_step<C>(sc, stage, i, w, q_smem, qf);
+      for (int i = 0; i < C::kQkSteps; ++i) {
+        if (kDsMla && i == C::kNopeChunks) scale_latent_scores<C>(sc, stage, w);  // before the rope step
+        qk_step<C>(sc, stage, i, w, q_smem, qf);
+      }
     }
 
     store_partial_scores<C>(scores, sc, w);
@@ -184,6 +187,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     for (int f = 0; f < RF; ++f)
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) ldmatrix_a<C>(pf[f][kk], w, p_smem, C::kPRowBytes, f, kk * 32);
+    if constexpr (kDsMla) scale_p_fragments<C>(pf, stage, w);
 
     // O += P.V; in the pipeline, interleaved step by step with QK^T of the next tile.
     if (kPipelined && tile + 1 < tile_end) {
