@@ -3,8 +3,8 @@ SM against 32-row tiles at one), at the bench's shapes, through the op directly.
 
 import torch
 
-from mla_backend.launcher import choose_num_splits, load_library, resident_slots, workspace_bytes
 from mla_backend.config import default_config
+from mla_backend.launcher import choose_num_splits, load_library, resident_slots, workspace_bytes
 from mla_backend.sparse_inputs import check_sparse_inputs
 from mla_backend.sparse_problems import make_sparse_case
 from mla_backend.tools.bench import copies_past_l2, time_graph
@@ -24,8 +24,25 @@ for heads, tokens in [(16, 64), (64, 64), (128, 16), (128, 128)]:
             p = check_sparse_inputs(c.query, c.kv_cache, c.indices, c.sm_scale, None, None)
             ws = torch.empty(workspace_bytes(tokens, heads, splits), dtype=torch.uint8, device="cuda")
             q = p.query.view(tokens, 1, heads, 576)
-            args = (q[..., :512], q[..., 512:], p.kv_rows, p.indices, p.topk_lens, p.out, None, ws, splits, rg, rf,
-                    p.sm_scale, None, 1.0, None, True, 1)
+            args = (
+                q[..., :512],
+                q[..., 512:],
+                p.kv_rows,
+                p.indices,
+                p.topk_lens,
+                p.out,
+                None,
+                ws,
+                splits,
+                rg,
+                rf,
+                p.sm_scale,
+                None,
+                1.0,
+                None,
+                True,
+                1,
+            )
             calls.append(lambda a=args: torch.ops.mla_backend.sparse_decode(*a))
         us = time_graph(calls)
         cells.append(f"rg{rg}: {us:7.1f} us ({slots // 132} CTA/SM, {splits} splits)")

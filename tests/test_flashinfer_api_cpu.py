@@ -304,7 +304,10 @@ DCP_REFUSALS = {
     "varlen": (dict(enable_dcp=True, cp_world=2, cum_seq_lens_q="cum"), ValueError, "does not support cum_seq_lens_q"),
 }
 REFUSALS = {
-    "sparse_mla_top_k": (dict(sparse_mla_top_k=64), ValueError, "sparse_mla_top_k=64"),
+    # sparse_mla_top_k > 0 takes the sparse path (tests/test_sparse_cpu.py), which checks its own arguments.
+    "sparse bmm2": (dict(sparse_mla_top_k=64), ValueError, "bmm2_scale must be 1.0"),
+    "sparse lists": (dict(sparse_mla_top_k=64, bmm2_scale=1.0), ValueError, "block_tables must be the index lists"),
+    "sparse top_k": (dict(sparse_mla_top_k=-2), ValueError, "sparse_mla_top_k=-2"),
     "sparse lens": (dict(sparse_mla_top_k_lens=torch.ones(8, dtype=torch.int32)), ValueError, "sparse_mla_top_k_lens"),
     "sinks": (dict(sinks=[torch.zeros(4)]), ValueError, "sinks="),
     "skip softmax": (
