@@ -154,18 +154,24 @@ WS_16_ROWS = "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb1ELi1ELi1EEEEEvNS_
 WS_32_ROWS = "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb1ELi1ELi2EEEEEvNS_12DecodeParamsE"
 WS_BF16_16_ROWS = "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb0ELi1ELi1EEEEEvNS_12DecodeParamsE"
 WS_BF16_32_ROWS = "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb0ELi2ELi1EEEEEvNS_12DecodeParamsE"
-V1_FP8_16_ROWS = "_ZN3mla17mla_decode_kernelILb1ELi1ELi1EEEvNS_12DecodeParamsE"  # mla_decode_kernel<true, 1, 1>
-V1_FP8_32_ROWS = "_ZN3mla17mla_decode_kernelILb1ELi1ELi2EEEvNS_12DecodeParamsE"  # mla_decode_kernel<true, 1, 2>
-V1_BF16_16_ROWS = "_ZN3mla17mla_decode_kernelILb0ELi1ELi1EEEvNS_12DecodeParamsE"  # mla_decode_kernel<false, 1, 1>
-V1_BF16_32_ROWS = "_ZN3mla17mla_decode_kernelILb0ELi2ELi1EEEvNS_12DecodeParamsE"  # mla_decode_kernel<false, 2, 1>
+# mla_decode_kernel<fp8, row groups, fragments, KvFormat>: plain rows (0), fp8_ds_mla rows (1).
+V1_FP8_16_ROWS = "_ZN3mla17mla_decode_kernelILb1ELi1ELi1ELNS_8KvFormatE0EEEvNS_12DecodeParamsE"
+V1_FP8_32_ROWS = "_ZN3mla17mla_decode_kernelILb1ELi1ELi2ELNS_8KvFormatE0EEEvNS_12DecodeParamsE"
+V1_BF16_16_ROWS = "_ZN3mla17mla_decode_kernelILb0ELi1ELi1ELNS_8KvFormatE0EEEvNS_12DecodeParamsE"
+V1_BF16_32_ROWS = "_ZN3mla17mla_decode_kernelILb0ELi2ELi1ELNS_8KvFormatE0EEEvNS_12DecodeParamsE"
+V1_DS_MLA = [  # the fp8_ds_mla tiles (BF16 at 16 and 32 rows): v1 on every architecture
+    "_ZN3mla17mla_decode_kernelILb0ELi1ELi1ELNS_8KvFormatE1EEEvNS_12DecodeParamsE",
+    "_ZN3mla17mla_decode_kernelILb0ELi2ELi1ELNS_8KvFormatE1EEEvNS_12DecodeParamsE",
+]
 
 
 def test_sm120_runs_every_tile_on_the_warp_specialized_kernel(built):
-    """On sm_120a (one CTA per SM) every tile, FP8 at 16 and 32 rows and BF16 at 16 and at 32 (two row
-    groups), is the warp-specialized kernel: FP8 QK^T on native QMMA and P.V on f16-accumulating HMMA,
-    BF16 both on HMMA with fp32 sums; handed over through mbarriers, the KV loaded by a warpgroup of its
-    own that hands its registers to the others. No v1 instance is built there. sm_90a keeps v1's (two
-    CTAs per SM) and builds no warp-specialized kernel."""
+    """On sm_120a (one CTA per SM) every tile of plain rows, FP8 at 16 and 32 rows and BF16 at 16 and at
+    32 (two row groups), is the warp-specialized kernel: FP8 QK^T on native QMMA and P.V on
+    f16-accumulating HMMA, BF16 both on HMMA with fp32 sums; handed over through mbarriers, the KV
+    loaded by a warpgroup of its own that hands its registers to the others. The only v1 instances
+    there are the fp8_ds_mla tiles (their rows convert in registers, which the loader warpgroup lacks).
+    sm_90a keeps v1's (two CTAs per SM) and builds no warp-specialized kernel."""
     sm120 = kernels(sass(built["sm_120a"]))
     ws = {name: code for name, code in sm120.items() if "mla_decode_ws_kernel" in name}
     assert sorted(ws) == sorted([WS_16_ROWS, WS_32_ROWS, WS_BF16_16_ROWS, WS_BF16_32_ROWS])
@@ -178,16 +184,16 @@ def test_sm120_runs_every_tile_on_the_warp_specialized_kernel(built):
         assert re.search(r"\bARRIVES\.LDGSTSBAR\b", code), "the loader's copies arrive on the stage's mbarrier"
         assert re.search(r"USETMAXREG\.DEALLOC", code) and re.search(r"USETMAXREG\.TRY_ALLOC", code), "registers traded"
         assert not re.search(r"\b(LDL|STL)\b", code)
-    assert not [name for name in sm120 if name.startswith("_ZN3mla17mla_decode_kernel")]  # v1's instances
+    assert sorted(name for name in sm120 if name.startswith("_ZN3mla17mla_decode_kernel")) == sorted(V1_DS_MLA)
     sm90 = kernels(sass(built["sm_90a"]))
-    assert {V1_FP8_16_ROWS, V1_FP8_32_ROWS, V1_BF16_16_ROWS, V1_BF16_32_ROWS} <= set(sm90)
+    assert {V1_FP8_16_ROWS, V1_FP8_32_ROWS, V1_BF16_16_ROWS, V1_BF16_32_ROWS, *V1_DS_MLA} <= set(sm90)
     assert not [name for name in sm90 if "mla_decode_ws_kernel" in name]
 
 
 def test_the_sm120_dev_profile_builds_sm120s_kernels_for_sm_90a(tmp_path):
     """dev/profiles/sm120_on_sm90.h (force-included through NVCC_APPEND_FLAGS, the dev workflow that
     runs SM120's build on a Hopper GPU) gives sm_90a SM120's choice: the four warp-specialized
-    instances and no v1 one, with SM120's FP8 variant (native e4m3 QK^T, P.V summed in f16)."""
+    instances and v1 only for the fp8_ds_mla tiles, with SM120's FP8 variant (native e4m3 QK^T, P.V summed in f16)."""
     profile = PROFILES / "sm120_on_sm90.h"
     env = dict(os.environ, MLA_BACKEND_CACHE_DIR=str(tmp_path), NVCC_APPEND_FLAGS=f"-include {profile}")
     command = [sys.executable, "-m", "mla_backend", "build", "--arch", "sm_90a", "--fp8-qk", "e4m3", "--fp8-pv", "f16"]
@@ -199,5 +205,5 @@ def test_the_sm120_dev_profile_builds_sm120s_kernels_for_sm_90a(tmp_path):
     code = kernels(sass(build_dir("sm_90a", str(tmp_path), variant) / library_filename("sm_90a", variant)))
     ws = sorted(name for name in code if "mla_decode_ws_kernel" in name)
     assert ws == sorted([WS_16_ROWS, WS_32_ROWS, WS_BF16_16_ROWS, WS_BF16_32_ROWS])
-    assert not [name for name in code if name.startswith("_ZN3mla17mla_decode_kernel")]
+    assert sorted(name for name in code if name.startswith("_ZN3mla17mla_decode_kernel")) == sorted(V1_DS_MLA)
     assert re.search(r"USETMAXREG\.DEALLOC", code[WS_32_ROWS])
