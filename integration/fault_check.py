@@ -84,6 +84,7 @@ PARTS = ("preemption", "aborts", "prefix", "long", "soak")
 VOCAB = TINY_DEFAULTS["vocab_size"]
 START_TIMEOUT_S = 300
 IDLE_TIMEOUT_S = 30  # for vLLM's gauges to read idle after the last response
+ABORTS_SETTLE_S = 1.0  # for the server to notice a wave's disconnects before its probe request
 REFERENCE = "FLASHMLA"
 
 # preemption: vLLM admits a request only while its prompt's blocks fit and preempts only when running
@@ -296,7 +297,7 @@ def part_aborts(ctx: Context) -> None:
         baseline = await streams(server, prompts, ABORT_TOKENS)
         before = await idle_metrics(server)  # idle: the counters hold the last response's step
         wave = await streams(server, prompts, ABORT_TOKENS, leave)
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(ABORTS_SETTLE_S)
         probe = await together(server, [prompts[0][:8]], 1)  # one engine step: the gauges read after the aborts
         after_aborts = await idle_metrics(server)
         follow = await streams(server, prompts, ABORT_TOKENS)

@@ -338,6 +338,7 @@ class StandIn(QuietHandler):
     leaving: dict = {}  # prompt -> the chunks its client reads before it leaves
     arrivals = threading.Condition()
     together = {"expected": 0, "arrived": 0}
+    settled = threading.Condition(lock)  # notified as each request's handler finishes
 
     @classmethod
     def reset(cls, breakage=None):
@@ -351,6 +352,13 @@ class StandIn(QuietHandler):
     def expect_together(cls, count: int) -> None:
         with cls.arrivals:
             cls.together = {"expected": count, "arrived": 0}
+
+    @classmethod
+    def wait_until_settled(cls, limit_s: float = 60.0) -> None:
+        """Until no request is in a handler: the gauges then read what the requests left behind (a leak
+        shows at once); the limit only keeps a lost handler from hanging the test."""
+        with cls.settled:
+            assert cls.settled.wait_for(lambda: cls.state["running"] == 0, limit_s), "the stand-in never settled"
 
     def wait_for_the_rest_of_the_burst(self, limit_s: float = 60.0) -> None:
         """Until every request sent together has arrived; the limit only keeps a lost one from hanging the test."""
@@ -411,6 +419,7 @@ class StandIn(QuietHandler):
             with self.lock:
                 self.state["running"] -= 1
                 self.state["leaked"] += self.breakage == "leak"
+                self.settled.notify_all()
 
     def add_generated(self, count):
         with self.lock:
@@ -505,10 +514,18 @@ def stand_in(monkeypatch, tmp_path):
     monkeypatch.setattr(check, "SOAK_SAMPLE_S", 0.05)
     monkeypatch.setattr(check, "SOAK_WARMUP_S", 0.0)
     monkeypatch.setattr(check, "SOAK_REFERENCE_S", 1.0)
-    monkeypatch.setattr(check, "IDLE_TIMEOUT_S", 1.0)
+    # Idle is an event here, not a window: once every handler has finished, one scrape (the real
+    # server's gauges lag its responses, so the check polls them for up to IDLE_TIMEOUT_S).
+    monkeypatch.setattr(check, "wait_until_idle", lambda port, names, timeout_s: settled_scrape(check, port))
+    monkeypatch.setattr(check, "ABORTS_SETTLE_S", 0.0)  # the aborted handlers are waited for the same way
     monkeypatch.setattr(faults, "SPEED_SLACK", 10.0)  # the stand-in is both backends: its speeds differ by noise
     yield check, tmp_path
     httpd.shutdown()
+
+
+def settled_scrape(check, port: int) -> dict[str, float]:
+    StandIn.wait_until_settled()
+    return check.scrape(port)
 
 
 def stream_telling_the_stand_in(stream):
