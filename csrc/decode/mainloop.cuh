@@ -5,8 +5,9 @@
 //   prologue   Q (load_q.cuh) and the first pages go out before seq_len is known;
 //   main loop  KV tiles of 32 tokens stream through a cp.async ring (load_kv.cuh); per tile: QK^T
 //              (qk_pv.cuh), the online softmax (softmax.cuh), P.V (qk_pv.cuh). With a three-stage
-//              ring (FP8) the tiles are software-pipelined: QK^T of tile t + 1 is interleaved with
-//              P.V of tile t. Two stages (BF16) run QK^T, softmax, P.V in turn;
+//              ring (FP8; BF16 at two row groups on sm_90) the tiles are software-pipelined: QK^T of
+//              tile t + 1 is interleaved with P.V of tile t. Two stages run QK^T, softmax, P.V in turn.
+//              fp8_ds_mla rows come through registers instead of cp.async (load_kv_ds_mla.cuh);
 //   epilogue   normalise and write the output or the split partial (epilogue.cuh).
 // KV rows in shared memory are padded by 16 bytes so that ldmatrix is free of bank conflicts.
 // Shared memory stays under SM120's 99 KB per block (the sm_90-only f16-Q variant takes 112 KB,
@@ -34,9 +35,8 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     mla_decode_kernel(const __grid_constant__ DecodeParams p) {
   using C = TileConfig<FP8, ROW_GROUPS, RF>;
   // fp8_ds_mla rows go through registers (load_kv_ds_mla.cuh): a tile is fetched one tile before it is
-  // stored, so two stages hold the tile read now and the one stored for the next.
+  // stored into the stage its cp.async copies would have filled.
   constexpr bool kDsMla = KV == KvFormat::kDsMla;
-  static_assert(!kDsMla || C::kStages == 2, "fp8_ds_mla tiles load in the two-stage (BF16) loop");
   [[maybe_unused]] std::conditional_t<kDsMla, DsMlaTileLoad<C>, NoDsMlaLoad> ds_load;
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t kv_smem = smem_u32(smem);
@@ -116,10 +116,10 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     cp_async_commit();
   }
   int next_page = page_of<C>(p, bt_row, tile_begin + C::kStages - 1, seq_len);
-  // fp8_ds_mla: the tile after the first is fetched now, stored at the first tile's refill.
+  // fp8_ds_mla: the tile after the prologue's is fetched now, stored at the first tile's refill.
   if constexpr (kDsMla) {
-    if (tile_begin + 1 < tile_end) ds_load.fetch(p, tile_begin + 1, next_page);
-    next_page = page_of<C>(p, bt_row, tile_begin + 2, seq_len);
+    if (tile_begin + C::kStages - 1 < tile_end) ds_load.fetch(p, tile_begin + C::kStages - 1, next_page);
+    next_page = page_of<C>(p, bt_row, tile_begin + C::kStages, seq_len);
   }
   // Ring positions (byte offsets) of the tile read now and of the tile loaded now, rotated by
   // compare-and-wrap rather than a modulo.
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   };
   auto load_ahead = [&](int tile) {  // tile + kStages - 1 into the stage freed last
     const int next = tile + C::kStages - 1;
-    if constexpr (kDsMla) {  // tile + 1 from registers; tile + 2 into them
+    if constexpr (kDsMla) {  // tile + kStages - 1 from registers; the one after into them
       if (next < tile_end) ds_load.store(kv_smem + fill_off);
       if (next + 1 < tile_end) ds_load.fetch(p, next + 1, next_page);
       next_page = page_of<C>(p, bt_row, next + 2, seq_len);
@@ -155,7 +155,10 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     zero_fill(sc);
     if (tile_begin < tile_end) {
 #pragma unroll
-      for (int i = 0; i < C::kQkSteps; ++i) qk_step<C>(sc, kv_smem, i, w, q_smem, qf);
+      for (int i = 0; i < C::kQkSteps; ++i) {
+        if (kDsMla && i == C::kNopeChunks) scale_latent_scores<C>(sc, kv_smem, w);  // before the rope step
+        qk_step<C>(sc, kv_smem, i, w, q_smem, qf);
+      }
     }
   }
 
@@ -195,6 +198,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
       zero_fill(sc);
 #pragma unroll
       for (int i = 0; i < (C::kQkSteps > C::kPvSteps ? C::kQkSteps : C::kPvSteps); ++i) {
+        if (kDsMla && i == C::kNopeChunks) scale_latent_scores<C>(sc, next_stage, w);
         if (i < C::kQkSteps) qk_step<C>(sc, next_stage, i, w, q_smem, qf);
         pv_part<C>(acc, pf, stage, i, w);
       }

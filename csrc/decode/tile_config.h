@@ -39,7 +39,9 @@ struct TileConfig {
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kRowsPerWarp = 16 * RF;
   static constexpr int kTileRows = kRowsPerWarp * ROW_GROUPS;
-  static constexpr int kStages = FP8 ? 3 : 2;
+  // BF16 at two row groups holds one CTA an SM (its registers); where a block may take 227 KB (sm_90's
+  // build) a third stage fits, and the loop then runs software-pipelined as FP8's does.
+  static constexpr int kStages = FP8 || (ROW_GROUPS > 1 && kMaxSmemPerBlock > 99 * 1024) ? 3 : 2;
   static constexpr int kRowBytes = kHeadDim * kElem;
   static constexpr int kSmemRowBytes = kRowBytes + 16;  // 16-byte pad: ldmatrix rows hit distinct banks
   static constexpr int kChunksPerRow = kRowBytes / 16;
