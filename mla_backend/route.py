@@ -287,10 +287,10 @@ def routes_table(config: MLABackendConfig | None = None) -> list[str]:
     return rows
 
 
-def sparse_route(device: torch.device, config: MLABackendConfig) -> Route:
-    """Rule 6: the route of a sparse decode call on a CUDA ``device``; raises ``BackendUnavailableError``
-    where the bundled kernels cannot serve it."""
-    capability = config.capability(torch.cuda.get_device_capability(device))
+def sparse_route(config: MLABackendConfig, capability: tuple[int, int]) -> Route:
+    """Rule 6: the route of a sparse decode call on a GPU of ``capability``; raises
+    ``BackendUnavailableError`` where the bundled kernels cannot serve it."""
+    capability = config.capability(capability)
     cc = _cc(capability)
     arch = bundled_arch(capability)
     if config.backend == "trtllm-gen":

@@ -44,7 +44,7 @@ def run_sparse(
         if lse is not None:
             lse.copy_(reference_lse)
         return
-    route = sparse_route(problem.device, config)
+    route = sparse_route(config, torch.cuda.get_device_capability(problem.device))
     if route.kernel != "bundled":
         raise BackendUnavailableError(f"sparse MLA decode runs the bundled kernels: {route.describe()}")
     if config.validate_page_ids:

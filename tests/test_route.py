@@ -12,7 +12,7 @@ import torch
 from mla_backend import mla_decode, plan_decode
 from mla_backend.config import BackendUnavailableError, MLABackendConfig
 from mla_backend.inputs import make_paged_problem
-from mla_backend.route import OP, DecodeShape, Engine, Route, resolve_route, routes_table
+from mla_backend.route import OP, DecodeShape, Engine, Route, resolve_route, routes_table, sparse_route
 
 CAPABILITIES = [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0), (12, 1)]
 XQA = {(8, 9), (9, 0), (10, 0), (10, 3), (12, 0), (12, 1)}
@@ -170,3 +170,20 @@ def test_a_page_trtllm_gen_does_not_read_decodes_on_the_bundled_kernels_under_au
         resolve_route(MLABackendConfig(backend="trtllm-gen"), (10, 0), shape, has_flashinfer=True)
     served = resolve_route(MLABackendConfig(), (10, 0), dataclasses.replace(shape, page_size=64), has_flashinfer=True)
     assert served.kernel == "trtllm-gen"
+
+
+@pytest.mark.parametrize(
+    "cc, arch", [((8, 9), "sm_89"), ((9, 0), "sm_90a"), ((10, 0), "sm_100a"), ((12, 0), "sm_120a")]
+)
+@pytest.mark.parametrize("backend", ["auto", "xqa"])
+def test_sparse_lists_run_the_bundled_kernels_wherever_they_are_built(cc, arch, backend):
+    """Rule 6: even where auto sends dense decode to FlashInfer's trtllm-gen (SM 10.0), whose sparse
+    path reads no fp8_ds_mla cache."""
+    route = sparse_route(MLABackendConfig(backend=backend), cc)
+    assert (route.kernel, route.arch, route.fallback) == ("bundled", arch, "none")
+
+
+@pytest.mark.parametrize("backend, cc, message", [("trtllm-gen", (10, 0), "no sparse path"), ("auto", (8, 0), "8.0")])
+def test_sparse_lists_are_refused_where_no_bundled_kernel_serves_them(backend, cc, message):
+    with pytest.raises(BackendUnavailableError, match=message):
+        sparse_route(MLABackendConfig(backend=backend), cc)
