@@ -16,7 +16,6 @@ from .config import BackendUnavailableError, MLABackendConfig, default_config
 from .decode import check_lse_buffer
 from .reference import sparse_mla_reference
 from .route import sparse_route
-from .sparse_cache import unpack_fp8_ds_mla
 from .sparse_inputs import SparseProblem, check_sparse_ids, check_sparse_inputs
 
 
@@ -30,15 +29,9 @@ def run_sparse(
     """Fill problem.out and, when given, lse (contiguous fp32 [T, H], natural log)."""
     if problem.device.type == "cpu":
         check_sparse_ids(problem)
-        rows = problem.kv_rows
-        keys = unpack_fp8_ds_mla(rows) if problem.kv_format == "fp8_ds_mla" else rows.double()
-        scale = problem.sm_scale
+        # The reference unpacks fp8_ds_mla rows and reads a tensor scale itself.
         out, reference_lse = sparse_mla_reference(
-            problem.query,
-            keys,
-            problem.indices,
-            float(scale.item()) if isinstance(scale, torch.Tensor) else scale,
-            topk_lens=problem.topk_lens,
+            problem.query, problem.kv_rows, problem.indices, problem.sm_scale, topk_lens=problem.topk_lens
         )
         problem.out.copy_(out)
         if lse is not None:
