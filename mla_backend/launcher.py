@@ -145,6 +145,15 @@ def resident_slots(device_index: int, fp8: bool, row_groups: int, rf: int) -> in
     return max(1, per_sm) * torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def resolve_pdl(enable_pdl: bool | None, config: MLABackendConfig, device: torch.device) -> bool:
+    """The call's programmatic dependent launch: as asked, else the config's, else on from SM 9.0."""
+    if enable_pdl is None:
+        enable_pdl = config.enable_pdl
+    if enable_pdl is None:
+        enable_pdl = torch.cuda.get_device_capability(device)[0] >= 9
+    return bool(enable_pdl)
+
+
 def _scale_args(scale: float | torch.Tensor) -> tuple[float, torch.Tensor | None]:
     return (1.0, scale) if isinstance(scale, torch.Tensor) else (float(scale), None)
 
@@ -180,10 +189,7 @@ def launch_decode(
     else:
         slots = resident_slots(index, fp8, row_groups, rf)
         splits, pieces = schedule(problem.batch, rows, fp8, problem.max_seq_len, slots, capacity)
-    if enable_pdl is None:
-        enable_pdl = config.enable_pdl
-    if enable_pdl is None:
-        enable_pdl = torch.cuda.get_device_capability(device)[0] >= 9
+    enable_pdl = resolve_pdl(enable_pdl, config, device)
     assert lse is None or (lse.is_contiguous() and lse.dtype == torch.float32), "lse: contiguous fp32"
     if workspace is None:
         workspace = torch.empty(0, dtype=torch.uint8, device=device)
@@ -242,10 +248,7 @@ def launch_sparse(
                 f"workspace_buffer holds {workspace_capacity(workspace)} bytes but num_kv_splits={splits} needs {need}"
             )
         workspace = torch.empty(need, dtype=torch.uint8, device=device)
-    if enable_pdl is None:
-        enable_pdl = config.enable_pdl
-    if enable_pdl is None:
-        enable_pdl = torch.cuda.get_device_capability(device)[0] >= 9
+    enable_pdl = resolve_pdl(enable_pdl, config, device)
     assert lse is None or (lse.is_contiguous() and lse.dtype == torch.float32), "lse: contiguous fp32"
     query = problem.query.view(tokens, 1, heads, -1)
     bmm1, bmm1_t = _scale_args(problem.sm_scale)
