@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from graph_capture import capture
 from peer_grids import assert_lse_exact
 from plan_oracle import assert_plan_is_the_oracles, launcher_pieces
 
@@ -327,20 +328,6 @@ def test_the_bindings_own_checks_reach_python_as_errors(workspace):
             True,
         )
     assert torch.isnan(out).all(), "nothing may run after a failed check"
-
-
-def capture(step, keep_graph: bool = False):
-    """(graph, what step returned while captured), after a warm-up run on a side stream (loads the
-    library and lets the allocator settle outside capture)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph(keep_graph=keep_graph)
-    with torch.cuda.graph(graph):
-        outputs = step()
-    return graph, outputs
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp8"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gpu_watchdog import finish_or_die
+from graph_capture import capture
 from peer_grids import FLASHMLA_SPARSE_OUT, assert_lse_exact, flashmla_rule
 
 from mla_backend import MLABackendConfig
@@ -125,14 +126,7 @@ def test_a_graph_with_padded_rows_replays_and_returns(kind):
             case.query, case.kv_cache, case.indices, case.sm_scale, out=out, lse=lse, workspace_buffer=workspace
         )
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph, _ = capture(step)
     fresh = make_sparse_case(8, 16, 2048, kind, "cuda", seed=16, poison=False)
     case.query.copy_(fresh.query)
     case.indices.copy_(fresh.indices)

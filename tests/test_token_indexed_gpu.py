@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from graph_capture import capture
 from peer_grids import assert_lse_exact
 
 from mla_backend import mla_decode, mla_decode_reference
@@ -128,14 +129,7 @@ def test_a_graph_of_ragged_ids_replays_with_new_lengths_and_ids(workspace, dtype
         )
         return decode(static, workspace, kv_indptr=indptr, block_tables=indices, plan=plan)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = step()
+    graph, (out, lse) = capture(step)
     for seed in range(3):
         lengths = [(389 * (b + seed) + seed) % capacity for b in range(batch)]
         fresh = make_paged_problem(lengths, q_len, heads, 1, dtype, "cuda", seed=60 + seed)
