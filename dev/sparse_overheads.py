@@ -1,7 +1,7 @@
 """Probe: where sparse decode's time goes at 128 and 16 heads. The same work (T query tokens x 2048 keys)
-timed four ways: dense BF16 decode (T requests of 2048 keys, pages of 64), sparse over bf16 rows
-(cp.async, no conversion), sparse over fp8_ds_mla rows (converted in registers), and sparse over
-fp8_ds_mla with every list in cache order (locality as dense). Run with PART=script."""
+timed five ways: dense BF16 and dense FP8 decode (T requests of 2048 keys, pages of 64), sparse over
+bf16 rows (cp.async, no conversion), sparse over fp8_ds_mla rows (the tile the library picks), and
+sparse over fp8_ds_mla with every list in cache order (locality as dense). Run with PART=script."""
 
 import torch
 
@@ -28,12 +28,16 @@ def sparse_calls(cases):
 
 for heads, tokens in [(128, 128), (128, 16), (16, 64)]:
     n = copies_past_l2(tokens * 2048 * 656)
-    dense = [make_paged_problem([2048] * tokens, 1, heads, 64, torch.bfloat16, "cuda", seed=i) for i in range(n)]
-    dense_us = time_graph(
-        [lambda p=p: mla_decode(*p.decode_args(WORKSPACE), bmm1_scale=0.04, plan=p.step_plan(WORKSPACE)) for p in dense]
-    )
-    del dense
-    row = {"dense bf16": dense_us}
+    row = {}
+    for name, dtype in (("bf16", torch.bfloat16), ("fp8", torch.float8_e4m3fn)):
+        dense = [make_paged_problem([2048] * tokens, 1, heads, 64, dtype, "cuda", seed=i) for i in range(n)]
+        row[f"dense {name}"] = time_graph(
+            [
+                lambda p=p: mla_decode(*p.decode_args(WORKSPACE), bmm1_scale=0.04, plan=p.step_plan(WORKSPACE))
+                for p in dense
+            ]
+        )
+        del dense
     for kind in ("bf16", "pow2_fp32"):
         cases = [
             make_sparse_case(tokens, heads, 2048, kind, "cuda", seed=i, cache_tokens=tokens * 2048, poison=False)

@@ -57,7 +57,7 @@ def main(args: list[str]) -> int:
     # loaded the library.
     fp8 = dtype == torch.float8_e4m3fn
     resident = [
-        f"{16 * t.row_groups * t.fragments} rows {torch.ops.mla_backend.ctas_per_sm(fp8, t.row_groups, t.fragments)}"
+        f"{16 * t.row_groups * t.fragments} rows {torch.ops.mla_backend.ctas_per_sm(fp8, t.row_groups, t.fragments, 0)}"
         for t in TILE_SHAPES
         if t.fp8 == fp8
     ]

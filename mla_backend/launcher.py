@@ -138,10 +138,11 @@ def launch_plan(
 
 
 @functools.cache
-def resident_slots(device_index: int, fp8: bool, row_groups: int, rf: int) -> int:
-    """CTAs of this tile shape the whole GPU runs at once."""
+def resident_slots(device_index: int, fp8: bool, row_groups: int, rf: int, kv_format: int = 0) -> int:
+    """CTAs of this tile shape (reading plain rows, or fp8_ds_mla ones: ``kv_format`` 1) the whole GPU
+    runs at once."""
     with torch.cuda.device(device_index):
-        per_sm = torch.ops.mla_backend.ctas_per_sm(fp8, row_groups, rf)
+        per_sm = torch.ops.mla_backend.ctas_per_sm(fp8, row_groups, rf, kv_format)
     return max(1, per_sm) * torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
@@ -229,18 +230,21 @@ def launch_sparse(
     lse: torch.Tensor | None,
 ) -> None:
     """Launch the sparse kernels for a validated problem: fills ``problem.out`` and, when given, ``lse``
-    (contiguous fp32 [T, H], natural log). Each query token is a one-token request to the BF16 tiles;
-    without a caller's workspace the call takes one for the split count that fills the GPU."""
+    (contiguous fp32 [T, H], natural log). Each query token is a one-token request to the BF16 tiles, or
+    to the FP8 tiles where the library runs fp8_ds_mla rows there (``ds_mla_fp8_tile``: sm_90a, over
+    16 heads); without a caller's workspace the call takes one for the split count that fills the GPU."""
     device = problem.device
     index = load_library(device, config)
     tokens, heads = problem.tokens, problem.heads
-    row_groups, rf = tile_shape(heads, False)
-    slots = resident_slots(index, False, row_groups, rf)
+    kv_format = KV_FORMAT_CODES[problem.kv_format]
+    fp8_tile = problem.kv_format == "fp8_ds_mla" and bool(library_op("ds_mla_fp8_tile")(heads))
+    row_groups, rf = tile_shape(heads, fp8_tile)
+    slots = resident_slots(index, fp8_tile, row_groups, rf, kv_format)
     if config.num_kv_splits is not None:
         splits = config.num_kv_splits
     else:
         capacity = workspace_capacity(workspace) if workspace is not None else 1 << 62
-        splits = choose_num_splits(tokens, heads, False, problem.topk, slots, capacity)
+        splits = choose_num_splits(tokens, heads, fp8_tile, problem.topk, slots, capacity)
     need = workspace_bytes(tokens, heads, splits)
     if workspace is None or workspace_capacity(workspace) < need:
         if workspace is not None and config.num_kv_splits is not None:
@@ -269,5 +273,6 @@ def launch_sparse(
         1.0,
         None,
         bool(enable_pdl),
-        KV_FORMAT_CODES[problem.kv_format],
+        kv_format,
+        fp8_tile,
     )

@@ -84,8 +84,8 @@ def test_library_uses_only_torchs_stable_abi(built):
 
 
 def test_library_registers_its_ops_in_a_fresh_process(built):
-    for library in built.values():
-        assert_registers_ops(library)
+    for arch, library in built.items():
+        assert_registers_ops(library, ds_mla_on_fp8_tiles=arch == "sm_90a")
 
 
 def assert_no_python_dependency(library: Path) -> None:
@@ -112,17 +112,21 @@ ops = torch.ops.mla_backend
 for op in (ops.decode, ops.ctas_per_sm, ops.plan_ints, ops.workspace_bytes, ops.num_splits, ops.schedule):
     print(op.default._schema)
 print("schedule", ops.schedule(128, 16, True, 16384, 264, 1 << 40, False))
+print("ds_mla_fp8_tile", [ops.ds_mla_fp8_tile(rows) for rows in (8, 16, 17, 128)])
 """
 
 
-def assert_registers_ops(library: Path) -> None:
-    """The ops register in a fresh process, and the scheduling ones run there without a GPU."""
+def assert_registers_ops(library: Path, ds_mla_on_fp8_tiles: bool) -> None:
+    """The ops register in a fresh process, and the scheduling ones run there without a GPU: fp8_ds_mla
+    rows of more than 16 heads on the FP8 tile where the build has one (sm_90a), never at 16 or fewer."""
     result = subprocess.run([sys.executable, "-c", OP_CHECK, str(library)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "mla_backend::decode(Tensor q_nope, Tensor q_pe" in result.stdout
-    assert "mla_backend::ctas_per_sm(bool fp8, int row_groups, int rf) -> int" in result.stdout
+    assert "mla_backend::ctas_per_sm(bool fp8, int row_groups, int rf, int kv_format) -> int" in result.stdout
     assert "mla_backend::schedule(int batch, int rows, bool fp8, int max_seq_len, int slots" in result.stdout
     assert "schedule (1, 264)" in result.stdout  # 128 requests plan on the GPU: one wave of 264 pieces
+    fp8_tile = ds_mla_on_fp8_tiles
+    assert f"ds_mla_fp8_tile [False, False, {fp8_tile}, {fp8_tile}]" in result.stdout
 
 
 def test_sm120_sums_fp8_pv_in_f16_by_default_and_in_f32_on_request(built, tmp_path):
@@ -150,10 +154,10 @@ def kernels(code: str) -> dict[str, str]:
     return dict(zip(parts[1::2], parts[2::2]))
 
 
-WS_16_ROWS = "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb1ELi1ELi1EEEEEvNS_12DecodeParamsE"
-WS_32_ROWS = "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb1ELi1ELi2EEEEEvNS_12DecodeParamsE"
-WS_BF16_16_ROWS = "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb0ELi1ELi1EEEEEvNS_12DecodeParamsE"
-WS_BF16_32_ROWS = "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb0ELi2ELi1EEEEEvNS_12DecodeParamsE"
+WS_16_ROWS = "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb1ELi1ELi1ELNS_8KvFormatE0EEEEEvNS_12DecodeParamsE"
+WS_32_ROWS = "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb1ELi1ELi2ELNS_8KvFormatE0EEEEEvNS_12DecodeParamsE"
+WS_BF16_16_ROWS = "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb0ELi1ELi1ELNS_8KvFormatE0EEEEEvNS_12DecodeParamsE"
+WS_BF16_32_ROWS = "_ZN3mla20mla_decode_ws_kernelINS_10TileConfigILb0ELi2ELi1ELNS_8KvFormatE0EEEEEvNS_12DecodeParamsE"
 # mla_decode_kernel<fp8, row groups, fragments, KvFormat>: plain rows (0), fp8_ds_mla rows (1).
 V1_FP8_16_ROWS = "_ZN3mla17mla_decode_kernelILb1ELi1ELi1ELNS_8KvFormatE0EEEvNS_12DecodeParamsE"
 V1_FP8_32_ROWS = "_ZN3mla17mla_decode_kernelILb1ELi1ELi2ELNS_8KvFormatE0EEEvNS_12DecodeParamsE"
@@ -163,6 +167,8 @@ V1_DS_MLA = [  # the fp8_ds_mla tiles (BF16 at 16 and 32 rows): v1 on every arch
     "_ZN3mla17mla_decode_kernelILb0ELi1ELi1ELNS_8KvFormatE1EEEvNS_12DecodeParamsE",
     "_ZN3mla17mla_decode_kernelILb0ELi2ELi1ELNS_8KvFormatE1EEEvNS_12DecodeParamsE",
 ]
+# sm_90a's FP8 32-row tile over raw fp8_ds_mla rows (f16 Q): latent products in f16, rope in bf16.
+V1_FP8_DS_MLA = "_ZN3mla17mla_decode_kernelILb1ELi1ELi2ELNS_8KvFormatE1EEEvNS_12DecodeParamsE"
 
 
 def test_sm120_runs_every_tile_on_the_warp_specialized_kernel(built):
@@ -186,8 +192,19 @@ def test_sm120_runs_every_tile_on_the_warp_specialized_kernel(built):
         assert not re.search(r"\b(LDL|STL)\b", code)
     assert sorted(name for name in sm120 if name.startswith("_ZN3mla17mla_decode_kernel")) == sorted(V1_DS_MLA)
     sm90 = kernels(sass(built["sm_90a"]))
-    assert {V1_FP8_16_ROWS, V1_FP8_32_ROWS, V1_BF16_16_ROWS, V1_BF16_32_ROWS, *V1_DS_MLA} <= set(sm90)
+    assert {V1_FP8_16_ROWS, V1_FP8_32_ROWS, V1_BF16_16_ROWS, V1_BF16_32_ROWS, *V1_DS_MLA, V1_FP8_DS_MLA} <= set(sm90)
     assert not [name for name in sm90 if "mla_decode_ws_kernel" in name]
+    assert V1_FP8_DS_MLA not in sm120, "sm_120a reads fp8_ds_mla rows with its BF16 tiles only"
+
+
+def test_sm90_reads_fp8_ds_mla_rows_on_its_fp8_tile_with_f16_latent_and_bf16_rope_products(built):
+    """sm_90a's FP8 32-row tile over raw fp8_ds_mla rows: QK^T's latent steps on e4m3 widened to f16
+    (F2FP from E4M3 feeding HMMA.16816.F32), the rope step on bf16 HMMA, V scaled in f16 (HMUL2),
+    cp.async copies of the rows (LDGSTS), no local memory."""
+    code = kernels(sass(built["sm_90a"]))[V1_FP8_DS_MLA]
+    assert re.search(r"HMMA\.16816\.F32\.BF16", code) and re.search(r"HMMA\.16816\.F32\b(?!\.BF16)", code)
+    assert re.search(r"\bHMUL2\b", code) and re.search(r"\bLDGSTS\b", code)
+    assert not re.search(r"\b(LDL|STL)\b", code)
 
 
 def test_the_sm120_dev_profile_builds_sm120s_kernels_for_sm_90a(tmp_path):

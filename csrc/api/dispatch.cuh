@@ -67,11 +67,11 @@ auto with_tile_shape(bool fp8, int64_t row_groups, int64_t rf, const Fn& fn) {
 }
 
 // The decode kernel of a tile shape and KV format, its threads and the shared memory it asks for.
-// fp8_ds_mla rows convert in registers on their way to shared memory, which the warp-specialized
-// loader (24 registers a thread) cannot: they run the v1 kernel everywhere.
+// fp8_ds_mla rows run the v1 kernel everywhere: on BF16 tiles they convert in registers on their way to
+// shared memory, which the warp-specialized loader (24 registers a thread) cannot.
 template <bool FP8, int ROW_GROUPS, int RF, KvFormat KV = KvFormat::kPlain>
 struct DecodeKernel {
-  using C = TileConfig<FP8, ROW_GROUPS, RF>;
+  using C = TileConfig<FP8, ROW_GROUPS, RF, KV>;
   static constexpr bool kWs = KV == KvFormat::kPlain && kWarpSpecialized<FP8, ROW_GROUPS, RF>;
   static auto kernel() {
     if constexpr (kWs)
@@ -83,6 +83,10 @@ struct DecodeKernel {
   static constexpr int kSmemBytes = smem_request(kWs ? WsLayout<C>::kSmemBytes : C::kSmemBytes);
 };
 
+// Whether fp8_ds_mla rows run the FP8 tile of a shape in this build (else a BF16 tile serves them).
+template <bool FP8, int ROW_GROUPS, int RF>
+constexpr bool kDsMlaTile = !FP8 || (kDsMlaOnFp8Tiles && RF > 1);
+
 struct LaunchDecode {
   const DecodeParams& params;
   cudaStream_t stream;
@@ -90,11 +94,11 @@ struct LaunchDecode {
   KvFormat kv_format = KvFormat::kPlain;
   template <bool FP8, int ROW_GROUPS, int RF>
   void operator()() const {
-    if constexpr (FP8) {
-      STD_TORCH_CHECK(kv_format == KvFormat::kPlain, "mla_backend: fp8_ds_mla KV runs a BF16 tile");
-      launch_kernel<DecodeKernel<FP8, ROW_GROUPS, RF>>();
-    } else if (kv_format == KvFormat::kDsMla) {
-      launch_kernel<DecodeKernel<FP8, ROW_GROUPS, RF, KvFormat::kDsMla>>();
+    if (kv_format == KvFormat::kDsMla) {
+      if constexpr (kDsMlaTile<FP8, ROW_GROUPS, RF>)
+        launch_kernel<DecodeKernel<FP8, ROW_GROUPS, RF, KvFormat::kDsMla>>();
+      else
+        STD_TORCH_CHECK(false, "mla_backend: this FP8 tile does not read fp8_ds_mla rows in this build");
     } else {
       launch_kernel<DecodeKernel<FP8, ROW_GROUPS, RF>>();
     }
@@ -111,11 +115,20 @@ struct LaunchDecode {
   }
 };
 
-// CTAs of one tile shape that fit on one SM at once (the split-KV schedule plans whole waves).
+// CTAs of one tile shape and KV format that fit on one SM at once (the split-KV schedule plans whole waves).
 struct ResidentCtas {
+  KvFormat kv_format;
   template <bool FP8, int ROW_GROUPS, int RF>
   int64_t operator()() const {
-    using K = DecodeKernel<FP8, ROW_GROUPS, RF>;
+    if (kv_format == KvFormat::kDsMla) {
+      if constexpr (kDsMlaTile<FP8, ROW_GROUPS, RF>)
+        return resident<DecodeKernel<FP8, ROW_GROUPS, RF, KvFormat::kDsMla>>();
+      STD_TORCH_CHECK(false, "mla_backend: this FP8 tile does not read fp8_ds_mla rows in this build");
+    }
+    return resident<DecodeKernel<FP8, ROW_GROUPS, RF>>();
+  }
+  template <class K>
+  static int64_t resident() {
     MLA_CUDA_CHECK(cudaFuncSetAttribute(K::kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes));
     int blocks = 0;
     MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, K::kernel(), K::kThreads, K::kSmemBytes));
@@ -123,8 +136,23 @@ struct ResidentCtas {
   }
 };
 
-inline int64_t ctas_per_sm(bool fp8, int64_t row_groups, int64_t rf) {
-  return with_tile_shape(fp8, row_groups, rf, ResidentCtas{});
+inline int64_t ctas_per_sm(bool fp8, int64_t row_groups, int64_t rf, int64_t kv_format) {
+  STD_TORCH_CHECK(kv_format == 0 || kv_format == 1, "kv_format must be 0 (plain rows) or 1 (fp8_ds_mla)");
+  return with_tile_shape(fp8, row_groups, rf, ResidentCtas{static_cast<KvFormat>(kv_format)});
+}
+
+// Whether this build runs fp8_ds_mla rows of a call of `rows` rows on the FP8 tile that covers them.
+inline bool ds_mla_fp8_tile(int64_t rows) {
+  bool fp8_tile = false;
+  bool found = false;
+#define MLA_DS_MLA_FP8_TILE(FP8, MAX_ROWS, ROW_GROUPS, RF)              \
+  if ((FP8) && !found && rows <= (MAX_ROWS)) {                          \
+    found = true;                                                       \
+    fp8_tile = kDsMlaTile<(FP8) != 0, (ROW_GROUPS), (RF)>;              \
+  }
+  MLA_TILE_SHAPES(MLA_DS_MLA_FP8_TILE)
+#undef MLA_DS_MLA_FP8_TILE
+  return fp8_tile;
 }
 
 }  // namespace mla

@@ -20,9 +20,10 @@ STABLE_TORCH_LIBRARY(mla_backend, m) {
   m.def(
       "sparse_decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor indices, Tensor topk_lens, Tensor(a!) out, "
       "Tensor(b!)? lse, Tensor(c!) workspace, int num_splits, int row_groups, int rf, float bmm1, Tensor? bmm1_tensor, "
-      "float bmm2, Tensor? bmm2_tensor, bool pdl, int kv_format) -> ()");
+      "float bmm2, Tensor? bmm2_tensor, bool pdl, int kv_format, bool fp8_tile) -> ()");
   m.def("plan(Tensor seq_lens, Tensor(a!) plan, int max_pages, int page_size, int plan_pieces) -> ()");
-  m.def("ctas_per_sm(bool fp8, int row_groups, int rf) -> int");
+  m.def("ctas_per_sm(bool fp8, int row_groups, int rf, int kv_format) -> int");
+  m.def("ds_mla_fp8_tile(int rows) -> bool");
   m.def("plan_ints(int batch, int plan_pieces) -> int");
   m.def("workspace_bytes(int batch, int rows, int num_splits, int plan_pieces, bool step_plan) -> int");
   m.def("num_splits(int batch, int rows, bool fp8, int max_seq_len, int slots, int workspace_capacity) -> int");
@@ -40,6 +41,7 @@ STABLE_TORCH_LIBRARY_IMPL(mla_backend, CUDA, m) {
 // No tensor arguments: the dispatcher finds these kernels under CompositeExplicitAutograd.
 STABLE_TORCH_LIBRARY_IMPL(mla_backend, CompositeExplicitAutograd, m) {
   m.impl("ctas_per_sm", TORCH_BOX(&mla::ctas_per_sm));
+  m.impl("ds_mla_fp8_tile", TORCH_BOX(&mla::ds_mla_fp8_tile));
   m.impl("plan_ints", TORCH_BOX(&mla::plan_ints_op));
   m.impl("workspace_bytes", TORCH_BOX(&mla::workspace_bytes_op));
   m.impl("num_splits", TORCH_BOX(&mla::num_splits_op));

@@ -23,11 +23,12 @@ namespace mla {
 
 // q_nope/q_pe: [T, 1, H, 512/64] bf16 views. kv: the cache as rows, [N, 576] bf16 or, for fp8_ds_mla
 // (kv_format 1), [N, 656] uint8, any 16-byte-aligned row stride. indices: int32 [T, K], unit stride along
-// K. topk_lens: int32 [T], the valid prefix of each list (<= K).
+// K. topk_lens: int32 [T], the valid prefix of each list (<= K). fp8_tile: fp8_ds_mla rows on the FP8 tile
+// (row_groups, rf) where the build has one (ds_mla_fp8_tile), else the BF16 tile (row_groups, rf).
 inline void sparse_decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor indices, Tensor topk_lens, Tensor out,
                           std::optional<Tensor> lse, Tensor workspace, int64_t num_splits, int64_t row_groups,
                           int64_t rf, double bmm1, std::optional<Tensor> bmm1_tensor, double bmm2,
-                          std::optional<Tensor> bmm2_tensor, bool pdl, int64_t kv_format) {
+                          std::optional<Tensor> bmm2_tensor, bool pdl, int64_t kv_format, bool fp8_tile) {
   check_q_part(q_nope, kDimV, "q_nope");
   check_q_part(q_pe, kRopeDim, "q_pe");
   const Tensor& q = q_nope;
@@ -37,6 +38,7 @@ inline void sparse_decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor indices,
                 "sparse decode: q_nope and q_pe are [T, 1, H, *] views");
   MLA_INVARIANT(kv_format == 0 || kv_format == 1, "kv_format must be 0 (bf16 rows) or 1 (fp8_ds_mla)");
   const KvFormat format = kv_format == 1 ? KvFormat::kDsMla : KvFormat::kPlain;
+  MLA_INVARIANT(!fp8_tile || format == KvFormat::kDsMla, "sparse decode: only fp8_ds_mla rows run an FP8 tile");
   const int64_t row_elems = format == KvFormat::kDsMla ? kDsMlaRowBytes : kHeadDim;
   MLA_INVARIANT(kv.is_cuda() && kv.get_device_index() == q.get_device_index() && kv.dim() == 2 &&
                     kv.size(1) == row_elems && kv.stride(1) == 1 &&
@@ -101,7 +103,7 @@ inline void sparse_decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor indices,
   const torch::stable::accelerator::DeviceGuard guard(device);
   const cudaStream_t stream = current_stream(device);
   if (tokens == 0) return;
-  with_tile_shape(false, row_groups, rf, LaunchDecode{p, stream, pdl, format});
+  with_tile_shape(fp8_tile, row_groups, rf, LaunchDecode{p, stream, pdl, format});
   launch_merge(p, false, device, stream, pdl);
 }
 

@@ -12,7 +12,8 @@
 namespace mla {
 
 // How KV rows are stored: the query dtype's plain rows (576 values), or DeepSeek's fp8_ds_mla rows of
-// 656 bytes (decode/load_kv_ds_mla.cuh), read by a BF16 tile.
+// 656 bytes (decode/load_kv_ds_mla.cuh), read with bf16 queries by a BF16 tile or, where
+// kDsMlaOnFp8Tiles, an FP8 tile of more than 16 rows.
 enum class KvFormat : int { kPlain = 0, kDsMla = 1 };
 
 struct DecodeParams {
@@ -29,7 +30,7 @@ struct DecodeParams {
   __nv_bfloat16* out;       // [B, q_len, H, 512]
   float* lse;               // [B, q_len, H] natural log, or nullptr
   void* part_o;             // [B, splits, rows, 512] split partials (normalised), when splits > 1:
-                            // f16 for FP8 KV (|O| <= 448, the e4m3 maximum), else fp32
+                            // f16 for plain FP8 rows (|O| <= 448, the e4m3 maximum), else fp32
   float* part_lse;          // [B, splits, rows] log2 domain
   const float* bmm1_ptr;    // device scale or nullptr
   const float* bmm2_ptr;

@@ -62,13 +62,16 @@ __device__ __forceinline__ void write_output(const float (&acc)[C::kFragments][1
             *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
           else
             *reinterpret_cast<uint32_t*>(dst) = packed[0];
-        } else if constexpr (FP8) {  // half the merge traffic of fp32
+        } else if constexpr (C::kF16Partials) {  // half the merge traffic of fp32
           __half* dst = static_cast<__half*>(p.part_o) + out_row * kDimV + dim;
           *reinterpret_cast<uint2*>(dst) =
               make_uint2(pack2<true>(v[0] * inv, v[1] * inv), pack2<true>(v[2] * inv, v[3] * inv));
         } else {
           float* dst = static_cast<float*>(p.part_o) + out_row * kDimV + dim;
-          *reinterpret_cast<float2*>(dst) = make_float2(v[0] * inv, v[1] * inv);
+          if constexpr (kVec == 4)
+            *reinterpret_cast<float4*>(dst) = make_float4(v[0] * inv, v[1] * inv, v[2] * inv, v[3] * inv);
+          else
+            *reinterpret_cast<float2*>(dst) = make_float2(v[0] * inv, v[1] * inv);
         }
       }
       if (w.wd == 0 && w.t == 0) {

@@ -8,6 +8,7 @@
 
 #include "common/params.h"
 #include "common/ptx.cuh"
+#include "decode/load_kv_ds_mla.cuh"
 #include "decode/tile_config.h"
 
 namespace mla {
@@ -58,11 +59,15 @@ __device__ __forceinline__ void load_kv_token(uint32_t stage, const DecodeParams
   }
 }
 
-// One KV tile, every thread of the CTA's kThreads taking its share of a token.
+// One KV tile, every thread of the CTA's kThreads taking its share of a token (raw fp8_ds_mla rows: a
+// row as it is, load_kv_ds_mla.cuh).
 template <class C>
 __device__ __forceinline__ void load_kv_tile(uint32_t stage, const DecodeParams& p, int tile, int page) {
   constexpr int kThreads = C::kThreadsPerToken;
-  load_kv_token<C, kThreads>(stage, p, tile, threadIdx.x / kThreads, threadIdx.x % kThreads, page);
+  if constexpr (C::kRawDsMla)
+    load_ds_mla_rows<C>(stage, p, tile, page);
+  else
+    load_kv_token<C, kThreads>(stage, p, tile, threadIdx.x / kThreads, threadIdx.x % kThreads, page);
 }
 
 }  // namespace mla

@@ -1,14 +1,17 @@
 // KV tiles from the fp8_ds_mla cache (DeepSeek-V3.2, GLM-5): rows of 656 bytes, 512 e4m3 latent values,
-// four fp32 scales (scale j multiplies values 128 j .. 128 j + 127), then 64 bf16 rope values. They are
-// widened on their way into shared memory into the BF16 tile layout, unscaled (e4m3 is exact in bf16),
-// each row's four scales in its 16-byte pad, so the BF16 kernel's QK^T, softmax and P.V run on them with
-// Q in bf16. The scales join after the products: each warp's dim quarter is one scale tile, so its partial
+// four fp32 scales (scale j multiplies values 128 j .. 128 j + 127), then 64 bf16 rope values. Two ways in:
+//  - BF16 tiles (DsMlaTileLoad): widened on their way into shared memory into the BF16 tile layout,
+//    unscaled (e4m3 is exact in bf16), each row's four scales in its 16-byte pad, so the BF16 kernel's
+//    QK^T, softmax and P.V run on them with Q in bf16. A conversion sits between global and shared
+//    memory, so the copies go through registers: fetch() issues a tile's loads and store() converts and
+//    writes them one tile later, once they have landed; the tile's compute in between hides their latency.
+//  - FP8 tiles (kDsMlaOnFp8Tiles, load_ds_mla_rows): the rows as they are, by cp.async; QK^T widens the
+//    latent values to f16 per step (qk_pv.cuh), as it does plain FP8 rows there.
+// Either way the scales join after the products: each warp's dim quarter is one scale tile, so its partial
 // scores are scaled per token once its latent steps are done (exact to fp32 for any scale, where a scaled
-// value in bf16 would round: GLM's scales are not powers of two), and its P fragments per token before
-// P.V (one bf16 rounding of P x scale, as the plain path rounds P).
-// A conversion sits between global and shared memory, so the copies go through registers: fetch()
-// issues a tile's loads and store() converts and writes them one tile later, once they have landed;
-// the tile's compute in between hides their latency.
+// value would round: GLM's scales are not powers of two). For P.V the BF16 tiles scale P per token (one
+// bf16 rounding of P x scale, as the plain path rounds P); the FP8 tiles scale V in f16 (P x scale could
+// fall below f16's normal range, V x scale is the cache's own value).
 #pragma once
 
 #include <stdint.h>
@@ -23,12 +26,32 @@ constexpr int kDsMlaScaleOffset = kDimV;                  // bytes: after the 51
 constexpr int kDsMlaRopeOffset = kDsMlaScaleOffset + 16;  // after the four fp32 scales
 constexpr int kDsMlaRowBytes = kDsMlaRopeOffset + kRopeDim * 2;
 static_assert(kDsMlaRowBytes == 656, "fp8_ds_mla rows are 656 bytes");
-constexpr int kScalesInRow = kHeadDim * 2;  // the shared-memory row's pad: its four scales
+// Where a shared-memory row keeps its four scales: in place (raw rows), or in the widened row's pad.
+template <class C>
+constexpr int kScalesInRow = C::kRawDsMla ? kDsMlaScaleOffset : kHeadDim * 2;
 
 // Scale tile `tile` of the token at row `tok` of a stage.
 template <class C>
 __device__ __forceinline__ float row_scale(uint32_t stage, int tok, int tile) {
-  return ld_shared_f32(stage + tok * C::kSmemRowBytes + kScalesInRow + 4 * tile);
+  return ld_shared_f32(stage + tok * C::kSmemRowBytes + kScalesInRow<C> + 4 * tile);
+}
+
+// One tile of raw rows (FP8 tiles): the token's kThreadsPerToken threads copy its 41 16-byte chunks in
+// turn; a token past the request or of an empty entry (page -1) is zero-filled, scales included.
+template <class C>
+__device__ __forceinline__ void load_ds_mla_rows(uint32_t stage, const DecodeParams& p, int tile, int page) {
+  static_assert(C::kRawDsMla && C::kSmemRowBytes == kDsMlaRowBytes, "raw rows, unpadded");
+  constexpr int kChunks = kDsMlaRowBytes / 16, kThreadsPerToken = C::kThreadsPerToken;
+  const int tok = threadIdx.x / kThreadsPerToken, first = threadIdx.x % kThreadsPerToken;
+  const int slot = (tile * kBlockN + tok) & ((1 << p.page_shift) - 1);
+  const uint8_t* row = p.kv + static_cast<long long>(page >= 0 ? page : 0) * p.page_stride +
+                       static_cast<long long>(slot) * p.token_stride;
+  const uint32_t dst = stage + tok * C::kSmemRowBytes;
+#pragma unroll
+  for (int i = 0; i < (kChunks + kThreadsPerToken - 1) / kThreadsPerToken; ++i) {
+    const int chunk = i * kThreadsPerToken + first;
+    if (chunk < kChunks) cp_async_16(dst + chunk * 16, row + chunk * 16, page >= 0 ? 16 : 0);
+  }
 }
 
 struct NoDsMlaLoad {};  // plain rows: cp.async (load_kv.cuh)
@@ -93,7 +116,7 @@ struct DsMlaTileLoad {
       st_shared_v4(dst + chunk * 32 + 16, out[4], out[5], out[6], out[7]);
     }
     if (first == 0)
-      st_shared_v4(dst + kScalesInRow, __float_as_uint(scales.x), __float_as_uint(scales.y), __float_as_uint(scales.z),
+      st_shared_v4(dst + kScalesInRow<C>, __float_as_uint(scales.x), __float_as_uint(scales.y), __float_as_uint(scales.z),
                    __float_as_uint(scales.w));
 #pragma unroll
     for (int i = 0; i < kRopeChunks; ++i)
@@ -138,6 +161,25 @@ __device__ __forceinline__ void scale_p_fragments(uint32_t (&pf)[C::kFragments][
           pf[f][kk][r] = pack2<false>(v.x * s0, v.y * s1);
         }
     }
+}
+
+// Raw rows (FP8 tiles): this warp's scale tile per token as the f16 pairs that multiply its widened V
+// B fragments, pairs[k-step kk][half h] holding tokens 16 kk + 8 h + 2 t and + 1 (unused elsewhere).
+struct VScales {
+  uint32_t pairs[2][2];
+};
+
+template <class C>
+__device__ __forceinline__ VScales v_scale_pairs(uint32_t stage, const WarpRole& w) {
+  VScales vs;
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int tok = 16 * kk + 8 * h + 2 * w.t;
+      vs.pairs[kk][h] = pack2<true>(row_scale<C>(stage, tok, w.wd), row_scale<C>(stage, tok + 1, w.wd));
+    }
+  return vs;
 }
 
 }  // namespace mla

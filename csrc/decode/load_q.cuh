@@ -92,10 +92,69 @@ struct QTileLoad {
   }
 };
 
+// Q of an FP8 tile over raw fp8_ds_mla rows (bf16 queries): the latent part widened to f16 into shared
+// memory in QTileLoad's f16 k order (of each 16 values, f16 positions 2k, 2k + 1 take values 4k, 4k + 1,
+// positions 8 + 2k, 9 + 2k take 4k + 2, 4k + 3), which matches the K registers QK^T widens; bf16 -> f16
+// is exact within f16's range. Warp w takes rows 8w..8w+7, lane l values 16l..16l+15 of each. The rope
+// part stays bf16, in registers (load_q_rope_fragments). issue() loads, finish() widens and stores.
+template <class C>
+struct DsMlaQTileLoad {
+  static constexpr int kRows = 8;
+  static_assert(C::kRawDsMla && C::kTileRows == kRows * C::kWarps && kDimV == 16 * 32, "16 values a lane and row");
+  uint4 raw[kRows][2];
+
+  __device__ __forceinline__ void issue(uint32_t /*q_smem*/, const DecodeParams& p, int b, int row0) {
+    const int lane = threadIdx.x & 31, first = (threadIdx.x >> 5) * kRows;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const bool valid = row0 + first + r < p.rows;
+      const uint4* src = reinterpret_cast<const uint4*>(q_row(p, b, row0 + first + r).nope + lane * 32);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) raw[r][h] = valid ? __ldg(src + h) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+
+  __device__ __forceinline__ void finish(uint32_t q_smem) const {
+    const int lane = threadIdx.x & 31, first = (threadIdx.x >> 5) * kRows;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const uint32_t w[8] = {raw[r][0].x, raw[r][0].y, raw[r][0].z, raw[r][0].w,
+                             raw[r][1].x, raw[r][1].y, raw[r][1].z, raw[r][1].w};
+      uint32_t f16[8];  // word k of the bf16 values -> f16 word (k even: k / 2, k odd: 4 + k / 2)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const float2 v = unpack2<false>(w[k]);
+        f16[(k & 1) * 4 + k / 2] = pack2<true>(v.x, v.y);
+      }
+      const uint32_t dst = q_smem + (first + r) * C::kSmemQRowBytes + lane * 32;
+      st_shared_v4(dst, f16[0], f16[1], f16[2], f16[3]);
+      st_shared_v4(dst + 16, f16[4], f16[5], f16[6], f16[7]);
+    }
+  }
+};
+
+// Raw fp8_ds_mla rows: this thread's bf16 A fragments of the rope chunk of its warp (dims 16 wd..16 wd
+// + 15 of q_pe) for QK^T's last step of a tile, read for each tile (from L1) where they are used.
+template <class C>
+__device__ __forceinline__ void load_q_rope_fragments(uint32_t (&qf)[C::kQRegFragments][C::kQRegChunks][4],
+                                                      const DecodeParams& p, int b, int warp_row0, const WarpRole& w) {
+  static_assert(C::kRawDsMla && C::kQRegFragments == C::kFragments, "a rope fragment a 16-row fragment");
+#pragma unroll
+  for (int f = 0; f < C::kFragments; ++f)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp_row0 + 16 * f + 8 * h + w.g;
+      const uint8_t* pe = q_row(p, b, row).pe + 32 * w.wd + 4 * w.t;
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        qf[f][0][2 * half + h] = row < p.rows ? ldg_u32_in_place(pe + 16 * half) : 0u;
+    }
+}
+
 // RF == 1: this thread's A fragments of Q (rows warp_row0 + 8 h + g, K bytes 4t.. of each 16-byte
 // half of each of its QK^T chunks), loaded once.
 template <class C>
-__device__ __forceinline__ void load_q_fragments(uint32_t (&qf)[C::kQRegFragments][C::kQkChunks][4],
+__device__ __forceinline__ void load_q_fragments(uint32_t (&qf)[C::kQRegFragments][C::kQRegChunks][4],
                                                  const DecodeParams& p, int b, int warp_row0, const WarpRole& w) {
   const bool has_rope = w.wd < C::kRopeChunks;
 #pragma unroll

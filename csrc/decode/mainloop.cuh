@@ -31,13 +31,15 @@
 namespace mla {
 
 template <bool FP8, int ROW_GROUPS, int RF, KvFormat KV = KvFormat::kPlain>
-__global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
+__global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF, KV>::kThreads)
     mla_decode_kernel(const __grid_constant__ DecodeParams p) {
-  using C = TileConfig<FP8, ROW_GROUPS, RF>;
-  // fp8_ds_mla rows go through registers (load_kv_ds_mla.cuh): a tile is fetched one tile before it is
-  // stored into the stage its cp.async copies would have filled.
+  using C = TileConfig<FP8, ROW_GROUPS, RF, KV>;
+  // fp8_ds_mla rows (load_kv_ds_mla.cuh): scaled after the products; on BF16 tiles they go through
+  // registers, a tile fetched one tile before it is stored into the stage its cp.async copies would have
+  // filled; FP8 tiles copy them as they are.
   constexpr bool kDsMla = KV == KvFormat::kDsMla;
-  [[maybe_unused]] std::conditional_t<kDsMla, DsMlaTileLoad<C>, NoDsMlaLoad> ds_load;
+  constexpr bool kDsMlaRegs = kDsMla && !C::kRawDsMla;
+  [[maybe_unused]] std::conditional_t<kDsMlaRegs, DsMlaTileLoad<C>, NoDsMlaLoad> ds_load;
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t kv_smem = smem_u32(smem);
   float* scores = reinterpret_cast<float*>(smem + C::kScoresOffset);
@@ -60,7 +62,8 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   // split's first tiles as if seq_len were max_seq_len (right for the longest requests; checked
   // below, re-read where wrong). Then seq_len -> page id -> KV is one round trip shorter.
   const uint32_t q_smem = kv_smem + C::kQOffset;
-  [[maybe_unused]] std::conditional_t<C::kQInSmem, QTileLoad<C>, NoQTileLoad> q_load;
+  using QLoad = std::conditional_t<C::kRawDsMla, DsMlaQTileLoad<C>, QTileLoad<C>>;
+  [[maybe_unused]] std::conditional_t<C::kQInSmem, QLoad, NoQTileLoad> q_load;
   if constexpr (C::kQInSmem) q_load.issue(q_smem, p, b, blockIdx.x * C::kTileRows);
   const TableRow table = table_row(p, b);
   const int* bt_row = table.ids;
@@ -85,12 +88,12 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   // Causal over the q_len new tokens: row r sees positions < seq_len - q_len + r / heads + 1, so
   // only tiles reaching past seq_len - q_len need a mask (rows past the problem have Q = 0).
   const int first_masked = first_masked_position(p, seq_len);
-  // Sparse lists come with bf16 queries only: the FP8 tiles never mask (registers they lack).
-  const int* const sparse_ids = !C::kFp8 && p.sparse ? bt_row : nullptr;
+  // Sparse lists come with bf16 queries: the BF16 tiles, or the FP8 ones over raw fp8_ds_mla rows.
+  const int* const sparse_ids = (!C::kFp8 || C::kRawDsMla) && p.sparse ? bt_row : nullptr;
 
   const uint32_t p_smem = kv_smem + C::kPOffset;
   float* corr_smem = reinterpret_cast<float*>(smem + C::kCorrOffset);
-  uint32_t qf[C::kQRegFragments][C::kQkChunks][4];
+  uint32_t qf[C::kQRegFragments][C::kQRegChunks][4];
   if constexpr (!C::kQInSmem) load_q_fragments<C>(qf, p, b, warp_row0, w);
 
   const float scale_log2 = read_scale(p.bmm1_ptr, p.bmm1) * kLog2e;
@@ -101,7 +104,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
 
 #pragma unroll
   for (int s = 0; s < C::kStages - 1; ++s) {
-    if constexpr (kDsMla) {
+    if constexpr (kDsMlaRegs) {
       if (tile_begin + s < tile_end) {
         ds_load.fetch(p, tile_begin + s, first_page(s));
         ds_load.store(kv_smem + s * C::kStageBytes);
@@ -117,7 +120,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   }
   int next_page = page_of<C>(p, bt_row, tile_begin + C::kStages - 1, seq_len);
   // fp8_ds_mla: the tile after the prologue's is fetched now, stored at the first tile's refill.
-  if constexpr (kDsMla) {
+  if constexpr (kDsMlaRegs) {
     if (tile_begin + C::kStages - 1 < tile_end) ds_load.fetch(p, tile_begin + C::kStages - 1, next_page);
     next_page = page_of<C>(p, bt_row, tile_begin + C::kStages, seq_len);
   }
@@ -129,7 +132,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   };
   auto load_ahead = [&](int tile) {  // tile + kStages - 1 into the stage freed last
     const int next = tile + C::kStages - 1;
-    if constexpr (kDsMla) {  // tile + kStages - 1 from registers; the one after into them
+    if constexpr (kDsMlaRegs) {  // tile + kStages - 1 from registers; the one after into them
       if (next < tile_end) ds_load.store(kv_smem + fill_off);
       if (next + 1 < tile_end) ds_load.fetch(p, next + 1, next_page);
       next_page = page_of<C>(p, bt_row, next + 2, seq_len);
@@ -149,6 +152,19 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
   // starts with a barrier of its own and runs QK^T, softmax, P.V in turn.
   constexpr bool kPipelined = C::kStages >= 3;
   float sc[RF][4][4];
+  // QK^T step i of the tile in `stage`. fp8_ds_mla: the latent partial scores are scaled per token
+  // before the rope step; on FP8 tiles the rope step's Q fragments are read again (L1) a few steps
+  // ahead, rather than held through the loop, where the registers are not there.
+  constexpr int kRopeQAhead = 3;  // steps between the rope fragments' loads and their use
+  auto qk_tile_step = [&](uint32_t stage, int i) {
+    if constexpr (C::kRawDsMla) {
+      if (i == C::kLatentQkSteps - kRopeQAhead) load_q_rope_fragments<C>(qf, p, b, warp_row0, w);
+    }
+    if constexpr (kDsMla) {
+      if (i == C::kLatentQkSteps) scale_latent_scores<C>(sc, stage, w);
+    }
+    qk_step<C>(sc, stage, i, w, q_smem, qf);
+  };
   if constexpr (kPipelined) {
     cp_async_wait<C::kStages - 2>();
     __syncthreads();
@@ -156,8 +172,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     if (tile_begin < tile_end) {
 #pragma unroll
       for (int i = 0; i < C::kQkSteps; ++i) {
-        if (kDsMla && i == C::kNopeChunks) scale_latent_scores<C>(sc, kv_smem, w);  // before the rope step
-        qk_step<C>(sc, kv_smem, i, w, q_smem, qf);
+        qk_tile_step(kv_smem, i);
       }
     }
   }
@@ -172,8 +187,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
       zero_fill(sc);
 #pragma unroll
       for (int i = 0; i < C::kQkSteps; ++i) {
-        if (kDsMla && i == C::kNopeChunks) scale_latent_scores<C>(sc, stage, w);  // before the rope step
-        qk_step<C>(sc, stage, i, w, q_smem, qf);
+        qk_tile_step(stage, i);
       }
     }
 
@@ -190,7 +204,9 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
     for (int f = 0; f < RF; ++f)
 #pragma unroll
       for (int kk = 0; kk < 2; ++kk) ldmatrix_a<C>(pf[f][kk], w, p_smem, C::kPRowBytes, f, kk * 32);
-    if constexpr (kDsMla) scale_p_fragments<C>(pf, stage, w);
+    if constexpr (kDsMlaRegs) scale_p_fragments<C>(pf, stage, w);
+    [[maybe_unused]] VScales vs;
+    if constexpr (C::kRawDsMla) vs = v_scale_pairs<C>(stage, w);
 
     // O += P.V; in the pipeline, interleaved step by step with QK^T of the next tile.
     if (kPipelined && tile + 1 < tile_end) {
@@ -198,13 +214,12 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF>::kThreads)
       zero_fill(sc);
 #pragma unroll
       for (int i = 0; i < (C::kQkSteps > C::kPvSteps ? C::kQkSteps : C::kPvSteps); ++i) {
-        if (kDsMla && i == C::kNopeChunks) scale_latent_scores<C>(sc, next_stage, w);
-        if (i < C::kQkSteps) qk_step<C>(sc, next_stage, i, w, q_smem, qf);
-        pv_part<C>(acc, pf, stage, i, w);
+        if (i < C::kQkSteps) qk_tile_step(next_stage, i);
+        pv_part<C>(acc, pf, stage, i, w, vs);
       }
     } else {
 #pragma unroll
-      for (int i = 0; i < C::kPvSteps; ++i) pv_part<C>(acc, pf, stage, i, w);
+      for (int i = 0; i < C::kPvSteps; ++i) pv_part<C>(acc, pf, stage, i, w, vs);
     }
   }
   cp_async_wait<0>();

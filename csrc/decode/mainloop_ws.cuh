@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
   // its way), before the split's tiles are known.
   const uint32_t q_smem = kv_smem + C::kQOffset;
   [[maybe_unused]] std::conditional_t<C::kQInSmem, QTileLoad<C>, NoQTileLoad> q_load;
-  uint32_t qf[C::kQRegFragments][C::kQkChunks][4];  // Q's A fragments where it stays in registers (16 rows)
+  uint32_t qf[C::kQRegFragments][C::kQRegChunks][4];  // Q's A fragments where it stays in registers (16 rows)
   const TableRow table = table_row(p, b);
   const int* bt_row = table.ids;
   const int guess_len = min(p.max_seq_len, table.entries << p.page_shift);

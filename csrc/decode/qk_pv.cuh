@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "common/ptx.cuh"
+#include "decode/load_kv_ds_mla.cuh"
 #include "decode/tile_config.h"
 
 namespace mla {
@@ -27,29 +28,69 @@ __device__ __forceinline__ void zero_fill(float (&x)[A][B][N]) {
       for (int n = 0; n < N; ++n) x[a][i][n] = 0.f;
 }
 
+// One k16 step of QK^T on K widened from e4m3 to f16 (byte `k_byte` of the K rows, 16 values) against
+// f16 Q (byte `q_byte` of its rows, in QTileLoad's k order). One ldmatrix.x4 takes the step of all 32
+// tokens (matrix j = tokens 8j..8j+7); register j holds bytes 4t..4t+3, whose two f16 pairs are B.
+template <class C>
+__device__ __forceinline__ void qk_f16_step(float (&sc)[C::kFragments][4][4], uint32_t stage, int k_byte,
+                                            const WarpRole& w, uint32_t q_smem, int q_byte) {
+  constexpr int RF = C::kFragments;
+  uint32_t kb[4];
+  ldmatrix_x4(kb, stage + w.lane * C::kSmemRowBytes + k_byte);
+  uint32_t qa[RF][4];
+#pragma unroll
+  for (int f = 0; f < RF; ++f) ldmatrix_a<C>(qa[f], w, q_smem, C::kSmemQRowBytes, f, q_byte);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t lo, hi;
+    e4m3x4_to_f16x4(kb[j], lo, hi);
+#pragma unroll
+    for (int f = 0; f < RF; ++f) mma_f16(sc[f][j], qa[f], lo, hi);
+  }
+}
+
+// One k16 step of QK^T on bf16 K (byte `k_byte` of the K rows, 32 bytes) against Q's A fragments qa.
+template <class C>
+__device__ __forceinline__ void qk_bf16_step(float (&sc)[C::kFragments][4][4], uint32_t stage, int k_byte,
+                                             const WarpRole& w, const uint32_t (&qa)[C::kFragments][4]) {
+#pragma unroll
+  for (int jp = 0; jp < 2; ++jp) {  // n-tile pairs (16 tokens)
+    const int mi = w.lane >> 3;
+    const int tok = 16 * jp + 8 * (mi >> 1) + (w.lane & 7);
+    uint32_t kb[4];
+    ldmatrix_x4(kb, stage + tok * C::kSmemRowBytes + k_byte + 16 * (mi & 1));
+#pragma unroll
+    for (int f = 0; f < C::kFragments; ++f) {
+      mma_bf16(sc[f][2 * jp], qa[f], kb[0], kb[1]);
+      mma_bf16(sc[f][2 * jp + 1], qa[f], kb[2], kb[3]);
+    }
+  }
+}
+
 // Step i of QK^T over this warp's dims: partial scores sc[f][n-tile] of its rows with the tile's 32
 // tokens, K fragments via ldmatrix; Q from registers (qf) or shared memory (q_smem).
 template <class C>
 __device__ __forceinline__ void qk_step(float (&sc)[C::kFragments][4][4], uint32_t stage, int i, const WarpRole& w,
-                                        uint32_t q_smem, const uint32_t (&qf)[C::kQRegFragments][C::kQkChunks][4]) {
+                                        uint32_t q_smem, const uint32_t (&qf)[C::kQRegFragments][C::kQRegChunks][4]) {
   constexpr int RF = C::kFragments;
-  if constexpr (C::kQkF16) {
-    // k16 steps of 16 bytes: 36 per row (latent and rope alike), 9 per warp. One ldmatrix.x4
-    // takes a step of all 32 tokens (matrix j = tokens 8j..8j+7); register j holds bytes
-    // 4t..4t+3, whose two f16 pairs are B of the widened (permuted) Q.
-    const int step = w.wd * C::kF16StepsPerWarp + i;
-    uint32_t kb[4];
-    ldmatrix_x4(kb, stage + w.lane * C::kSmemRowBytes + 16 * step);
-    uint32_t qa[RF][4];
+  if constexpr (C::kRawDsMla) {
+    // Raw fp8_ds_mla rows: 8 f16 steps over the warp's scale tile of e4m3 values, then its bf16 rope
+    // chunk (cache bytes 528 + 32 wd) against the rope fragments held in registers.
+    if (i < C::kLatentQkSteps) {
+      const int k_byte = w.wd * (kDimV / 4) + 16 * i;
+      qk_f16_step<C>(sc, stage, k_byte, w, q_smem, 2 * k_byte);
+    } else {
+      uint32_t qa[RF][4];
 #pragma unroll
-    for (int f = 0; f < RF; ++f) ldmatrix_a<C>(qa[f], w, q_smem, C::kSmemQRowBytes, f, 32 * step);
+      for (int f = 0; f < RF; ++f)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      uint32_t lo, hi;
-      e4m3x4_to_f16x4(kb[j], lo, hi);
-#pragma unroll
-      for (int f = 0; f < RF; ++f) mma_f16(sc[f][j], qa[f], lo, hi);
+        for (int r = 0; r < 4; ++r) qa[f][r] = qf[f][0][r];
+      qk_bf16_step<C>(sc, stage, kDsMlaRopeOffset + 32 * w.wd, w, qa);
     }
+  } else if constexpr (C::kQkF16) {
+    // k16 steps of 16 bytes: 36 per row (latent and rope alike), 9 per warp.
+    const int step = w.wd * C::kF16StepsPerWarp + i;
+    qk_f16_step<C>(sc, stage, 16 * step, w, q_smem, 32 * step);
   } else {
     if (i == C::kNopeChunks && !(w.wd < C::kRopeChunks)) return;  // rope chunks: warps wd < kRopeChunks
     uint32_t qa[RF][4];
@@ -61,22 +102,21 @@ __device__ __forceinline__ void qk_step(float (&sc)[C::kFragments][4][4], uint32
 #pragma unroll
         for (int r = 0; r < 4; ++r) qa[f][r] = qf[f][i][r];
     }
+    if constexpr (C::kFp8) {
 #pragma unroll
-    for (int jp = 0; jp < 2; ++jp) {  // n-tile pairs (16 tokens)
-      const int mi = w.lane >> 3;
-      const int tok = 16 * jp + 8 * (mi >> 1) + (w.lane & 7);
-      uint32_t kb[4];
-      ldmatrix_x4(kb, stage + tok * C::kSmemRowBytes + qk_chunk_byte<C>(w.wd, i) + 16 * (mi & 1));
+      for (int jp = 0; jp < 2; ++jp) {  // n-tile pairs (16 tokens)
+        const int mi = w.lane >> 3;
+        const int tok = 16 * jp + 8 * (mi >> 1) + (w.lane & 7);
+        uint32_t kb[4];
+        ldmatrix_x4(kb, stage + tok * C::kSmemRowBytes + qk_chunk_byte<C>(w.wd, i) + 16 * (mi & 1));
 #pragma unroll
-      for (int f = 0; f < RF; ++f) {
-        if constexpr (C::kFp8) {
+        for (int f = 0; f < RF; ++f) {
           mma_e4m3(sc[f][2 * jp], qa[f], kb[0], kb[1]);
           mma_e4m3(sc[f][2 * jp + 1], qa[f], kb[2], kb[3]);
-        } else {
-          mma_bf16(sc[f][2 * jp], qa[f], kb[0], kb[1]);
-          mma_bf16(sc[f][2 * jp + 1], qa[f], kb[2], kb[3]);
         }
       }
+    } else {
+      qk_bf16_step<C>(sc, stage, qk_chunk_byte<C>(w.wd, i), w, qa);
     }
   }
 }
@@ -99,10 +139,11 @@ __device__ __forceinline__ void widen_fp8_v(const uint32_t (&vr)[4], int half, u
 }
 
 // Step i of O += P.V over this warp's 128 output dims. FP8 accumulators come in (even dims, odd
-// dims) pairs of n-tiles (epilogue.cuh puts them back in order); BF16 ones are in dim order.
+// dims) pairs of n-tiles (epilogue.cuh puts them back in order); BF16 ones are in dim order. Raw
+// fp8_ds_mla rows: the widened V times its tokens' scales (v_scale_pairs), in f16.
 template <class C>
 __device__ __forceinline__ void pv_step(float (&acc)[C::kFragments][16][4], const uint32_t (&pf)[C::kFragments][2][4],
-                                        uint32_t stage, int i, const WarpRole& w) {
+                                        uint32_t stage, int i, const WarpRole& w, const VScales& vs) {
   constexpr int RF = C::kFragments;
   constexpr int kPerK = C::kPvSteps / 2;
   const int kk = i / kPerK, q = i % kPerK;
@@ -113,6 +154,13 @@ __device__ __forceinline__ void pv_step(float (&acc)[C::kFragments][16][4], cons
     for (int half = 0; half < 2; ++half) {
       uint32_t even[2], odd[2];
       widen_fp8_v(vr, half, even, odd);
+      if constexpr (C::kRawDsMla) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          even[r] = mul_f16x2(even[r], vs.pairs[kk][r]);
+          odd[r] = mul_f16x2(odd[r], vs.pairs[kk][r]);
+        }
+      }
 #pragma unroll
       for (int f = 0; f < RF; ++f) {
         if constexpr (C::kPvF16Acc) {
@@ -172,11 +220,11 @@ __device__ __forceinline__ void pv_tile_f16(float (&acc)[C::kFragments][16][4],
 // group i in pv_tile_f16 for i < kPvSteps / 2 (the later steps have nothing left to do).
 template <class C>
 __device__ __forceinline__ void pv_part(float (&acc)[C::kFragments][16][4], const uint32_t (&pf)[C::kFragments][2][4],
-                                        uint32_t stage, int i, const WarpRole& w) {
+                                        uint32_t stage, int i, const WarpRole& w, const VScales& vs = {}) {
   if constexpr (C::kPvF16Acc) {
     if (i < C::kPvSteps / 2) pv_tile_f16<C>(acc, pf, stage, i, w);
   } else if (i < C::kPvSteps) {
-    pv_step<C>(acc, pf, stage, i, w);
+    pv_step<C>(acc, pf, stage, i, w, vs);
   }
 }
 

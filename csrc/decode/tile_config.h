@@ -29,9 +29,17 @@ constexpr bool kFp8PvF16Acc = true;
 constexpr bool kFp8PvF16Acc = false;
 #endif
 
-template <bool FP8, int ROW_GROUPS, int RF>
+// fp8_ds_mla rows (656 bytes: 512 e4m3, four fp32 scales, 64 bf16 rope; load_kv_ds_mla.cuh) run the FP8
+// tiles where Q is widened to f16 (sm_90a) and P.V sums in fp32: raw rows straight into shared memory,
+// the latent products in f16, the rope product in bf16. Elsewhere they run the BF16 tiles, widened to bf16.
+constexpr bool kDsMlaOnFp8Tiles = kFp8QkViaF16 && !kFp8PvF16Acc;
+
+template <bool FP8, int ROW_GROUPS, int RF, KvFormat KV = KvFormat::kPlain>
 struct TileConfig {
   static constexpr bool kFp8 = FP8;
+  static constexpr KvFormat kKv = KV;
+  // fp8_ds_mla rows as they are in the cache, on an FP8 tile (kDsMlaOnFp8Tiles).
+  static constexpr bool kRawDsMla = FP8 && KV == KvFormat::kDsMla;
   static constexpr int kRowGroups = ROW_GROUPS;
   static constexpr int kFragments = RF;  // 16-row fragments per warp
   static constexpr int kElem = FP8 ? 1 : 2;
@@ -43,7 +51,9 @@ struct TileConfig {
   // build) a third stage fits, and the loop then runs software-pipelined as FP8's does.
   static constexpr int kStages = FP8 || (ROW_GROUPS > 1 && kMaxSmemPerBlock > 99 * 1024) ? 3 : 2;
   static constexpr int kRowBytes = kHeadDim * kElem;
-  static constexpr int kSmemRowBytes = kRowBytes + 16;  // 16-byte pad: ldmatrix rows hit distinct banks
+  // A 16-byte pad: ldmatrix rows hit distinct banks. A raw fp8_ds_mla row needs none: its 41 chunks
+  // are an odd count already.
+  static constexpr int kSmemRowBytes = kRawDsMla ? kDimV + 16 + kRopeDim * 2 : kRowBytes + 16;
   static constexpr int kChunksPerRow = kRowBytes / 16;
   static constexpr int kStageBytes = kBlockN * kSmemRowBytes;
   // Partial scores of the four dim quarters, kBlockN floats per row, XOR-swizzled (score_index).
@@ -56,14 +66,14 @@ struct TileConfig {
   static constexpr int kCorrBytes = kTileRows * 4;      // per-row rescale factor of the tile
   static constexpr int kExactSumBytes = kTileRows * 4;  // per-row sum of P before rounding (the LSE)
   static constexpr bool kQInSmem = RF > 1;
-  static constexpr int kQRegFragments = kQInSmem ? 1 : RF;         // Q fragments held in registers (1: unused)
   static constexpr bool kQkF16 = FP8 && kFp8QkViaF16 && kQInSmem;  // Q widened to f16 once
+  static_assert(!kRawDsMla || (kQkF16 && kDsMlaOnFp8Tiles), "fp8_ds_mla runs FP8 tiles of f16 Q only");
   static constexpr int kQElem = kQkF16 ? 2 : kElem;
   // FP8 P.V summed in f16 per 16-token k-step, then in fp32 (the fp8_pv setting). P <= 2^8 (stale
   // maximum) and |V| <= 448, so P is stored scaled by 2^-6: 16 * 2^8 * 2^-6 * 448 = 28672 < 65504.
   static constexpr bool kPvF16Acc = FP8 && kFp8PvF16Acc;
   static constexpr float kPvF16Scale = 64.f;
-  static constexpr int kSmemQRowBytes = kHeadDim * kQElem + 16;
+  static constexpr int kSmemQRowBytes = (kRawDsMla ? kDimV : kHeadDim) * kQElem + 16;
   static constexpr int kQBytes = kQInSmem ? kTileRows * kSmemQRowBytes : 0;
   // The shared-memory map (byte offsets).
   static constexpr int kScoresOffset = kStages * kStageBytes;
@@ -80,9 +90,18 @@ struct TileConfig {
   static constexpr int kNopeChunks = kDimV * kElem / 32 / 4;
   static constexpr int kRopeChunks = kRopeDim * kElem / 32;
   static constexpr int kQkChunks = kNopeChunks + 1;
+  // Q fragments held in registers ([fragment][chunk]; 1 x 1: unused): all of Q where it is not in shared
+  // memory; for raw fp8_ds_mla rows, the rope chunk of the warp (bf16 Q, in smem the latent part only).
+  static constexpr int kQRegFragments = kQInSmem && !kRawDsMla ? 1 : RF;
+  static constexpr int kQRegChunks = kQInSmem ? 1 : kQkChunks;
   // Widened to f16, QK^T runs in k16 steps of 16 K bytes: 36 per row, spread evenly over the warps.
   static constexpr int kF16StepsPerWarp = kRowBytes / 16 / 4;
-  static constexpr int kQkSteps = kQkF16 ? kF16StepsPerWarp : kQkChunks;  // QK^T steps of a tile per warp
+  // QK^T steps of a tile per warp, the latent ones before the rope one. Raw fp8_ds_mla rows: a warp's
+  // 128 latent dims (its scale tile) in 8 f16 steps, then its bf16 rope step.
+  static constexpr int kLatentQkSteps = kRawDsMla ? kDimV / 4 / 16 : kNopeChunks;
+  static constexpr int kQkSteps = kRawDsMla ? kLatentQkSteps + 1 : kQkF16 ? kF16StepsPerWarp : kQkChunks;
+  // Split partials: f16 from plain FP8 rows (|O| <= 448, the e4m3 maximum), else fp32 (scaled rows).
+  static constexpr bool kF16Partials = FP8 && !kRawDsMla;
   // P.V steps of a tile per warp: one 16-token x 32-dim (FP8) or x 16-dim (BF16) block of V each.
   static constexpr int kPvSteps = FP8 ? 8 : 16;
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "tile does not fit the shared memory of a block");
