@@ -102,14 +102,6 @@ __device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t packed, uint32_t& lo, u
       : "r"(packed));
 }
 
-// A read-only global load the compiler keeps where it is written (volatile): not hoisted out of a loop
-// to hold its value in registers throughout.
-__device__ __forceinline__ uint32_t ldg_u32_in_place(const void* ptr) {
-  uint32_t v;
-  asm volatile("ld.global.nc.u32 %0, [%1];\n" : "=r"(v) : "l"(ptr));
-  return v;
-}
-
 // a * b, two f16 lanes at once (rounded to nearest).
 __device__ __forceinline__ uint32_t mul_f16x2(uint32_t a, uint32_t b) {
   uint32_t d;

@@ -164,21 +164,19 @@ __device__ __forceinline__ void scale_p_fragments(uint32_t (&pf)[C::kFragments][
 }
 
 // Raw rows (FP8 tiles): this warp's scale tile per token as the f16 pairs that multiply its widened V
-// B fragments, pairs[k-step kk][half h] holding tokens 16 kk + 8 h + 2 t and + 1 (unused elsewhere).
+// B fragments of 16-token k-step kk, pairs[h] holding tokens 16 kk + 8 h + 2 t and + 1 (unused elsewhere).
 struct VScales {
-  uint32_t pairs[2][2];
+  uint32_t pairs[2];
 };
 
 template <class C>
-__device__ __forceinline__ VScales v_scale_pairs(uint32_t stage, const WarpRole& w) {
+__device__ __forceinline__ VScales v_scale_pairs(uint32_t stage, int kk, const WarpRole& w) {
   VScales vs;
 #pragma unroll
-  for (int kk = 0; kk < 2; ++kk)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int tok = 16 * kk + 8 * h + 2 * w.t;
-      vs.pairs[kk][h] = pack2<true>(row_scale<C>(stage, tok, w.wd), row_scale<C>(stage, tok + 1, w.wd));
-    }
+  for (int h = 0; h < 2; ++h) {
+    const int tok = 16 * kk + 8 * h + 2 * w.t;
+    vs.pairs[h] = pack2<true>(row_scale<C>(stage, tok, w.wd), row_scale<C>(stage, tok + 1, w.wd));
+  }
   return vs;
 }
 

@@ -134,7 +134,7 @@ struct DsMlaQTileLoad {
 };
 
 // Raw fp8_ds_mla rows: this thread's bf16 A fragments of the rope chunk of its warp (dims 16 wd..16 wd
-// + 15 of q_pe) for QK^T's last step of a tile, read for each tile (from L1) where they are used.
+// + 15 of q_pe) for QK^T's last step of each tile, loaded once.
 template <class C>
 __device__ __forceinline__ void load_q_rope_fragments(uint32_t (&qf)[C::kQRegFragments][C::kQRegChunks][4],
                                                       const DecodeParams& p, int b, int warp_row0, const WarpRole& w) {
@@ -147,7 +147,7 @@ __device__ __forceinline__ void load_q_rope_fragments(uint32_t (&qf)[C::kQRegFra
       const uint8_t* pe = q_row(p, b, row).pe + 32 * w.wd + 4 * w.t;
 #pragma unroll
       for (int half = 0; half < 2; ++half)
-        qf[f][0][2 * half + h] = row < p.rows ? ldg_u32_in_place(pe + 16 * half) : 0u;
+        qf[f][0][2 * half + h] = row < p.rows ? __ldg(reinterpret_cast<const uint32_t*>(pe + 16 * half)) : 0u;
     }
 }
 

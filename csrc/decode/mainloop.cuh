@@ -95,6 +95,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF, KV>::kThreads)
   float* corr_smem = reinterpret_cast<float*>(smem + C::kCorrOffset);
   uint32_t qf[C::kQRegFragments][C::kQRegChunks][4];
   if constexpr (!C::kQInSmem) load_q_fragments<C>(qf, p, b, warp_row0, w);
+  if constexpr (C::kRawDsMla) load_q_rope_fragments<C>(qf, p, b, warp_row0, w);
 
   const float scale_log2 = read_scale(p.bmm1_ptr, p.bmm1) * kLog2e;
   float acc[RF][16][4];
@@ -153,13 +154,8 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF, KV>::kThreads)
   constexpr bool kPipelined = C::kStages >= 3;
   float sc[RF][4][4];
   // QK^T step i of the tile in `stage`. fp8_ds_mla: the latent partial scores are scaled per token
-  // before the rope step; on FP8 tiles the rope step's Q fragments are read again (L1) a few steps
-  // ahead, rather than held through the loop, where the registers are not there.
-  constexpr int kRopeQAhead = 3;  // steps between the rope fragments' loads and their use
+  // before the rope step.
   auto qk_tile_step = [&](uint32_t stage, int i) {
-    if constexpr (C::kRawDsMla) {
-      if (i == C::kLatentQkSteps - kRopeQAhead) load_q_rope_fragments<C>(qf, p, b, warp_row0, w);
-    }
     if constexpr (kDsMla) {
       if (i == C::kLatentQkSteps) scale_latent_scores<C>(sc, stage, w);
     }
@@ -200,13 +196,18 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF, KV>::kThreads)
 
     rescale_accumulators<C>(acc, corr_smem, w);
     uint32_t pf[RF][2][4];  // P as A fragments: [f][k16 step][reg]
-#pragma unroll
-    for (int f = 0; f < RF; ++f)
-#pragma unroll
-      for (int kk = 0; kk < 2; ++kk) ldmatrix_a<C>(pf[f][kk], w, p_smem, C::kPRowBytes, f, kk * 32);
-    if constexpr (kDsMlaRegs) scale_p_fragments<C>(pf, stage, w);
     [[maybe_unused]] VScales vs;
-    if constexpr (C::kRawDsMla) vs = v_scale_pairs<C>(stage, w);
+    auto load_p = [&](int kk) {
+#pragma unroll
+      for (int f = 0; f < RF; ++f) ldmatrix_a<C>(pf[f][kk], w, p_smem, C::kPRowBytes, f, kk * 32);
+      if constexpr (C::kRawDsMla) vs = v_scale_pairs<C>(stage, kk, w);
+    };
+    // Raw fp8_ds_mla rows: each 16-token k-step's P fragments and V scales are read as P.V reaches it
+    // (step kPvSteps / 2 starts the second), which keeps the registers for the rope step's Q.
+    constexpr int kLateK = C::kRawDsMla ? C::kPvSteps / 2 : -1;
+    load_p(0);
+    if constexpr (!C::kRawDsMla) load_p(1);
+    if constexpr (kDsMlaRegs) scale_p_fragments<C>(pf, stage, w);
 
     // O += P.V; in the pipeline, interleaved step by step with QK^T of the next tile.
     if (kPipelined && tile + 1 < tile_end) {
@@ -215,11 +216,15 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF, KV>::kThreads)
 #pragma unroll
       for (int i = 0; i < (C::kQkSteps > C::kPvSteps ? C::kQkSteps : C::kPvSteps); ++i) {
         if (i < C::kQkSteps) qk_tile_step(next_stage, i);
+        if (i == kLateK) load_p(1);
         pv_part<C>(acc, pf, stage, i, w, vs);
       }
     } else {
 #pragma unroll
-      for (int i = 0; i < C::kPvSteps; ++i) pv_part<C>(acc, pf, stage, i, w, vs);
+      for (int i = 0; i < C::kPvSteps; ++i) {
+        if (i == kLateK) load_p(1);
+        pv_part<C>(acc, pf, stage, i, w, vs);
+      }
     }
   }
   cp_async_wait<0>();

@@ -140,7 +140,7 @@ __device__ __forceinline__ void widen_fp8_v(const uint32_t (&vr)[4], int half, u
 
 // Step i of O += P.V over this warp's 128 output dims. FP8 accumulators come in (even dims, odd
 // dims) pairs of n-tiles (epilogue.cuh puts them back in order); BF16 ones are in dim order. Raw
-// fp8_ds_mla rows: the widened V times its tokens' scales (v_scale_pairs), in f16.
+// fp8_ds_mla rows: the widened V times its tokens' scales (v_scale_pairs of step i's k-step), in f16.
 template <class C>
 __device__ __forceinline__ void pv_step(float (&acc)[C::kFragments][16][4], const uint32_t (&pf)[C::kFragments][2][4],
                                         uint32_t stage, int i, const WarpRole& w, const VScales& vs) {
@@ -157,8 +157,8 @@ __device__ __forceinline__ void pv_step(float (&acc)[C::kFragments][16][4], cons
       if constexpr (C::kRawDsMla) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          even[r] = mul_f16x2(even[r], vs.pairs[kk][r]);
-          odd[r] = mul_f16x2(odd[r], vs.pairs[kk][r]);
+          even[r] = mul_f16x2(even[r], vs.pairs[r]);
+          odd[r] = mul_f16x2(odd[r], vs.pairs[r]);
         }
       }
 #pragma unroll
