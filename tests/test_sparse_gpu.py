@@ -63,6 +63,16 @@ def test_sparse_grid(kind, invalid, heads, tokens, topk):
     assert_matches(case, *run(case, f"{kind} {invalid} {heads}x{tokens}x{topk}"))
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("heads", [17, 24, 32, 40])
+def test_head_counts_that_part_fill_a_32_row_tile(kind, heads):
+    """Over 16 heads a token's rows take 32-row tiles (on sm_90a fp8_ds_mla's FP8 tile): V3.2 at TP4 has
+    32, and a count between fills its last tile in part, whose rows past the heads must read as zero Q
+    and never be written."""
+    case = make_sparse_case(6, heads, 2048, kind, "cuda", seed=heads, invalid="scattered")
+    assert_matches(case, *run(case, f"{kind} {heads} heads"))
+
+
 @pytest.mark.parametrize("kind", ["bf16", "arbitrary_fp32"])
 @pytest.mark.parametrize("heads", [16, 128])
 @pytest.mark.parametrize("topk", [2049, 3000, 4096])

@@ -145,10 +145,10 @@ inline int64_t ctas_per_sm(bool fp8, int64_t row_groups, int64_t rf, int64_t kv_
 inline bool ds_mla_fp8_tile(int64_t rows) {
   bool fp8_tile = false;
   bool found = false;
-#define MLA_DS_MLA_FP8_TILE(FP8, MAX_ROWS, ROW_GROUPS, RF)              \
-  if ((FP8) && !found && rows <= (MAX_ROWS)) {                          \
-    found = true;                                                       \
-    fp8_tile = kDsMlaTile<(FP8) != 0, (ROW_GROUPS), (RF)>;              \
+#define MLA_DS_MLA_FP8_TILE(FP8, MAX_ROWS, ROW_GROUPS, RF) \
+  if ((FP8) && !found && rows <= (MAX_ROWS)) {             \
+    found = true;                                          \
+    fp8_tile = kDsMlaTile<(FP8) != 0, (ROW_GROUPS), (RF)>; \
   }
   MLA_TILE_SHAPES(MLA_DS_MLA_FP8_TILE)
 #undef MLA_DS_MLA_FP8_TILE

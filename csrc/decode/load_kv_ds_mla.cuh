@@ -116,8 +116,8 @@ struct DsMlaTileLoad {
       st_shared_v4(dst + chunk * 32 + 16, out[4], out[5], out[6], out[7]);
     }
     if (first == 0)
-      st_shared_v4(dst + kScalesInRow<C>, __float_as_uint(scales.x), __float_as_uint(scales.y), __float_as_uint(scales.z),
-                   __float_as_uint(scales.w));
+      st_shared_v4(dst + kScalesInRow<C>, __float_as_uint(scales.x), __float_as_uint(scales.y),
+                   __float_as_uint(scales.z), __float_as_uint(scales.w));
 #pragma unroll
     for (int i = 0; i < kRopeChunks; ++i)
       st_shared_v4(dst + kDimV * 2 + (i * kThreadsPerToken + first) * 16, rope[i].x, rope[i].y, rope[i].z, rope[i].w);
