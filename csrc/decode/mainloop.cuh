@@ -88,8 +88,7 @@ __global__ void __launch_bounds__(TileConfig<FP8, ROW_GROUPS, RF, KV>::kThreads)
   // Causal over the q_len new tokens: row r sees positions < seq_len - q_len + r / heads + 1, so
   // only tiles reaching past seq_len - q_len need a mask (rows past the problem have Q = 0).
   const int first_masked = first_masked_position(p, seq_len);
-  // Sparse lists come with bf16 queries: the BF16 tiles, or the FP8 ones over raw fp8_ds_mla rows.
-  const int* const sparse_ids = (!C::kFp8 || C::kRawDsMla) && p.sparse ? bt_row : nullptr;
+  const int* const sparse_ids = sparse_list<C>(p, bt_row);
 
   const uint32_t p_smem = kv_smem + C::kPOffset;
   float* corr_smem = reinterpret_cast<float*>(smem + C::kCorrOffset);

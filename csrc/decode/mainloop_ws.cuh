@@ -183,8 +183,7 @@ __global__ void __launch_bounds__(WsLayout<C>::kThreads, 1)
     }
     const float scale_log2 = read_scale(p.bmm1_ptr, p.bmm1) * kLog2e;
     const int first_masked = first_masked_position(p, seq_len);
-    // Sparse lists come with bf16 queries only: the FP8 tiles never mask (registers they lack).
-    const int* const sparse_ids = !C::kFp8 && p.sparse ? bt_row : nullptr;
+    const int* const sparse_ids = sparse_list<C>(p, bt_row);
     OnlineSoftmax<C> softmax(w.wr * C::kRowsPerWarp + w.wd * C::kSoftRows,
                              reinterpret_cast<float*>(smem + C::kExactSumOffset), lane);
 

@@ -39,6 +39,13 @@ __device__ __forceinline__ void store_partial_scores(float* scores, const float 
             make_float2(sc[f][j][2 * h], sc[f][j][2 * h + 1]);
 }
 
+// The sparse list (its row of ids) whose empty entries this tile's softmax masks, or nullptr: none
+// for a dense call, nor for a tile that never reads sparse lists.
+template <class C>
+__device__ __forceinline__ const int* sparse_list(const DecodeParams& p, const int* bt_row) {
+  return C::kReadsSparseLists && p.sparse ? bt_row : nullptr;
+}
+
 // Softmax state of the rows this lane reduces: tile-local row row0 + 4 i + lane / 8, whose 8 lanes
 // hold 4 tokens each of a tile.
 template <class C>

@@ -102,6 +102,8 @@ struct TileConfig {
   static constexpr int kQkSteps = kRawDsMla ? kLatentQkSteps + 1 : kQkF16 ? kF16StepsPerWarp : kQkChunks;
   // Split partials: f16 from plain FP8 rows (|O| <= 448, the e4m3 maximum), else fp32 (scaled rows).
   static constexpr bool kF16Partials = FP8 && !kRawDsMla;
+  // Sparse lists come with bf16 queries: the BF16 tiles read them, and FP8 tiles over raw fp8_ds_mla rows.
+  static constexpr bool kReadsSparseLists = !FP8 || kRawDsMla;
   // P.V steps of a tile per warp: one 16-token x 32-dim (FP8) or x 16-dim (BF16) block of V each.
   static constexpr int kPvSteps = FP8 ? 8 : 16;
   static_assert(kSmemBytes <= kMaxSmemPerBlock, "tile does not fit the shared memory of a block");
