@@ -83,34 +83,17 @@ inline void decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor kv_pe, Tensor b
   MLA_INVARIANT(rows <= kMaxRows, "q_len x heads must be <= ", kMaxRows);  // heads_recip's exact range
 
   DecodeParams p = {};
-  p.q_nope = static_cast<const uint8_t*>(q_nope.data_ptr());
-  p.q_pe = static_cast<const uint8_t*>(q_pe.data_ptr());
-  set_q_strides(p.q_nope_stride, q_nope);
-  set_q_strides(p.q_pe_stride, q_pe);
+  set_queries_and_outputs(p, q_nope, q_pe, out, lse, batch * rows, "fp32 [B, q_len, H]", bmm1, bmm1_tensor, bmm2,
+                          bmm2_tensor);
   p.kv = static_cast<const uint8_t*>(kv.data_ptr());
   p.kv_pe = static_cast<const uint8_t*>(kv_pe.data_ptr());
   p.block_tables = static_cast<const int*>(block_tables.data_ptr());
   p.seq_lens = static_cast<const int*>(seq_lens.data_ptr());
-  p.out = reinterpret_cast<__nv_bfloat16*>(out.data_ptr());
-  p.lse = nullptr;
-  if (lse.has_value()) {
-    MLA_INVARIANT(lse->scalar_type() == ScalarType::Float && lse->is_contiguous() && lse->numel() == batch * rows,
-                  "lse: fp32 [B, q_len, H]");
-    p.lse = static_cast<float*>(lse->data_ptr());
-  }
-  p.bmm1_ptr = optional_scale(bmm1_tensor);
-  p.bmm2_ptr = optional_scale(bmm2_tensor);
-  p.bmm1 = static_cast<float>(bmm1);
-  p.bmm2 = static_cast<float>(bmm2);
   p.page_stride = kv.stride(0) * kv.element_size();
   p.pe_page_stride = kv_pe.stride(0) * kv_pe.element_size();
   // Pages of one token never step along dim 1, whose stride may then be anything.
   p.token_stride = kv.size(1) == 1 ? 0 : static_cast<int>(kv.stride(1) * kv.element_size());
   p.pe_token_stride = kv_pe.size(1) == 1 ? 0 : static_cast<int>(kv_pe.stride(1) * kv_pe.element_size());
-  p.q_len = static_cast<int>(q.size(1));
-  p.heads = static_cast<int>(q.size(2));
-  p.rows = static_cast<int>(rows);
-  p.heads_recip = ((1 << 20) + p.heads - 1) / p.heads;
   p.page_shift = shift;
   p.max_pages = static_cast<int>(max_pages);
   MLA_INVARIANT(kv.size(0) <= INT_MAX, "kv: at most 2^31 - 1 pages (int32 page ids)");

@@ -63,32 +63,15 @@ inline void sparse_decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor indices,
   MLA_INVARIANT(heads <= kMaxRows, "heads must be <= ", kMaxRows);
 
   DecodeParams p = {};
-  p.q_nope = static_cast<const uint8_t*>(q_nope.data_ptr());
-  p.q_pe = static_cast<const uint8_t*>(q_pe.data_ptr());
-  set_q_strides(p.q_nope_stride, q_nope);
-  set_q_strides(p.q_pe_stride, q_pe);
+  set_queries_and_outputs(p, q_nope, q_pe, out, lse, tokens * heads, "contiguous fp32 [T, H]", bmm1, bmm1_tensor,
+                          bmm2, bmm2_tensor);
   p.kv = static_cast<const uint8_t*>(kv.data_ptr());
   p.kv_pe = p.kv + kDimV * kv.element_size();  // plain rows: the rope columns (fp8_ds_mla's loader knows its own)
   p.block_tables = static_cast<const int*>(indices.data_ptr());
   p.bt_stride = static_cast<int>(indices.stride(0));
   p.seq_lens = static_cast<const int*>(topk_lens.data_ptr());
-  p.out = reinterpret_cast<__nv_bfloat16*>(out.data_ptr());
-  p.lse = nullptr;
-  if (lse.has_value()) {
-    MLA_INVARIANT(lse->scalar_type() == ScalarType::Float && lse->is_contiguous() && lse->numel() == tokens * heads,
-                  "lse: contiguous fp32 [T, H]");
-    p.lse = static_cast<float*>(lse->data_ptr());
-  }
-  p.bmm1_ptr = optional_scale(bmm1_tensor);
-  p.bmm2_ptr = optional_scale(bmm2_tensor);
-  p.bmm1 = static_cast<float>(bmm1);
-  p.bmm2 = static_cast<float>(bmm2);
   p.page_stride = p.pe_page_stride = kv.stride(0) * kv.element_size();  // one-token pages: a row each
   p.token_stride = p.pe_token_stride = 0;
-  p.q_len = 1;
-  p.heads = static_cast<int>(heads);
-  p.rows = static_cast<int>(heads);
-  p.heads_recip = ((1 << 20) + p.heads - 1) / p.heads;
   p.page_shift = 0;
   p.max_pages = static_cast<int>(indices.size(1));
   p.max_seq_len = p.max_pages;

@@ -10,6 +10,7 @@
 
 #include "api/invariants.h"
 #include "common/kernel_constants.h"
+#include "common/params.h"
 #include "schedule/plan_layout.h"
 
 namespace mla {
@@ -39,6 +40,34 @@ inline void check_q_part(const Tensor& t, int64_t dim, const char* name) {
 // Byte strides; a dim of size 1 is only ever indexed at 0, so its stride (which may be anything) is 0.
 inline void set_q_strides(long long (&dst)[3], const Tensor& t) {
   for (int d = 0; d < 3; ++d) dst[d] = t.size(d) == 1 ? 0 : t.stride(d) * t.element_size();
+}
+
+// What the decode and sparse ops fill alike: Q (two [B, q_len, H, *] parts, checked), the bf16 output and
+// the optional fp32 LSE of `lse_numel` elements (`lse_shape` names it in the error), the bmm scales, the
+// row counts and heads_recip (row / heads == (row * heads_recip) >> 20 below kMaxRows rows).
+inline void set_queries_and_outputs(DecodeParams& p, const Tensor& q_nope, const Tensor& q_pe, const Tensor& out,
+                                    const std::optional<Tensor>& lse, int64_t lse_numel, const char* lse_shape,
+                                    double bmm1, const std::optional<Tensor>& bmm1_tensor, double bmm2,
+                                    const std::optional<Tensor>& bmm2_tensor) {
+  p.q_nope = static_cast<const uint8_t*>(q_nope.data_ptr());
+  p.q_pe = static_cast<const uint8_t*>(q_pe.data_ptr());
+  set_q_strides(p.q_nope_stride, q_nope);
+  set_q_strides(p.q_pe_stride, q_pe);
+  p.out = reinterpret_cast<__nv_bfloat16*>(out.data_ptr());
+  p.lse = nullptr;
+  if (lse.has_value()) {
+    MLA_INVARIANT(lse->scalar_type() == ScalarType::Float && lse->is_contiguous() && lse->numel() == lse_numel,
+                  "lse: ", lse_shape);
+    p.lse = static_cast<float*>(lse->data_ptr());
+  }
+  p.bmm1_ptr = optional_scale(bmm1_tensor);
+  p.bmm2_ptr = optional_scale(bmm2_tensor);
+  p.bmm1 = static_cast<float>(bmm1);
+  p.bmm2 = static_cast<float>(bmm2);
+  p.q_len = static_cast<int>(q_nope.size(1));
+  p.heads = static_cast<int>(q_nope.size(2));
+  p.rows = p.q_len * p.heads;
+  p.heads_recip = ((1 << 20) + p.heads - 1) / p.heads;
 }
 
 // One part of the KV cache, [pages, page, dim] (a column range of one [.., 576] cache, or a cache of
