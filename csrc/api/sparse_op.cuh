@@ -63,8 +63,8 @@ inline void sparse_decode(Tensor q_nope, Tensor q_pe, Tensor kv, Tensor indices,
   MLA_INVARIANT(heads <= kMaxRows, "heads must be <= ", kMaxRows);
 
   DecodeParams p = {};
-  set_queries_and_outputs(p, q_nope, q_pe, out, lse, tokens * heads, "contiguous fp32 [T, H]", bmm1, bmm1_tensor,
-                          bmm2, bmm2_tensor);
+  set_queries_and_outputs(p, q_nope, q_pe, out, lse, tokens * heads, "contiguous fp32 [T, H]", bmm1, bmm1_tensor, bmm2,
+                          bmm2_tensor);
   p.kv = static_cast<const uint8_t*>(kv.data_ptr());
   p.kv_pe = p.kv + kDimV * kv.element_size();  // plain rows: the rope columns (fp8_ds_mla's loader knows its own)
   p.block_tables = static_cast<const int*>(indices.data_ptr());
