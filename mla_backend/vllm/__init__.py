@@ -1,5 +1,6 @@
 """vLLM plugin: registers the mla_backend MLA decode backend as ``AttentionBackendEnum.CUSTOM``
-and, where vLLM names out-of-tree backends (0.32+), as ``AttentionBackendEnum.MLA_BACKEND``.
+and, where vLLM names out-of-tree backends (0.32+), as ``AttentionBackendEnum.MLA_BACKEND``; and
+gives DeepSeek Sparse Attention's indexer logits where DeepGEMM cannot (indexer_hook.py).
 
 vLLM calls :func:`register` in every process through the ``vllm.general_plugins`` entry point;
 users select the backend with ``--attention-backend CUSTOM`` (or ``MLA_BACKEND``).
@@ -22,8 +23,10 @@ def register() -> None:
     ones that never use attention. A CUSTOM backend registered by another plugin is left alone."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
+    from . import indexer_hook
     from .compat import register_named
 
+    indexer_hook.install()  # the sparse-attention indexer where DeepGEMM cannot score it
     register_named(BACKEND_PATH)
     current = registered_custom_backend()
     if current not in (None, BACKEND_PATH):
