@@ -10,6 +10,11 @@
 // Splits of one request's KV across CTAs: bounds the merge kernel's LSE pass (one thread per
 // split) and the workspace the split partials take.
 #define MLA_MAX_KV_SPLITS 256
+// fp8_ds_mla KV rows (DeepSeek-V3.2, GLM-5), in bytes: MLA_LATENT_DIM e4m3 values, then one fp32 scale
+// per 128 of them, then MLA_ROPE_DIM bf16 values.
+#define MLA_DS_MLA_SCALE_OFFSET 512
+#define MLA_DS_MLA_ROPE_OFFSET 528
+#define MLA_DS_MLA_ROW_BYTES 656
 // KV tokens per tile of the main loop: the unit the split plan counts in.
 #define MLA_TOKENS_PER_TILE 32
 // The largest page (tokens) the kernels address; pages are powers of two from 1 (a token-indexed cache).

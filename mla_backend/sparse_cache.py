@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import torch
 
-DS_MLA_ROW_BYTES = 656
-DS_MLA_SCALE_OFFSET = 512
-DS_MLA_ROPE_OFFSET = 528
+from .kernel_constants import DS_MLA_ROPE_OFFSET, DS_MLA_ROW_BYTES, DS_MLA_SCALE_OFFSET
+
 SCALE_FORMATS = ("pow2_fp32", "arbitrary_fp32")
 
 LATENT_VALUES = 512

@@ -27,6 +27,9 @@ def test_python_takes_its_constants_from_the_kernel_header():
         "FEW_SPLITS_MAX": kernel_constants.FEW_SPLITS_MAX,
         "PLAN_MIN_BATCH": kernel_constants.PLAN_MIN_BATCH,
         "STEP_PLAN_MIN_BATCH": kernel_constants.STEP_PLAN_MIN_BATCH,
+        "DS_MLA_SCALE_OFFSET": 512,  # fp8_ds_mla rows: 512 e4m3 bytes, 4 fp32 scales, 64 bf16 rope values
+        "DS_MLA_ROPE_OFFSET": 528,
+        "DS_MLA_ROW_BYTES": 656,
     }
     assert (constants["FEW_SPLITS_MAX"], constants["PLAN_MIN_BATCH"], constants["STEP_PLAN_MIN_BATCH"]) == (8, 32, 4)
     assert config.MLABackendConfig.model_fields["num_kv_splits"].metadata[1].le == constants["MAX_KV_SPLITS"]

@@ -20,6 +20,12 @@ constexpr int kMaxPlanPieces = MLA_MAX_PLAN_PIECES;
 constexpr int kPlanCutWaves = MLA_PLAN_CUT_WAVES;
 constexpr int kPlanMinBatch = MLA_PLAN_MIN_BATCH;
 constexpr int kStepPlanMinBatch = MLA_STEP_PLAN_MIN_BATCH;
+constexpr int kDsMlaScaleOffset = MLA_DS_MLA_SCALE_OFFSET;
+constexpr int kDsMlaRopeOffset = MLA_DS_MLA_ROPE_OFFSET;
+constexpr int kDsMlaRowBytes = MLA_DS_MLA_ROW_BYTES;
+static_assert(kDsMlaScaleOffset == kDimV && kDsMlaRopeOffset == kDsMlaScaleOffset + 4 * (kDimV / 128) &&
+                  kDsMlaRowBytes == kDsMlaRopeOffset + 2 * kRopeDim,
+              "fp8_ds_mla rows: 512 e4m3, four fp32 scales, 64 bf16");
 constexpr int kMaxGridY = 65535;  // CUDA's bound on grid.y, which a plan's items span
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;

@@ -22,10 +22,6 @@
 
 namespace mla {
 
-constexpr int kDsMlaScaleOffset = kDimV;                  // bytes: after the 512 e4m3 values
-constexpr int kDsMlaRopeOffset = kDsMlaScaleOffset + 16;  // after the four fp32 scales
-constexpr int kDsMlaRowBytes = kDsMlaRopeOffset + kRopeDim * 2;
-static_assert(kDsMlaRowBytes == 656, "fp8_ds_mla rows are 656 bytes");
 // Where a shared-memory row keeps its four scales: in place (raw rows), or in the widened row's pad.
 template <class C>
 constexpr int kScalesInRow = C::kRawDsMla ? kDsMlaScaleOffset : kHeadDim * 2;

@@ -53,7 +53,7 @@ struct TileConfig {
   static constexpr int kRowBytes = kHeadDim * kElem;
   // A 16-byte pad: ldmatrix rows hit distinct banks. A raw fp8_ds_mla row needs none: its 41 chunks
   // are an odd count already.
-  static constexpr int kSmemRowBytes = kRawDsMla ? kDimV + 16 + kRopeDim * 2 : kRowBytes + 16;
+  static constexpr int kSmemRowBytes = kRawDsMla ? kDsMlaRowBytes : kRowBytes + 16;
   static constexpr int kChunksPerRow = kRowBytes / 16;
   static constexpr int kStageBytes = kBlockN * kSmemRowBytes;
   // Partial scores of the four dim quarters, kBlockN floats per row, XOR-swizzled (score_index).
