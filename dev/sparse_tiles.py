@@ -5,7 +5,14 @@ bench's shapes, through the op directly. Run with PART=script."""
 import torch
 
 from mla_backend.config import default_config
-from mla_backend.launcher import choose_num_splits, library_op, load_library, resident_slots, workspace_bytes
+from mla_backend.launcher import (
+    choose_num_splits,
+    library_op,
+    load_library,
+    resident_slots,
+    tile_shape,
+    workspace_bytes,
+)
 from mla_backend.sparse_inputs import check_sparse_inputs
 from mla_backend.sparse_problems import make_sparse_case
 from mla_backend.tools.bench import copies_past_l2, time_graph
@@ -17,7 +24,8 @@ for heads, tokens in [(16, 64), (64, 64), (128, 16), (128, 128)]:
         for i in range(copies_past_l2(tokens * 2048 * 656))
     ]
     cells = []
-    tiles = [(False, 1, 1), (False, 2, 1)] + ([(True, 1, 2)] if library_op("ds_mla_fp8_tile")(heads) else [])
+    fp8_shape = tile_shape(heads, True)
+    tiles = [(False, 1, 1), (False, 2, 1)] + ([(True, *fp8_shape)] if library_op("ds_mla_fp8_tile")(*fp8_shape) else [])
     for fp8, rg, rf in tiles:
         slots = resident_slots(0, fp8, rg, rf, 1)
         splits = choose_num_splits(tokens, heads, fp8, 2048, slots, 1 << 40)

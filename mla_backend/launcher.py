@@ -237,7 +237,7 @@ def launch_sparse(
     index = load_library(device, config)
     tokens, heads = problem.tokens, problem.heads
     kv_format = KV_FORMAT_CODES[problem.kv_format]
-    fp8_tile = problem.kv_format == "fp8_ds_mla" and bool(library_op("ds_mla_fp8_tile")(heads))
+    fp8_tile = problem.kv_format == "fp8_ds_mla" and bool(library_op("ds_mla_fp8_tile")(*tile_shape(heads, True)))
     row_groups, rf = tile_shape(heads, fp8_tile)
     slots = resident_slots(index, fp8_tile, row_groups, rf, kv_format)
     if config.num_kv_splits is not None:

@@ -112,7 +112,8 @@ ops = torch.ops.mla_backend
 for op in (ops.decode, ops.ctas_per_sm, ops.plan_ints, ops.workspace_bytes, ops.num_splits, ops.schedule):
     print(op.default._schema)
 print("schedule", ops.schedule(128, 16, True, 16384, 264, 1 << 40, False))
-print("ds_mla_fp8_tile", [ops.ds_mla_fp8_tile(rows) for rows in (8, 16, 17, 128)])
+from mla_backend.launcher import tile_shape
+print("ds_mla_fp8_tile", [ops.ds_mla_fp8_tile(*tile_shape(rows, True)) for rows in (8, 16, 17, 128)])
 """
 
 

@@ -87,6 +87,18 @@ struct DecodeKernel {
 template <bool FP8, int ROW_GROUPS, int RF>
 constexpr bool kDsMlaTile = !FP8 || (kDsMlaOnFp8Tiles && RF > 1);
 
+// fn.for_kernel<K>() for K, the DecodeKernel of a tile shape reading rows of `kv_format`; refused for a
+// shape this build does not build for that format.
+template <bool FP8, int ROW_GROUPS, int RF, class Fn>
+auto with_decode_kernel(KvFormat kv_format, const Fn& fn) {
+  if (kv_format == KvFormat::kDsMla) {
+    if constexpr (kDsMlaTile<FP8, ROW_GROUPS, RF>)
+      return fn.template for_kernel<DecodeKernel<FP8, ROW_GROUPS, RF, KvFormat::kDsMla>>();
+    STD_TORCH_CHECK(false, "mla_backend: this FP8 tile does not read fp8_ds_mla rows in this build");
+  }
+  return fn.template for_kernel<DecodeKernel<FP8, ROW_GROUPS, RF>>();
+}
+
 struct LaunchDecode {
   const DecodeParams& params;
   cudaStream_t stream;
@@ -94,17 +106,10 @@ struct LaunchDecode {
   KvFormat kv_format = KvFormat::kPlain;
   template <bool FP8, int ROW_GROUPS, int RF>
   void operator()() const {
-    if (kv_format == KvFormat::kDsMla) {
-      if constexpr (kDsMlaTile<FP8, ROW_GROUPS, RF>)
-        launch_kernel<DecodeKernel<FP8, ROW_GROUPS, RF, KvFormat::kDsMla>>();
-      else
-        STD_TORCH_CHECK(false, "mla_backend: this FP8 tile does not read fp8_ds_mla rows in this build");
-    } else {
-      launch_kernel<DecodeKernel<FP8, ROW_GROUPS, RF>>();
-    }
+    with_decode_kernel<FP8, ROW_GROUPS, RF>(kv_format, *this);
   }
   template <class K>
-  void launch_kernel() const {
+  void for_kernel() const {
     // With a plan, grid.y covers its largest item count (plan/plan_kernel.cuh); CTAs past the step's
     // items return.
     const int row_blocks = (params.rows + K::C::kTileRows - 1) / K::C::kTileRows;
@@ -120,15 +125,10 @@ struct ResidentCtas {
   KvFormat kv_format;
   template <bool FP8, int ROW_GROUPS, int RF>
   int64_t operator()() const {
-    if (kv_format == KvFormat::kDsMla) {
-      if constexpr (kDsMlaTile<FP8, ROW_GROUPS, RF>)
-        return resident<DecodeKernel<FP8, ROW_GROUPS, RF, KvFormat::kDsMla>>();
-      STD_TORCH_CHECK(false, "mla_backend: this FP8 tile does not read fp8_ds_mla rows in this build");
-    }
-    return resident<DecodeKernel<FP8, ROW_GROUPS, RF>>();
+    return with_decode_kernel<FP8, ROW_GROUPS, RF>(kv_format, *this);
   }
   template <class K>
-  static int64_t resident() {
+  int64_t for_kernel() const {
     MLA_CUDA_CHECK(cudaFuncSetAttribute(K::kernel(), cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSmemBytes));
     int blocks = 0;
     MLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, K::kernel(), K::kThreads, K::kSmemBytes));
@@ -141,18 +141,16 @@ inline int64_t ctas_per_sm(bool fp8, int64_t row_groups, int64_t rf, int64_t kv_
   return with_tile_shape(fp8, row_groups, rf, ResidentCtas{static_cast<KvFormat>(kv_format)});
 }
 
-// Whether this build runs fp8_ds_mla rows of a call of `rows` rows on the FP8 tile that covers them.
-inline bool ds_mla_fp8_tile(int64_t rows) {
-  bool fp8_tile = false;
-  bool found = false;
-#define MLA_DS_MLA_FP8_TILE(FP8, MAX_ROWS, ROW_GROUPS, RF) \
-  if ((FP8) && !found && rows <= (MAX_ROWS)) {             \
-    found = true;                                          \
-    fp8_tile = kDsMlaTile<(FP8) != 0, (ROW_GROUPS), (RF)>; \
+// Whether this build runs fp8_ds_mla rows on the FP8 tile (row_groups, rf).
+struct ReadsDsMla {
+  template <bool FP8, int ROW_GROUPS, int RF>
+  bool operator()() const {
+    return kDsMlaTile<FP8, ROW_GROUPS, RF>;
   }
-  MLA_TILE_SHAPES(MLA_DS_MLA_FP8_TILE)
-#undef MLA_DS_MLA_FP8_TILE
-  return fp8_tile;
+};
+
+inline bool ds_mla_fp8_tile(int64_t row_groups, int64_t rf) {
+  return with_tile_shape(true, row_groups, rf, ReadsDsMla{});
 }
 
 }  // namespace mla

@@ -23,7 +23,7 @@ STABLE_TORCH_LIBRARY(mla_backend, m) {
       "float bmm2, Tensor? bmm2_tensor, bool pdl, int kv_format, bool fp8_tile) -> ()");
   m.def("plan(Tensor seq_lens, Tensor(a!) plan, int max_pages, int page_size, int plan_pieces) -> ()");
   m.def("ctas_per_sm(bool fp8, int row_groups, int rf, int kv_format) -> int");
-  m.def("ds_mla_fp8_tile(int rows) -> bool");
+  m.def("ds_mla_fp8_tile(int row_groups, int rf) -> bool");
   m.def("plan_ints(int batch, int plan_pieces) -> int");
   m.def("workspace_bytes(int batch, int rows, int num_splits, int plan_pieces, bool step_plan) -> int");
   m.def("num_splits(int batch, int rows, bool fp8, int max_seq_len, int slots, int workspace_capacity) -> int");
