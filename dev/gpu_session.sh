@@ -19,6 +19,8 @@
 #   | zoo (integration/zoo_e2e.py: FAMILIES, ZOO_KV, ZOO_PARTS of plain,drafts,split, DRAFT_TOKENS, SELFTEST=1,
 #     REFUSALS=1; split on nvidia-h100-x2: ZOO_TP, ZOO_DCP; each engine in a process of its own, which
 #     vLLM 0.26's Model Runner V2 needs; IN_PROCESS=1 runs them all in one, on Model Runner V1)
+#   | sparse (integration/sparse_e2e.py: DeepSeek-V3.2 and GLM-5 on our sparse backend and indexer against
+#     FLASHMLA_SPARSE: FAMILIES, SPARSE_KV of fp8_ds_mla,auto, DRAFT_TOKENS (0: none), SELFTEST=1)
 #   | serve | mtp | parallel | correctness | enginebest | enginebest_parallel | realdims | variants | inputs | placement
 #   | faults (integration/fault_check.py: FAULT_PARTS of preemption,aborts,prefix,long,soak; BACKEND, SOAK_S, SELFTEST=1;
 #     one or two parts a call, each part starts two or more servers)
@@ -169,6 +171,8 @@ for part in ${PART//,/ }; do
     zoo) run python3 integration/zoo_e2e.py --families "${FAMILIES:-GLM-4.7-Flash,Kimi-K2}" --kv "${ZOO_KV:-fp8,auto}" \
       --parts "${ZOO_PARTS:-plain}" --draft-tokens "${DRAFT_TOKENS:-1,3}" --tp "${ZOO_TP:-2}" --dcp "${ZOO_DCP:-1,2}" \
       ${SELFTEST:+--selftest} ${REFUSALS:+--refusals} ${IN_PROCESS:+--in-process} --out "$OUT" ;;
+    sparse) run python3 integration/sparse_e2e.py --families "${FAMILIES:-DeepSeek-V3.2,GLM-5}" \
+      --kv "${SPARSE_KV:-fp8_ds_mla,auto}" --draft-tokens "${DRAFT_TOKENS:-0}" ${SELFTEST:+--selftest} --out "$OUT" ;;
     sglang)
       models=(--heads "$HEADS")
       [ -n "${SGL_FAMILIES:-}" ] && models=(--families "$SGL_FAMILIES" --layouts "${SGL_LAYOUTS:-first}")

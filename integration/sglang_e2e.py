@@ -100,7 +100,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def plan(args: argparse.Namespace) -> tuple[list[tuple[Family, str]], list[Family]]:
     """The (family, layout) pairs whose parts run, and the families started to be refused."""
     chosen = pick_served(args.families, args.layouts == "all") if args.families else []
-    refused = [f for f in FAMILIES if f.expect == "refused" and (args.refusals or any(f is c for c, _ in chosen))]
+    refused = [
+        f for f in FAMILIES if f.expect in ("refused", "sparse") and (args.refusals or any(f is c for c, _ in chosen))
+    ]
     return [(f, layout) for f, layout in chosen if f.expect == "bundled"], refused
 
 

@@ -10,17 +10,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 INTEGRATION = ROOT / "integration"
 
-# What each room may import from integration/. Engines use one judge: the float64 comparison of a
-# decode call runs inside the engine's process, while the cache still holds the step's state.
+# What each room may import from integration/. Engines use the float64 comparisons of a decode call
+# and of a sparse call: they run inside the engine's process, while the cache still holds the step's state.
 ALLOWED = {
     "checks": {"models", "engines", "judges", "settings"},
-    "engines": {"engines", "settings", "integration.judges.decode_check"},
+    "engines": {"engines", "settings", "integration.judges.decode_check", "integration.judges.sparse_check"},
     "judges": {"judges", "settings"},
     "models": {"models"},
     "settings": set(),
 }
 # The runnable checks, run as scripts (dev/gpu_session.sh).
-CHECKS = ["dp_e2e", "run_e2e", "zoo_e2e", "serve_check", "sglang_e2e", "real_dims", "fault_check", "sglang_fault_check"]
+CHECKS = [
+    "dp_e2e",
+    "run_e2e",
+    "zoo_e2e",
+    "serve_check",
+    "sglang_e2e",
+    "real_dims",
+    "fault_check",
+    "sglang_fault_check",
+    "sparse_e2e",
+]
 
 
 def module_name(path: Path) -> str:

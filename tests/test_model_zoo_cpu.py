@@ -73,9 +73,9 @@ def select(config: VllmConfig, capability: tuple[int, int], kv_cache_dtype: str 
         reasons = backend_class.validate_configuration(
             device_capability=DeviceCapability(*capability), **selector._asdict()
         )
-    if reasons:
-        raise ValueError(f"Selected backend {selected} is not valid for this configuration. Reason: {reasons}")
-    return selected.get_path()
+        if reasons:
+            raise ValueError(f"Selected backend {selected} is not valid for this configuration. Reason: {reasons}")
+        return ".".join(backend_class.full_cls_name())  # the class vLLM then builds the layers with
 
 
 @pytest.fixture(autouse=True)
@@ -99,6 +99,7 @@ def test_small_config_keeps_the_published_attention_fields(family, layout):
 
 
 SERVED = [f for f in FAMILIES if f.expect != "refused"]
+SPARSE_BACKEND_PATH = "mla_backend.vllm.sparse_backend.MLASparseBackend"
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +139,13 @@ def test_each_served_family_writes_its_seeded_checkpoint(family, checkpoint):
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
 def test_the_flag_serves_each_family_as_the_zoo_says(family, layout, capability, kv_cache_dtype, tmp_path):
     config = engine_config(family, layout, tmp_path)
+    if family.expect == "sparse":  # our sparse backend; fp8 KV is DeepSeek's fp8_ds_mla, which vLLM names so
+        if kv_cache_dtype == "fp8":
+            with pytest.raises(ValueError, match="--kv-cache-dtype fp8_ds_mla"):
+                select(config, capability, kv_cache_dtype)
+        for kv in ("auto", "fp8_ds_mla"):
+            assert select(config, capability, kv) == SPARSE_BACKEND_PATH
+        return
     if family.expect == "refused":
         with pytest.raises(ValueError, match=family.refusal):
             select(config, capability, kv_cache_dtype)
@@ -280,7 +288,7 @@ def test_a_mistral_params_json_is_routed_by_the_flag(family, layout, capability,
 # Every model type vLLM runs as MLA (vLLM 0.26 and 0.33), and what the zoo does with it. A type vLLM
 # adds fails test_every_mla_model_type_vllm_knows_is_classified until it is placed here (and in
 # docs/models.md). Not classified: no published config read; they still get the rules every model
-# gets (a 512 + 64 dense latent is served, an indexer refused, another latent falls back under auto).
+# gets (a 512 + 64 dense latent is served, an indexer on the sparse backend, another latent falls back under auto).
 MLA_MODEL_TYPES = {
     "deepseek_v2": "zoo: DeepSeek-V2-Lite",
     "deepseek_v3": "zoo: DeepSeek-V3 / R1, Moonlight, Mistral Large 3 and Small 4 (mapped from their params.json)",
@@ -288,8 +296,8 @@ MLA_MODEL_TYPES = {
     "glm4_moe_lite": "zoo: GLM-4.7-Flash",
     "longcat_flash": "zoo: LongCat-Flash",
     "kimi_linear": "zoo: Kimi-Linear",
-    "deepseek_v32": "zoo: DeepSeek-V3.2, refused (sparse)",
-    "glm_moe_dsa": "zoo: GLM-5, refused (sparse)",
+    "deepseek_v32": "zoo: DeepSeek-V3.2, sparse",
+    "glm_moe_dsa": "zoo: GLM-5, sparse",
     "deepseek_mtp": "zoo: DeepSeek-V3's MTP drafter",
     "glm4_moe_lite_mtp": "zoo: GLM-4.7-Flash's MTP drafter",
     "deepseek_v4": "vLLM wires its own compressed sparse attention; the flag never reaches mla_backend",

@@ -199,16 +199,6 @@ def test_standard_attention_models_are_refused_with_what_to_do(clean_registry):
     assert "standard attention" in ours and "without --attention-backend" in ours
 
 
-def test_sparse_models_are_refused_with_what_to_do(clean_registry):
-    """DeepSeek-V3.2 / GLM-5 (an indexer, a cache of its own): vLLM's own reason and ours, which says
-    how to start the model instead; never dense attention computed for a sparse model."""
-    plugin.register()
-    reasons = invalid_reasons(DeviceCapability(12, 0), use_sparse=True)
-    assert "sparse not supported" in reasons
-    (ours,) = [r for r in reasons if r.startswith("mla_backend:")]
-    assert "sparse" in ours and "without --attention-backend" in ours
-
-
 def test_decode_context_parallelism_is_accepted(clean_registry):
     """Our LSE is what DCP merges; vLLM 0.30+ asks the impl (supports_dcp, default False there)."""
     plugin.register()

@@ -11,7 +11,9 @@ heads gives the backend the shapes a TP rank gets.
 - ``bundled``: the bundled kernels decode it;
 - ``fallback``: `auto` hands decode to vLLM's Triton MLA kernel (MLA shapes the kernels do not take:
   Mistral Small 4's 256 + 64 latent); an explicit ``backend`` stops start-up with the reason;
-- ``refused``: start-up stops with our reason (sparse attention: an indexer and a cache of its own);
+- ``sparse``: DeepSeek Sparse Attention (an indexer picks each token's top-k keys): vLLM runs it on our
+  sparse kernels (sparse_e2e.py); SGLang's plugin refuses it with ``refusal``;
+- ``refused``: start-up stops with our reason;
 - ``own``: vLLM runs the model's own attention whatever the flag says; mla_backend is never called.
 """
 
@@ -25,7 +27,7 @@ from typing import Literal
 
 PUBLISHED = Path(__file__).with_name("published_configs.json")
 
-Expect = Literal["bundled", "fallback", "refused", "own"]
+Expect = Literal["bundled", "fallback", "sparse", "refused", "own"]
 
 # What the backend never sees, shrunk so a checkpoint fits the lent GPU and builds in seconds.
 SMALL = dict(
@@ -91,7 +93,8 @@ class Family:
     text_model_type: str | None = None
     vision: dict = field(default_factory=dict)  # its published vision_config, shrunk (the backend never sees it)
     why: str = ""  # for fallback / refused / own: the reason users read
-    refusal: str = ""  # for refused (and fallback with an explicit backend): what mla_backend's start-up error says
+    # for refused (and fallback with an explicit backend; sparse on SGLang): what mla_backend's start-up error says
+    refusal: str = ""
 
     def attention(self) -> dict:
         """The published attention fields, completed by ``fills``."""
@@ -323,7 +326,7 @@ FAMILIES: tuple[Family, ...] = (
         "DeepseekV32ForCausalLM",
         "deepseek_v32",
         heads={"TP8": 16},
-        expect="refused",
+        expect="sparse",
         fills={"rope_scaling": None},  # published as the inference format's fields, not HF's
         why="DeepSeek Sparse Attention: an indexer picks the top-k tokens, with a cache of its own",
         refusal=SPARSE_REFUSAL,
@@ -334,7 +337,7 @@ FAMILIES: tuple[Family, ...] = (
         "GlmMoeDsaForCausalLM",
         "glm_moe_dsa",
         heads={"TP8": 8},
-        expect="refused",
+        expect="sparse",
         why="DeepSeek Sparse Attention (an indexer and a cache of its own)",
         refusal=SPARSE_REFUSAL,
     ),

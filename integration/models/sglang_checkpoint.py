@@ -71,7 +71,7 @@ def for_sglang(family: Family) -> Family:
 
 
 def served(family: Family) -> bool:
-    return family.architecture in SGLANG_MODULES and family.expect in ("bundled", "refused")
+    return family.architecture in SGLANG_MODULES and family.expect in ("bundled", "sparse", "refused")
 
 
 def pick_served(names: str, every_layout: bool) -> list[tuple[Family, str]]:

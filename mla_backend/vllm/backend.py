@@ -40,7 +40,7 @@ from ..decode import mla_decode
 from ..launcher import DecodePlan
 from ..route import DecodeShape, Engine, Route, gpu_route, resolve_route
 from ..step_plan import plan_buffer, plan_decode
-from . import compat, fallback, flashmla
+from . import compat, fallback, flashmla, sparse_backend
 from .drafter import drafter_hint
 
 logger = init_logger(__name__)
@@ -186,6 +186,27 @@ class MLABackend(MLACommonBackend):
         return capability >= MIN_CAPABILITY
 
     @classmethod
+    def validate_configuration(cls, **selection) -> list[str]:  # type: ignore[override]
+        """vLLM's selector calls this with keywords only. A sparse layer (DeepSeek Sparse Attention) is
+        validated as MLASparseBackend, the class full_cls_name then hands vLLM to build it with."""
+        sparse_model = sparse_backend.serves_sparse_model(get_current_vllm_config_or_none())
+        if selection.get("use_sparse", False) != sparse_model:
+            return [
+                f"mla_backend: vLLM selects {'sparse' if selection.get('use_sparse') else 'dense'} MLA for a model "
+                f"whose config {'names' if sparse_model else 'has no'} index_topk"
+            ]
+        if sparse_model:
+            return sparse_backend.MLASparseBackend.validate_configuration(**selection)
+        return super().validate_configuration(**selection)
+
+    @classmethod
+    def full_cls_name(cls) -> tuple[str, str]:
+        """The class vLLM resolves after selecting CUSTOM: the sparse backend for a sparse model."""
+        if sparse_backend.serves_sparse_model(get_current_vllm_config_or_none()):
+            return sparse_backend.MLASparseBackend.full_cls_name()
+        return super().full_cls_name()
+
+    @classmethod
     def supports_combination(
         cls,
         head_size: int,
@@ -202,12 +223,6 @@ class MLABackend(MLACommonBackend):
             return (
                 "mla_backend: mla_backend decodes MLA attention; vLLM runs this model's attention layers as "
                 "standard attention: start it without --attention-backend so vLLM picks a backend for them"
-            )
-        if use_sparse:
-            return (
-                "mla_backend: mla_backend decodes dense MLA; this model's attention is sparse (an indexer picks "
-                "the top-k tokens, with a cache of its own): start it without --attention-backend so vLLM "
-                "picks its sparse MLA backend"
             )
         try:
             engine_route(

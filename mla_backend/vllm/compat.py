@@ -9,10 +9,18 @@ Feature detection, not version numbers, so a release in between gets whatever it
 - ``reserve_workspace()`` on the impl is called during memory profiling from 0.33;
 - ``get_supported_kernel_block_sizes`` takes ``kv_cache_spec`` from 0.31;
 - non-causal multi-token decode metadata (``causal=False``) exists from 0.27, sent only to
-  builders that opt in, which this one does not.
+  builders that opt in, which this one does not;
+- sparse MLA: the metadata dataclass (``SparseMLACommonMetadata``) and the impl base's own
+  ``forward_mqa`` (top-k to physical slots, then ``_forward_mqa_kernel``) exist from 0.33; before,
+  each sparse backend declares its metadata and converts the indices itself.
 """
 
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
 
 # Our own name for --attention-backend where vLLM registers out-of-tree backends by name.
 NAMED_BACKEND = "MLA_BACKEND"
@@ -62,6 +70,48 @@ def is_non_causal(attn_metadata) -> bool:
     return getattr(attn_metadata, "causal", True) is False
 
 
+def sparse_base_converts_indices() -> bool:
+    """True where vLLM's sparse MLA impl base converts the top-k to slots and calls ``_forward_mqa_kernel``."""
+    from vllm.model_executor.layers.attention.sparse_mla_attention import SparseMLACommonImpl
+
+    return hasattr(SparseMLACommonImpl, "_forward_mqa_kernel")
+
+
+@functools.cache
+def sparse_metadata_cls() -> type:
+    """The metadata class vLLM's sparse builder base fills: vLLM's own where it has one, else the
+    fields its ``build`` passes (0.26-0.32)."""
+    from vllm.model_executor.layers.attention import sparse_mla_attention
+
+    common = getattr(sparse_mla_attention, "SparseMLACommonMetadata", None)
+    if common is not None:
+        return common
+    from vllm.model_executor.layers.attention.mla_attention import MLACommonPrefillMetadata
+    from vllm.v1.attention.backend import AttentionMetadata
+
+    @dataclass
+    class SparseMLAMetadata(AttentionMetadata):
+        num_reqs: int
+        max_query_len: int
+        max_seq_len: int
+        num_actual_tokens: int
+        query_start_loc: torch.Tensor
+        slot_mapping: torch.Tensor
+        block_table: torch.Tensor
+        req_id_per_token: torch.Tensor
+        block_size: int = 64
+        topk_tokens: int = 2048
+        num_decodes: int = 0
+        num_prefills: int = 0
+        num_decode_tokens: int = 0
+        seq_lens: torch.Tensor | None = None
+        prefill_max_seq_len: int = 0
+        prefill: MLACommonPrefillMetadata | None = None
+        cp_kv_cache_interleave_size: int = 1
+
+    return SparseMLAMetadata
+
+
 __all__ = [
     "NAMED_BACKEND",
     "backend_names",
@@ -70,4 +120,6 @@ __all__ = [
     "is_quantized_kv_cache",
     "register_named",
     "registered_name",
+    "sparse_base_converts_indices",
+    "sparse_metadata_cls",
 ]

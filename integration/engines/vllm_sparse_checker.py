@@ -1,0 +1,156 @@
+"""Checks an in-process eager vLLM engine's sparse MLA calls and its indexer's top-k in float64, as
+they happen (judges/sparse_check.py).
+
+Wraps, for one engine run: our sparse impl's ``forward_mqa`` (every call after ``arm()``: its query,
+the top-k lists the indexer left in the shared buffer, each token's request, the block table, the
+cache as it is at the call, the output) and the indexer's decode scorer that the plugin installs where
+DeepGEMM is missing (mla_backend.indexer: its fp8 inputs, recomputed in float64). A decode-only step's
+lists are judged against the float64 top-k of the scorer call that preceded them in the same layer.
+``corrupt`` scales every output (the selftest: the attention check must then fail).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from integration.judges.sparse_check import (
+    SparseCall,
+    check_sparse_call,
+    indexer_logits64,
+    paged_index_keys,
+    topk_problems,
+)
+from mla_backend.reference import ROW_ERROR_TOLERANCE
+
+
+class SparseChecker:
+    def __init__(self, kv_dtype: torch.dtype, max_calls: int = 24, max_topk_checks: int = 24, corrupt=None):
+        self.kv_dtype = kv_dtype
+        self.max_calls = max_calls
+        self.max_topk_checks = max_topk_checks
+        self.corrupt = corrupt
+        self.armed = False
+        self.calls: Counter = Counter()  # real calls by kind (decode / mixed)
+        self.checks: list[dict] = []
+        self.topk_checks: list[dict] = []
+        self.problems: set[str] = set()
+        self._scored: list[tuple[torch.Tensor, list[int]]] = []  # float64 decode logits since the last call
+        self._restore: list = []
+
+    def __enter__(self):
+        from mla_backend import indexer
+        from mla_backend.vllm.sparse_backend import MLASparseImpl
+
+        checker = self
+        forward = MLASparseImpl.forward_mqa
+        paged = indexer.fp8_fp4_paged_mqa_logits
+
+        def forward_mqa(impl, q, kv_cache, metadata, layer):
+            out, lse = forward(impl, q, kv_cache, metadata, layer)
+            if checker.corrupt is not None:
+                out.mul_(checker.corrupt)
+            try:
+                checker.record(impl, q, kv_cache, metadata, out, lse)
+            except Exception as err:  # a checker problem is reported, never hidden
+                checker.problems.add(repr(err)[:300])
+            return out, lse
+
+        def paged_logits(q, kv_cache, weights, context_lens, block_table, *args, **kwargs):
+            logits = paged(q, kv_cache, weights, context_lens, block_table, *args, **kwargs)
+            try:
+                checker.score(q, kv_cache, weights, context_lens, block_table)
+            except Exception as err:
+                checker.problems.add(repr(err)[:300])
+            return logits
+
+        # The plugin reads the scorer from mla_backend.indexer when vLLM first initialises DeepGEMM's
+        # wrappers, which happens after this (the engine is built inside the context).
+        self._restore = [(MLASparseImpl, "forward_mqa", forward), (indexer, "fp8_fp4_paged_mqa_logits", paged)]
+        MLASparseImpl.forward_mqa = forward_mqa
+        indexer.fp8_fp4_paged_mqa_logits = paged_logits
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, original in self._restore:
+            setattr(owner, name, original)
+
+    def arm(self) -> None:
+        """The engine has started: calls from now on carry real tokens."""
+        self.armed = True
+        self._scored.clear()
+
+    def score(self, q, kv_cache, weights, context_lens, block_table) -> None:
+        if not self.armed or len(self.topk_checks) >= self.max_topk_checks:
+            return
+        values = q[0] if isinstance(q, tuple) else q
+        batch, next_n, heads, dim = values.shape
+        if next_n != 1:
+            return  # drafts' rows: their lengths depend on the layout vLLM flattened; not judged here
+        lengths = context_lens.reshape(batch, -1)[:, 0].tolist()
+        width = max(lengths, default=0)
+        logits = torch.full((batch, width), float("-inf"), dtype=torch.float64, device=values.device)
+        for b, length in enumerate(lengths):
+            keys, scales = paged_index_keys(kv_cache, block_table[b], length, dim)
+            logits[b, :length] = indexer_logits64(values[b, 0], keys, scales, weights[b : b + 1])[0]
+        self._scored.append((logits, lengths))
+
+    def record(self, impl, q, kv_cache, metadata, out, lse) -> None:
+        scored, self._scored = self._scored, []
+        if not self.armed:
+            return
+        query = torch.cat(q, dim=-1) if isinstance(q, tuple) else q
+        tokens = query.shape[0]
+        kind = "decode" if metadata.num_prefills == 0 else "mixed"
+        self.calls[kind] += 1
+        topk = impl.topk_indices_buffer[:tokens]
+        if kind == "decode" and len(scored) == 1 and scored[0][0].shape[0] == tokens:
+            logits, lengths = scored[0]
+            problems = topk_problems(topk, logits, lengths, topk.shape[1])
+            self.topk_checks.append({"rows": tokens, "problems": problems[:3]})
+        if sum(self.calls.values()) > self.max_calls and kind == "decode":
+            return  # every mixed call is checked (few); decode calls up to max_calls
+        call = SparseCall(
+            query=query,
+            topk=topk,
+            req_ids=metadata.req_id_per_token[:tokens],
+            block_table=metadata.block_table,
+            block_size=metadata.block_size,
+            kv_cache=kv_cache,
+            scale=impl.scale,
+            out=out,
+            lse=lse,
+        )
+        result = check_sparse_call(call)
+        self.checks.append({"kind": kind, "tokens": tokens, **result.__dict__})
+
+    def summary(self) -> dict:
+        tolerance = ROW_ERROR_TOLERANCE[self.kv_dtype]
+        worst = max((c["out_error"] for c in self.checks), default=None)
+        rows = sum(c["rows"] for c in self.checks)
+        topk_bad = [c for c in self.topk_checks if c["problems"]]
+        ok = (
+            rows > 0
+            and worst is not None
+            and worst <= tolerance
+            and all(c["lse_ok"] for c in self.checks)
+            and bool(self.topk_checks)
+            and not topk_bad
+            and not self.problems
+        )
+        return {
+            "ok": ok,
+            "calls": dict(self.calls),
+            "checked_calls": len(self.checks),
+            "checked_rows": rows,
+            "mixed_calls_checked": sum(c["kind"] == "mixed" for c in self.checks),
+            "worst_row_error": worst,
+            "tolerance": tolerance,
+            "topk_checked_rows": sum(c["rows"] for c in self.topk_checks),
+            "topk_failures": [c["problems"] for c in topk_bad][:3],
+            "problems": sorted(self.problems),
+        }
+
+
+__all__ = ["SparseChecker"]
