@@ -3,9 +3,10 @@ they happen (judges/sparse_check.py).
 
 Wraps, for one engine run: our sparse impl's ``forward_mqa`` (every call after ``arm()``: its query,
 the top-k lists the indexer left in the shared buffer, each token's request, the block table, the
-cache as it is at the call, the output) and the indexer's decode scorer that the plugin installs where
-DeepGEMM is missing (mla_backend.indexer: its fp8 inputs, recomputed in float64). A decode-only step's
-lists are judged against the float64 top-k of the scorer call that preceded them in the same layer.
+cache as it is at the call, the output) and, from ``arm()``, the indexer's decode scorer as vLLM's
+DeepGEMM wrapper holds it (the plugin's where DeepGEMM is missing), whose fp8 inputs are recomputed
+in float64. A decode-only step's lists are judged against the float64 top-k of the scorer call that
+preceded them in the same layer.
 ``corrupt`` scales every output (the selftest: the attention check must then fail).
 """
 
@@ -38,14 +39,13 @@ class SparseChecker:
         self.problems: set[str] = set()
         self._scored: list[tuple[torch.Tensor, list[int]]] = []  # float64 decode logits since the last call
         self._restore: list = []
+        self.scorer = ""  # whose decode logits the indexer used: mla_backend's or DeepGEMM's
 
     def __enter__(self):
-        from mla_backend import indexer
         from mla_backend.vllm.sparse_backend import MLASparseImpl
 
         checker = self
         forward = MLASparseImpl.forward_mqa
-        paged = indexer.fp8_fp4_paged_mqa_logits
 
         def forward_mqa(impl, q, kv_cache, metadata, layer):
             out, lse = forward(impl, q, kv_cache, metadata, layer)
@@ -57,6 +57,26 @@ class SparseChecker:
                 checker.problems.add(repr(err)[:300])
             return out, lse
 
+        self._restore = [(MLASparseImpl, "forward_mqa", forward)]
+        MLASparseImpl.forward_mqa = forward_mqa
+        return self
+
+    def wrap_scorer(self) -> None:
+        """Wrap the decode scorer vLLM's DeepGEMM wrapper calls, once vLLM has initialised it (its
+        start-up runs the indexer): DeepGEMM's where it runs, else the one the plugin installed."""
+        import vllm.utils.deep_gemm as deep_gemm
+
+        from mla_backend import indexer
+
+        name = "_fp8_fp4_paged_mqa_logits_impl"
+        deep_gemm._lazy_init()  # what the wrapper does at its first call (start-up may not have made one)
+        paged = getattr(deep_gemm, name, None)
+        if paged is None:
+            self.problems.add("vLLM's decode scorer of the indexer is not set after start-up")
+            return
+        self.scorer = "mla_backend" if paged is indexer.fp8_fp4_paged_mqa_logits else getattr(paged, "__module__", "?")
+        checker = self
+
         def paged_logits(q, kv_cache, weights, context_lens, block_table, *args, **kwargs):
             logits = paged(q, kv_cache, weights, context_lens, block_table, *args, **kwargs)
             try:
@@ -65,12 +85,8 @@ class SparseChecker:
                 checker.problems.add(repr(err)[:300])
             return logits
 
-        # The plugin reads the scorer from mla_backend.indexer when vLLM first initialises DeepGEMM's
-        # wrappers, which happens after this (the engine is built inside the context).
-        self._restore = [(MLASparseImpl, "forward_mqa", forward), (indexer, "fp8_fp4_paged_mqa_logits", paged)]
-        MLASparseImpl.forward_mqa = forward_mqa
-        indexer.fp8_fp4_paged_mqa_logits = paged_logits
-        return self
+        self._restore.append((deep_gemm, name, paged))
+        setattr(deep_gemm, name, paged_logits)
 
     def __exit__(self, *exc):
         for owner, name, original in self._restore:
@@ -78,6 +94,7 @@ class SparseChecker:
 
     def arm(self) -> None:
         """The engine has started: calls from now on carry real tokens."""
+        self.wrap_scorer()
         self.armed = True
         self._scored.clear()
 
@@ -93,7 +110,7 @@ class SparseChecker:
         logits = torch.full((batch, width), float("-inf"), dtype=torch.float64, device=values.device)
         for b, length in enumerate(lengths):
             keys, scales = paged_index_keys(kv_cache, block_table[b], length, dim)
-            logits[b, :length] = indexer_logits64(values[b, 0], keys, scales, weights[b : b + 1])[0]
+            logits[b, :length] = indexer_logits64(values[b], keys, scales, weights[b : b + 1])[0]
         self._scored.append((logits, lengths))
 
     def record(self, impl, q, kv_cache, metadata, out, lse) -> None:
@@ -147,6 +164,7 @@ class SparseChecker:
             "mixed_calls_checked": sum(c["kind"] == "mixed" for c in self.checks),
             "worst_row_error": worst,
             "tolerance": tolerance,
+            "indexer_scorer": self.scorer,
             "topk_checked_rows": sum(c["rows"] for c in self.topk_checks),
             "topk_failures": [c["problems"] for c in topk_bad][:3],
             "problems": sorted(self.problems),
