@@ -139,11 +139,8 @@ def test_each_served_family_writes_its_seeded_checkpoint(family, checkpoint):
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
 def test_the_flag_serves_each_family_as_the_zoo_says(family, layout, capability, kv_cache_dtype, tmp_path):
     config = engine_config(family, layout, tmp_path)
-    if family.expect == "sparse":  # our sparse backend; fp8 KV is DeepSeek's fp8_ds_mla, which vLLM names so
-        if kv_cache_dtype == "fp8":
-            with pytest.raises(ValueError, match="--kv-cache-dtype fp8_ds_mla"):
-                select(config, capability, kv_cache_dtype)
-        for kv in ("auto", "fp8_ds_mla"):
+    if family.expect == "sparse":  # our sparse backend; fp8 KV is DeepSeek's fp8_ds_mla (kv_dtype_hook.py)
+        for kv in (kv_cache_dtype, "fp8_ds_mla"):
             assert select(config, capability, kv) == SPARSE_BACKEND_PATH
         return
     if family.expect == "refused":

@@ -19,7 +19,7 @@ from vllm.v1.attention.selector import AttentionSelectorConfig
 import mla_backend.vllm as plugin
 from mla_backend.config import default_config
 from mla_backend.sparse_cache import pack_fp8_ds_mla, unpack_fp8_ds_mla
-from mla_backend.vllm import sparse_backend
+from mla_backend.vllm import backend, kv_dtype_hook, sparse_backend
 from mla_backend.vllm.sparse_backend import MLASparseBackend, MLASparseImpl, slot_rows
 
 pytestmark = pytest.mark.vllm
@@ -98,8 +98,6 @@ def test_dense_models_keep_the_dense_backend(dense_model, clean_registry):
 @pytest.mark.parametrize(
     "change, reason",
     [
-        ({"kv_cache_dtype": "fp8"}, "--kv-cache-dtype fp8_ds_mla"),
-        ({"kv_cache_dtype": "fp8_e4m3"}, "--kv-cache-dtype fp8_ds_mla"),
         ({"block_size": 16}, "--block-size 64"),
         ({"capability": (7, 5)}, "sparse MLA decode needs compute capability"),
         ({"additional": {"mla_backend": {"backend": "trtllm-gen"}}}, "no sparse path"),
@@ -109,6 +107,36 @@ def test_sparse_selection_refuses_with_what_to_do(sparse_model, change, reason, 
     reasons, _ = select(sparse_model, **change)
     ours = [r for r in reasons if r.startswith("mla_backend:")]  # beside vLLM's own, for a block size
     assert len(ours) == 1 and reason in ours[0]
+
+
+@pytest.mark.parametrize("fp8", ["fp8", "fp8_e4m3"])
+def test_fp8_is_served_as_fp8_ds_mla_as_vllm_does_for_its_own_sparse_backends(sparse_model, fp8, clean_registry):
+    """The plugin wraps vLLM's cache-format choice (kv_dtype_hook.py): our sparse backend's fp8 becomes
+    fp8_ds_mla, which vLLM then allocates; every other backend keeps vLLM's answer."""
+    from vllm.model_executor.layers.attention import mla_attention
+
+    reasons, path = select(sparse_model, kv_cache_dtype=fp8)
+    assert reasons == [] and path == SPARSE_PATH
+    canonicalize = mla_attention._canonicalize_sparse_mla_kv_cache_dtype
+    assert canonicalize(MLASparseBackend, fp8) == "fp8_ds_mla"
+    for kv in ("auto", "bfloat16", "fp8_ds_mla"):
+        assert canonicalize(MLASparseBackend, kv) == kv
+    assert canonicalize(backend.MLABackend, fp8) == fp8  # dense: a plain e4m3 cache, as before
+    flashmla_sparse = type("FlashMLASparse", (), {"get_name": staticmethod(lambda: "FLASHMLA_SPARSE")})
+    assert canonicalize(flashmla_sparse, fp8) == "fp8_ds_mla"  # vLLM's own rule, kept
+
+
+def test_fp8_is_refused_with_the_fix_where_vllms_choice_is_not_wrapped(sparse_model, clean_registry, monkeypatch):
+    from vllm.model_executor.layers.attention import mla_attention
+
+    monkeypatch.setattr(mla_attention, "_canonicalize_sparse_mla_kv_cache_dtype", lambda b, kv: kv)
+    assert not kv_dtype_hook.installed()
+    reasons, _ = select(sparse_model, kv_cache_dtype="fp8")
+    assert len(reasons) == 1 and "--kv-cache-dtype fp8_ds_mla" in reasons[0]
+    kv_dtype_hook.patch(mla_attention)  # the hook wraps whatever vLLM has, once
+    assert kv_dtype_hook.installed()
+    kv_dtype_hook.patch(mla_attention)
+    assert mla_attention._canonicalize_sparse_mla_kv_cache_dtype(MLASparseBackend, "fp8") == "fp8_ds_mla"
 
 
 def test_a_selection_that_disagrees_with_the_model_is_refused(sparse_model, dense_model, clean_registry):

@@ -23,14 +23,14 @@ Where vLLM's names differ from these, nothing is patched and a warning says so.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
+import importlib
 import inspect
 import logging
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
+
+from .import_patches import patch_when_imported
 
 log = logging.getLogger("mla_backend")
 
@@ -43,12 +43,8 @@ PATCHED = "__mla_backend_indexer__"  # set on a module once patched: install() i
 def install() -> None:
     """Patch vLLM's DeepGEMM wrappers and its indexer's DeepGEMM check, now for modules already
     imported, else when vLLM imports them."""
-    for name, patch in ((DEEP_GEMM_MODULE, patch_deep_gemm), (INDEXER_MODULE, patch_indexer_module)):
-        module = sys.modules.get(name)
-        if module is not None:
-            patch(module)
-        elif not any(isinstance(f, PatchOnImport) and f.name == name for f in sys.meta_path):
-            sys.meta_path.insert(0, PatchOnImport(name, patch))
+    patch_when_imported(DEEP_GEMM_MODULE, patch_deep_gemm)
+    patch_when_imported(INDEXER_MODULE, patch_indexer_module)
 
 
 def indexer_impls(deep_gemm: ModuleType) -> tuple[Callable[..., Any], ...] | None:
@@ -130,28 +126,3 @@ def patch_indexer_module(module: ModuleType) -> None:
 def indexer_served() -> bool:
     """The sparse-attention indexer's ``has_deep_gemm``: its logits have an implementation."""
     return True
-
-
-class PatchOnImport(importlib.abc.MetaPathFinder):
-    """Runs ``patch(module)`` right after the module ``name`` is first executed, by wrapping
-    ``exec_module`` on that module's own loader (the path finder makes one a module)."""
-
-    def __init__(self, name: str, patch: Callable[[ModuleType], None]) -> None:
-        self.name, self.patch = name, patch
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.name:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        exec_module, patch = spec.loader.exec_module, self.patch
-
-        def exec_and_patch(module: ModuleType) -> None:
-            exec_module(module)
-            patch(module)
-
-        spec.loader.exec_module = exec_and_patch  # type: ignore[method-assign]
-        return spec

@@ -31,7 +31,7 @@ from ..config import BackendUnavailableError, MLABackendConfig
 from ..route import Route, sparse_route
 from ..sparse import sparse_mla_decode
 from ..sparse_cache import DS_MLA_ROW_BYTES
-from . import compat
+from . import compat, kv_dtype_hook
 
 logger = init_logger(__name__)
 
@@ -54,10 +54,11 @@ def sparse_refusal(
     """Why our sparse kernels cannot serve this engine, or None."""
     from .backend import plugin_config  # the dense backend owns the settings' reading
 
-    if kv_cache_dtype in ("fp8", "fp8_e4m3"):
+    if kv_cache_dtype in kv_dtype_hook.FP8_NAMES and not kv_dtype_hook.installed():
         return (
-            "mla_backend: sparse MLA reads fp8 KV as DeepSeek's fp8_ds_mla rows (per-128 scales, bf16 rope); "
-            "start vLLM with --kv-cache-dtype fp8_ds_mla (or auto for bf16 KV)"
+            "mla_backend: sparse MLA reads fp8 KV as DeepSeek's fp8_ds_mla rows (per-128 scales, bf16 rope), "
+            "which this vLLM does not choose for fp8 here: start it with --kv-cache-dtype fp8_ds_mla "
+            "(or auto for bf16 KV)"
         )
     if block_size is not None and block_size != SPARSE_PAGE_SIZE:
         return f"mla_backend: sparse MLA needs --block-size {SPARSE_PAGE_SIZE} (the indexer's page), got {block_size}"
@@ -96,8 +97,9 @@ def announce(route: Route) -> None:
 
 class MLASparseBackend(AttentionBackend):
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.bfloat16]
-    # fp8 / fp8_e4m3 are listed so that supports_combination says what to pass instead.
+    # fp8 / fp8_e4m3 are served as fp8_ds_mla, which vLLM then allocates (kv_dtype_hook.py).
     supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = [*SPARSE_KV_CACHE_DTYPES, "fp8", "fp8_e4m3"]
+    serves_fp8_as_ds_mla: ClassVar[bool] = True
 
     @staticmethod
     def get_name() -> str:
@@ -172,6 +174,11 @@ class MLASparseMetadataBuilder(SparseMLACommonMetadataBuilder):
 class MLASparseImpl(SparseMLACommonImpl):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if self.kv_cache_dtype not in SPARSE_KV_CACHE_DTYPES:  # fp8 reaches here only if vLLM kept the name
+            raise ValueError(
+                f"mla_backend: the sparse backend reads {SPARSE_KV_CACHE_DTYPES} caches, got {self.kv_cache_dtype!r}: "
+                "start vLLM with --kv-cache-dtype fp8_ds_mla (or auto)"
+            )
         attn_type = kwargs.get("attn_type", AttentionType.DECODER)
         if attn_type != AttentionType.DECODER:
             raise NotImplementedError("mla_backend serves decoder self-attention only")
