@@ -49,26 +49,12 @@ def prompts(vocab: int, seed: int = 0) -> list[list[int]]:
     return [torch.randint(2, vocab, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
 
 
-def engine_args(model: str, backend: str, kv: str, graphs: bool, drafter: str | None, draft_tokens: int) -> dict:
-    args = dict(
-        model=model,
-        skip_tokenizer_init=True,
-        dtype="bfloat16",
-        seed=0,
-        max_model_len=MAX_MODEL_LEN,
-        max_num_seqs=8,
-        gpu_memory_utilization=0.2,
-        kv_cache_dtype=kv,
-        block_size=64,
-        attention_backend=backend,
-        enforce_eager=not graphs,
-        enable_prefix_caching=False,
-    )
-    if graphs:
-        args["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
-    if draft_tokens:
-        args["speculative_config"] = {"method": drafter, "num_speculative_tokens": draft_tokens}
-    return args
+def engine_args(model: str, backend: str, kv: str, graphs: bool, draft_tokens: int = 0) -> dict:
+    """LLM(...) arguments: the matrix's (engines/vllm_spec.py), page 64, the MTP layer drafting k tokens."""
+    from integration.engines.vllm_spec import EngineSpec, engine_kwargs
+
+    spec = EngineSpec(backend, kv, 64, graphs, draft_tokens, DRAFTER, max_num_seqs=8)
+    return engine_kwargs(spec, model, MAX_MODEL_LEN, memory_fraction=0.2)
 
 
 def run_engine(args: dict, token_prompts: list[list[int]], check: bool, corrupt: float | None) -> dict:
@@ -136,18 +122,16 @@ def judge_family(family, model: str, kvs: list[str], selftest: bool, draft_token
 
     token_prompts = prompts(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
     ok = True
-    refs = {kv: isolated(engine_args(model, REFERENCE, kv, True, None, 0), token_prompts, False, None) for kv in kvs}
+    refs = {kv: isolated(engine_args(model, REFERENCE, kv, True), token_prompts, False, None) for kv in kvs}
     # vLLM's second sparse backend on SM90 (bf16 KV only): where it and FLASHMLA_SPARSE part, vLLM is undecided.
-    peer = (
-        isolated(engine_args(model, PEER, "auto", True, None, 0), token_prompts, False, None) if "auto" in kvs else {}
-    )
+    peer = isolated(engine_args(model, PEER, "auto", True), token_prompts, False, None) if "auto" in kvs else {}
     if "error" in peer:
         rows.append({"run": f"{family.name} auto {PEER} (tie calibration)", "errors": {"peer": peer["error"]}})
     for kv in kvs:
         label = f"{family.name} {kv}"
         ref = refs[kv]
-        ours = isolated(engine_args(model, "CUSTOM", kv, True, None, 0), token_prompts, False, None)
-        checked = isolated(engine_args(model, "CUSTOM", kv, False, None, 0), token_prompts, True, None)
+        ours = isolated(engine_args(model, "CUSTOM", kv, True), token_prompts, False, None)
+        checked = isolated(engine_args(model, "CUSTOM", kv, False), token_prompts, True, None)
         row = {"run": label, "ref_init_s": ref.get("init_s"), "ours_init_s": ours.get("init_s")}
         errors = {name: r["error"] for name, r in (("ref", ref), ("ours", ours), ("checked", checked)) if "error" in r}
         if errors:
@@ -189,17 +173,15 @@ def judge_family(family, model: str, kvs: list[str], selftest: bool, draft_token
         rows.append(row)
     if selftest:
         kv = kvs[0]
-        bad = isolated(engine_args(model, "CUSTOM", kv, False, None, 0), token_prompts, True, 1.05)
+        bad = isolated(engine_args(model, "CUSTOM", kv, False), token_prompts, True, 1.05)
         fails = "check" in bad and not bad["check"]["ok"] and bad["check"]["worst_row_error"] is not None
         row = {"run": f"{family.name} {kv} selftest (x1.05)", "check_fails": fails, "check": bad.get("check")}
         rows.append(row)
         ok &= fails
     if draft_tokens:
         kv = kvs[0]
-        ref = isolated(
-            engine_args(model, "FLASHMLA_SPARSE", kv, True, DRAFTER, draft_tokens), token_prompts, False, None
-        )
-        ours = isolated(engine_args(model, "CUSTOM", kv, True, DRAFTER, draft_tokens), token_prompts, False, None)
+        ref = isolated(engine_args(model, "FLASHMLA_SPARSE", kv, True, draft_tokens), token_prompts, False, None)
+        ours = isolated(engine_args(model, "CUSTOM", kv, True, draft_tokens), token_prompts, False, None)
         row = {"run": f"{family.name} {kv} {DRAFTER} k={draft_tokens}"}
         if "error" in ref or "error" in ours:
             row["errors"] = {"ref": ref.get("error"), "ours": ours.get("error")}
