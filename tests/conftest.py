@@ -82,7 +82,7 @@ def kernel_library(kernel_cache) -> Path:
 # installed (CI's torch-newest stage: no vLLM release takes that torch) each stands as one test marked
 # vllm that fails saying why: -m "not vllm" deselects it with vLLM's other tests, and a run that does
 # not deselect them fails rather than passing without them.
-VLLM_MODULES = {"test_vllm_plugin.py", "test_engine_best.py", "test_model_zoo_cpu.py"}
+VLLM_MODULES = {"test_vllm_plugin.py", "test_vllm_sparse_backend.py", "test_engine_best.py", "test_model_zoo_cpu.py"}
 
 
 class NeedsVllm(pytest.Item):
