@@ -22,6 +22,7 @@ ones, which vLLM prefills densely. Exit status 1 if anything fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -71,23 +72,21 @@ def run_engine(args: dict, token_prompts: list[list[int]], check: bool, corrupt:
     checker = SparseChecker(getattr(torch, KV_TORCH_DTYPE[args["kv_cache_dtype"]]), corrupt=corrupt) if check else None
     result: dict = {}
     started = time.perf_counter()
-    if checker is not None:
-        checker.__enter__()
     try:
-        llm = LLM(**args)
-        result["init_s"] = round(time.perf_counter() - started, 1)
-        if checker is not None:
-            checker.arm()
-        params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, logprobs=2, ignore_eos=True)
-        outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in token_prompts], params, use_tqdm=False)
+        with checker or contextlib.nullcontext():
+            llm = LLM(**args)
+            result["init_s"] = round(time.perf_counter() - started, 1)
+            if checker is not None:
+                checker.arm()
+            params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, logprobs=2, ignore_eos=True)
+            prompts_in = [TokensPrompt(prompt_token_ids=p) for p in token_prompts]
+            outputs = llm.generate(prompts_in, params, use_tqdm=False)
         result["tokens"] = [list(o.outputs[0].token_ids) for o in outputs]
         result["gaps"] = [[top2_gap(step) for step in o.outputs[0].logprobs] for o in outputs]
     except Exception:
         result["error"] = traceback.format_exc()[-3000:]
-    finally:
-        if checker is not None:
-            checker.__exit__(None, None, None)
-            result["check"] = checker.summary()
+    if checker is not None:
+        result["check"] = checker.summary()
     return result
 
 

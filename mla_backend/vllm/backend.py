@@ -319,7 +319,13 @@ def reserve_decode_workspace(vllm_config: VllmConfig, local_heads: int, kv_lora_
             kv_lora_rank,
         )
     else:
-        current_workspace_manager().get_simultaneous(((DECODE_WORKSPACE_BYTES,), torch.uint8))
+        request_decode_workspace()
+
+
+def request_decode_workspace() -> tuple[torch.Tensor]:
+    """The bundled kernels' split scratch from vLLM's shared workspace (initialized): asking before
+    vLLM locks the workspace sizes it, asking later hands it over."""
+    return current_workspace_manager().get_simultaneous(((DECODE_WORKSPACE_BYTES,), torch.uint8))
 
 
 @functools.cache
@@ -330,7 +336,7 @@ def _private_workspace(device: torch.device) -> torch.Tensor:
 def decode_workspace(device: torch.device) -> torch.Tensor:
     """vLLM's shared workspace when the model runner set one up, else a private buffer (unit tests)."""
     if is_workspace_manager_initialized():
-        (workspace,) = current_workspace_manager().get_simultaneous(((DECODE_WORKSPACE_BYTES,), torch.uint8))
+        (workspace,) = request_decode_workspace()
         return workspace
     return _private_workspace(device)
 

@@ -70,6 +70,7 @@ def is_non_causal(attn_metadata) -> bool:
     return getattr(attn_metadata, "causal", True) is False
 
 
+@functools.cache  # asked on every forward_mqa
 def sparse_base_converts_indices() -> bool:
     """True where vLLM's sparse MLA impl base converts the top-k to slots and calls ``_forward_mqa_kernel``."""
     from vllm.model_executor.layers.attention.sparse_mla_attention import SparseMLACommonImpl

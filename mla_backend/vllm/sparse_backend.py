@@ -25,7 +25,7 @@ from vllm.model_executor.layers.attention.sparse_mla_attention import (
 from vllm.platforms.interface import DeviceCapability
 from vllm.v1.attention.backend import AttentionBackend, AttentionCGSupport, AttentionLayer, AttentionType, MultipleOf
 from vllm.v1.attention.backends.mla.sparse_utils import triton_convert_req_index_to_global_index
-from vllm.v1.worker.workspace import current_workspace_manager, is_workspace_manager_initialized
+from vllm.v1.worker.workspace import is_workspace_manager_initialized
 
 from ..config import BackendUnavailableError, MLABackendConfig
 from ..route import Route, sparse_route
@@ -84,10 +84,10 @@ def slot_rows(kv_cache: torch.Tensor, block_size: int) -> torch.Tensor:
 def reserve_workspace() -> None:
     """Size vLLM's shared workspace for the split partials before vLLM locks it (growing it later
     raises); calls that would need more take fewer splits (launcher.choose_num_splits)."""
-    from .backend import DECODE_WORKSPACE_BYTES
+    from .backend import request_decode_workspace
 
     if is_workspace_manager_initialized():
-        current_workspace_manager().get_simultaneous(((DECODE_WORKSPACE_BYTES,), torch.uint8))
+        request_decode_workspace()
 
 
 @functools.cache
@@ -188,7 +188,6 @@ class MLASparseImpl(SparseMLACommonImpl):
         self.config: MLABackendConfig = plugin_config(self.vllm_config)
         self.route = sparse_route(self.config, detected_capability())
         announce(self.route)
-        reserve_workspace()
         self._workspace = decode_workspace
 
     def reserve_workspace(self) -> None:  # vLLM >= 0.33 asks during memory profiling
