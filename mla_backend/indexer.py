@@ -24,13 +24,18 @@ The index cache (vLLM's indexer_k_quant_and_cache writes it): per block of ``blo
 block_size x D e4m3 values, token-major, then block_size fp32 scales; 132 bytes a token for D = 128,
 shaped [num_blocks, block_size, 1, D + 4] uint8 as DeepGEMM takes it.
 
-Work goes in tiles whose temporaries stay near TILE_BYTES, the largest being the [rows, heads, columns]
-fp32 scores (vLLM's DeepSeek-V3.2: 64 heads, up to 163840 positions). The prefill function reads its
-ranges' bounds on the host (vLLM runs prefill eagerly); the paged one does so only outside CUDA-graph
-capture, and under capture scores every block of the table.
+On a GPU with Triton, both functions run ``mla_backend.indexer_triton``'s kernels (decode reads each
+request's length on the device, so a captured CUDA graph scores only the blocks in use). Elsewhere (CPU,
+no Triton, shapes those kernels do not take) they run in torch, in tiles whose temporaries stay near
+TILE_BYTES, the largest being the [rows, heads, columns] fp32 scores (vLLM's DeepSeek-V3.2: 64 heads,
+up to 163840 positions). The torch prefill reads its ranges' bounds on the host (vLLM runs prefill
+eagerly); the torch decode does so only outside CUDA-graph capture, and under capture scores every
+block of the table.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -61,6 +66,12 @@ def fp8_fp4_mqa_logits(
     starts = cu_seq_len_k_start.long().clamp(0, n)
     ends = torch.maximum(cu_seq_len_k_end.long().clamp(0, n), starts)
     width = max_seqlen_k if max_seqlen_k > 0 else n
+    if _triton_serves(q_values, heads, dim):
+        from . import indexer_triton
+
+        return indexer_triton.ragged_logits(
+            q_values, k, k_scale, weights, starts, ends, width, max_seqlen_k > 0, logits_dtype
+        )
     out = torch.full((rows, width), NEG_INF, dtype=torch.float32, device=q_values.device)
     row_step = max(1, TILE_BYTES // (heads * 4 * MIN_TILE_COLUMNS))
     for r0 in range(0, rows, row_step):
@@ -105,6 +116,13 @@ def fp8_fp4_paged_mqa_logits(
     batch, next_n, heads, dim = q_values.shape
     block_size = kv_cache.shape[1]
     _check_shapes(kv_cache.shape[-1] == dim + 4 and weights.shape == (batch * next_n, heads), q_values, weights)
+    _check_index_cache(kv_cache)
+    if _triton_serves(q_values, heads, dim, block_size):
+        from . import indexer_triton
+
+        return indexer_triton.paged_logits(
+            q_values, kv_cache, weights, context_lens, block_table, max_context_len, clean_logits, logits_dtype
+        )
     ends = paged_row_ends(context_lens, next_n).clamp(0, min(max_context_len, block_table.shape[1] * block_size))
     out = torch.full((batch, next_n, max_context_len), NEG_INF, dtype=torch.float32, device=q_values.device)
     if batch == 0:
@@ -191,8 +209,7 @@ def read_index_cache(kv_cache: torch.Tensor, ids: torch.Tensor, fp8_dtype: torch
     may carry padding; within a block its bytes must be dense."""
     block_size = kv_cache.shape[1]
     dim = kv_cache.shape[-1] - 4
-    if kv_cache.dtype != torch.uint8 or kv_cache.stride(-1) != 1 or kv_cache.stride(1) != dim + 4:
-        raise ValueError(f"index cache: uint8 with dense blocks expected, got {kv_cache.dtype} {kv_cache.stride()}")
+    _check_index_cache(kv_cache)
     pages = kv_cache[ids].reshape(*ids.shape, block_size * (dim + 4))
     values = pages[..., : block_size * dim].view(fp8_dtype).reshape(*ids.shape[:-1], -1, dim)
     scales = pages[..., block_size * dim :].contiguous().view(torch.float32).reshape(*ids.shape[:-1], -1)
@@ -206,6 +223,31 @@ def _score_tile(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights
     dots = torch.bmm(q.reshape(b, r * h, d), k.float().transpose(1, 2)).view(b, r, h, -1)
     # Weights per head after the relu, summed over heads elementwise (a matmul here could go TF32).
     return dots.relu_().mul_(weights.unsqueeze(-1)).sum(dim=2).mul_(k_scale.unsqueeze(1))
+
+
+def _check_index_cache(kv_cache: torch.Tensor) -> None:
+    row = kv_cache.shape[-1]
+    if kv_cache.dtype != torch.uint8 or kv_cache.stride(-1) != 1 or kv_cache.stride(1) != row:
+        raise ValueError(f"index cache: uint8 with dense blocks expected, got {kv_cache.dtype} {kv_cache.stride()}")
+
+
+def _triton_serves(q: torch.Tensor, heads: int, dim: int, page: int = 64) -> bool:
+    """Whether indexer_triton's kernels score this call: e4m3 queries on a GPU with Triton, and
+    shapes its tiles take."""
+    if not q.is_cuda or q.dtype != torch.float8_e4m3fn or not _has_triton():
+        return False
+    from . import indexer_triton
+
+    return indexer_triton.serves(heads, dim, page)
+
+
+@functools.cache
+def _has_triton() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _capturing(t: torch.Tensor) -> bool:
