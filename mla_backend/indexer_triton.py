@@ -24,6 +24,10 @@ import triton
 import triton.language as tl
 
 KEY_BLOCK = 64  # prefill keys a program scores per step
+# The dot's operands. e4m3 as DeepGEMM: on SM90 the tensor cores sum FP8 products with fewer bits than
+# fp32 (2.4e-4 of a row's largest logit at V3.2's shape, dev/indexer_precision.py); "bf16" widens the
+# same values exactly and sums in fp32 (1.4e-7), at twice the decode time (H200).
+DOT_OPERANDS = "e4m3"
 ROW_TARGET = 128  # query rows x heads a program holds: one tensor-core tile of rows
 PROGRAMS_PER_SM = 4
 
@@ -51,6 +55,7 @@ def _paged_logits_kernel(
     HEADS: tl.constexpr,
     DIM: tl.constexpr,
     PAGE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,  # e4m3 operands widened to this before the tensor cores' dot, or None
 ):
     groups = tl.cdiv(NEXT_N, GROUP)
     b = tl.program_id(0) // groups
@@ -64,6 +69,8 @@ def _paged_logits_kernel(
     q_row = (b * NEXT_N + first + row // HEADS).to(tl.int64) * HEADS + row % HEADS
     d = tl.arange(0, DIM)
     q = tl.load(q_ptr + q_row[:, None] * DIM + d[None, :], mask=row_live[:, None], other=0.0)
+    if DOT_DTYPE is not None:
+        q = q.to(DOT_DTYPE)
     weights = tl.load(weights_ptr + q_row, mask=row_live, other=0.0)
     if CAUSAL:
         ends = tl.load(lens_ptr + b * lens_stride + 0 * token, mask=live, other=0) - NEXT_N + 1 + token
@@ -81,6 +88,8 @@ def _paged_logits_kernel(
         k = tl.load(values_ptr + base + t[:, None] * DIM + d[None, :])
         scale = tl.load((cache_ptr + base + PAGE * DIM).to(tl.pointer_type(tl.float32)) + t)
         # sum_h w * relu(q . k) * scale; fp32 dots: the e4m3 products are exact, only the sums round
+        if DOT_DTYPE is not None:
+            k = k.to(DOT_DTYPE)
         dots = tl.maximum(tl.dot(q, tl.trans(k)), 0.0) * weights[:, None]
         logits = tl.sum(tl.reshape(dots, [SLOTS, HEADS, PAGE]), axis=1) * scale[None, :]
         position = block * PAGE + t
@@ -107,6 +116,7 @@ def _ragged_logits_kernel(
     HEADS: tl.constexpr,
     DIM: tl.constexpr,
     KEYS: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
 ):
     slot = tl.arange(0, SLOTS)
     token = tl.program_id(0) * SLOTS + slot
@@ -117,6 +127,8 @@ def _ragged_logits_kernel(
     row_live = q_row < rows
     d = tl.arange(0, DIM)
     q = tl.load(q_ptr + (q_row * HEADS + row % HEADS)[:, None] * DIM + d[None, :], mask=row_live[:, None], other=0.0)
+    if DOT_DTYPE is not None:
+        q = q.to(DOT_DTYPE)
     weights = tl.load(weights_ptr + q_row * HEADS + row % HEADS, mask=row_live, other=0.0)
     starts = tl.load(starts_ptr + token, mask=live, other=2147483647)
     ends = tl.load(ends_ptr + token, mask=live, other=0)
@@ -130,6 +142,8 @@ def _ragged_logits_kernel(
         in_keys = position < tl.max(ends, axis=0)
         k = tl.load(k_ptr + position.to(tl.int64)[:, None] * DIM + d[None, :], mask=in_keys[:, None], other=0.0)
         scale = tl.load(scale_ptr + position, mask=in_keys, other=0.0)
+        if DOT_DTYPE is not None:
+            k = k.to(DOT_DTYPE)
         dots = tl.maximum(tl.dot(q, tl.trans(k)), 0.0) * weights[:, None]
         logits = tl.sum(tl.reshape(dots, [SLOTS, HEADS, KEYS]), axis=1) * scale[None, :]
         inside = (position[None, :] >= starts[:, None]) & (position[None, :] < ends[:, None])
@@ -198,6 +212,7 @@ def paged_logits(
         HEADS=heads,
         DIM=dim,
         PAGE=page,
+        DOT_DTYPE=_dot_dtype(),
         num_warps=8 if slots * heads >= 128 else 4,
     )
     return out
@@ -241,9 +256,14 @@ def ragged_logits(
         HEADS=heads,
         DIM=dim,
         KEYS=KEY_BLOCK,
+        DOT_DTYPE=_dot_dtype(),
         num_warps=8,
     )
     return out
+
+
+def _dot_dtype():
+    return tl.bfloat16 if DOT_OPERANDS == "bf16" else None
 
 
 def _empty_like_full(shape, value, dtype, device):

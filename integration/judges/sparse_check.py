@@ -24,7 +24,9 @@ from integration.judges.decode_check import LSE_ABS_TOLERANCE, LSE_REL_TOLERANCE
 from mla_backend.reference import sparse_mla_reference
 
 TOKENS_PER_GATHER = 16  # float64 rows of 2048 keys x 576 a chunk: ~150 MB
-TIE_RELATIVE = 1e-4  # of the row's largest |logit|: fp32 sums of 64 heads x 128 products round there
+# Of the row's largest |logit|: the indexer's e4m3 dots on SM90's tensor cores (ours as DeepGEMM's) sum
+# their products with fewer bits than fp32 keeps; dev/indexer_precision.py measured 2.4e-4 at V3.2's shape.
+TIE_RELATIVE = 1e-3
 
 
 @dataclass(eq=False)
