@@ -161,7 +161,7 @@ REPO=$PWD
 for part in ${PART//,/ }; do
   echo "== $part" | tee -a "$OUT/log.txt"
   case $part in
-    serve) run python3 integration/serve_check.py --heads "$HEADS" --kv "$KV" --out "$OUT" ;;
+    serve) run python3 integration/serve_check.py --heads "$HEADS" --kv "$KV" ${FAMILY:+--family "$FAMILY"} --out "$OUT" ;;
     faults) run python3 integration/fault_check.py --heads "$HEADS" --kv "$KV" --backend "${BACKEND:-auto}" --parts "${FAULT_PARTS:-preemption,aborts,prefix,long}" --soak-s "${SOAK_S:-240}" ${SELFTEST:+--selftest} --out "$OUT/faults" ;;
     mtp | parallel | correctness | enginebest | enginebest_parallel)
       parts=$part; seeds=0

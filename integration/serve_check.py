@@ -1,10 +1,13 @@
 """Serving check of the vLLM plugin on a GPU: ``vllm serve`` with ``--attention-backend CUSTOM`` on a
-seeded DeepSeek-V3, driven with the ``openai`` client as users drive it.
+seeded DeepSeek-V3 (or, with ``--family``, a sparse family of the zoo: DeepSeek-V3.2, GLM-5, whose
+``--kv fp8`` vLLM serves as fp8_ds_mla), driven with the ``openai`` client as users drive it.
 
     python integration/serve_check.py --heads 16 --out results/serve
+    python integration/serve_check.py --family DeepSeek-V3.2 --kv fp8 --out results/serve
 
 Pass rules; exit status 1 if one fails:
-- Greedy: completions (token ids in, token ids out) for 8 prompts, sent together, agree with the
+- Greedy: completions (token ids in, token ids out) for 8 prompts (for a sparse family, two of them
+  longer than its top-k of 2048, so that the indexer chooses), sent together, agree with the
   offline engine (``LLM(...)``, same backend and settings, prefix caching off in both) up to the
   offline engine's first tie (a top-2 logprob gap below 0.1 nats; integration/judges/tokens.py's rule).
 - Load: 96 concurrent streaming requests each finish with the requested number of tokens.
@@ -36,10 +39,11 @@ from integration.engines.vllm_server import (  # noqa: E402
 )
 from integration.engines.vllm_spec import EngineSpec  # noqa: E402
 from integration.judges.tokens import agreement  # noqa: E402
-from integration.models.prompts import make_prompts  # noqa: E402
+from integration.models.prompts import make_prompts, make_sparse_prompts  # noqa: E402
 from integration.models.tiny_model import save_tiny_deepseek_v3  # noqa: E402
 
 GREEDY_PROMPTS = 8
+SPARSE_MODEL_LEN = 4096  # a sparse family's long prompts (SPARSE_PROMPT_LENGTHS) and their tokens fit
 GREEDY_TOKENS = 32
 LOAD_REQUESTS, LOAD_TOKENS = 96, 64
 START_TIMEOUT_S = 600  # includes building the kernels on a machine without the wheel's
@@ -94,11 +98,14 @@ async def drive(port: int, model: str, prompts: list[list[int]], load_prompts: l
         return tokens, counts, time.monotonic() - begun
 
 
-def serving_checks(spec: EngineSpec, model: str, offline: dict, prompts: list[list[int]], log: Path) -> list:
+def serving_checks(
+    spec: EngineSpec, model: str, offline: dict, prompts: list[list[int]], log: Path, max_model_len: int
+) -> list:
     port = free_port()
     rows = []
+    command = serve_command(spec, model, port, max_model_len=max_model_len)
     with open(log, "w") as sink:
-        server = subprocess.Popen(serve_command(spec, model, port), stdout=sink, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
     try:
         started = time.monotonic()
         healthy = wait_until_healthy(server, port, START_TIMEOUT_S)
@@ -131,14 +138,14 @@ def serving_checks(spec: EngineSpec, model: str, offline: dict, prompts: list[li
     return rows
 
 
-def bad_setting_checks(spec: EngineSpec, model: str, out: Path) -> list:
+def bad_setting_checks(spec: EngineSpec, model: str, out: Path, max_model_len: int) -> list:
     """Each bad setting must stop start-up (non-zero exit) with our message in the log."""
     rows = []
     for name, (setting, word) in BAD_SETTINGS.items():
         log = out / f"serve_bad_{setting['backend']}.log"
         with open(log, "w") as sink:
             done = subprocess.run(
-                serve_command(spec, model, free_port(), setting),
+                serve_command(spec, model, free_port(), setting, max_model_len=max_model_len),
                 stdout=sink,
                 stderr=subprocess.STDOUT,
                 timeout=START_TIMEOUT_S,
@@ -155,22 +162,41 @@ def bad_setting_checks(spec: EngineSpec, model: str, out: Path) -> list:
     return rows
 
 
+def served_model(family_name: str | None, heads: int, model_dir: Path) -> tuple[str, str, list[list[int]], int]:
+    """(checkpoint, its name in the report, the greedy prompts, max_model_len): the tiny DeepSeek-V3 at
+    ``heads``, or a sparse family's seeded checkpoint with prompts past its top-k."""
+    if family_name is None:
+        path = save_tiny_deepseek_v3(model_dir / f"dsv3_h{heads}", heads=heads)
+        return str(path), f"h{heads}", make_prompts(0)[:GREEDY_PROMPTS], 2048
+    from integration.models.checkpoints import save_checkpoint
+    from integration.models.families import pick
+
+    (family, layout), *_ = pick(family_name, every_layout=False)
+    if family.expect != "sparse":
+        raise SystemExit(f"--family takes a sparse family; {family.name} is {family.expect!r}")
+    path = save_checkpoint(family, model_dir / family.model_type, layout)
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    prompts = make_sparse_prompts(vocab) + make_prompts(0, vocab)[: GREEDY_PROMPTS - 4]
+    return str(path), family.name, prompts, SPARSE_MODEL_LEN
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--family", help="a sparse family of the zoo (DeepSeek-V3.2, GLM-5) instead of DeepSeek-V3")
     parser.add_argument("--kv", default="fp8", choices=["fp8", "auto"])
     parser.add_argument("--out", type=Path, default=Path("results/serve"))
     parser.add_argument("--model-dir", default="/tmp/mla_backend_models")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    model = str(save_tiny_deepseek_v3(Path(args.model_dir) / f"dsv3_h{args.heads}", heads=args.heads))
+    model, name, prompts, max_model_len = served_model(args.family, args.heads, Path(args.model_dir))
     spec = EngineSpec("CUSTOM", args.kv, 64, True, max_num_seqs=GREEDY_PROMPTS)
-    prompts = make_prompts(0)[:GREEDY_PROMPTS]
-    offline = run_engine(spec, model, prompts, max_tokens=GREEDY_TOKENS)  # frees the GPU before serving
-    rows = serving_checks(spec, model, offline, prompts, args.out / "serve.log")
-    rows += bad_setting_checks(spec, model, args.out)
-    (args.out / f"serve_h{args.heads}_{args.kv}.json").write_text(json.dumps(rows, indent=1))
-    print(f"\n== vllm serve, {args.heads} heads, kv {args.kv} ==")
+    # frees the GPU before serving
+    offline = run_engine(spec, model, prompts, max_tokens=GREEDY_TOKENS, max_model_len=max_model_len)
+    rows = serving_checks(spec, model, offline, prompts, args.out / "serve.log", max_model_len)
+    rows += bad_setting_checks(spec, model, args.out, max_model_len)
+    (args.out / f"serve_{name}_{args.kv}.json").write_text(json.dumps(rows, indent=1))
+    print(f"\n== vllm serve, {name}, kv {args.kv} ==")
     for name, ok, note in rows:
         print(f"{'PASS' if ok else 'FAIL':5} {name:28} {note}")
     return 0 if all(ok for _, ok, _ in rows) else 1

@@ -300,8 +300,8 @@ def sparse_route(config: MLABackendConfig, capability: tuple[int, int]) -> Route
         )
     if arch is None:
         raise BackendUnavailableError(
-            f"sparse MLA decode needs compute capability {served_capabilities()} (the bundled kernels); "
-            f"this GPU is {cc}"
+            f"sparse MLA decode (backend={config.backend!r}) needs compute capability {served_capabilities()} "
+            f"(the bundled kernels); this GPU is {cc}"
         )
     return Route("bundled", f"sparse index lists: SM {cc} -> bundled mma.sync kernels", "none", arch)
 

@@ -86,3 +86,18 @@ def test_a_stream_without_its_usage_counts_zero_tokens(server, monkeypatch):
     monkeypatch.setattr(serve_check, "streamed_token_counts", without_usage)
     _, counts, _ = asyncio.run(serve_check.drive(server, "m", [[1]], [[2]]))
     assert counts == [0]
+
+
+@pytest.mark.slow  # writes seeded checkpoints with transformers
+def test_a_sparse_family_is_served_with_prompts_past_its_top_k(tmp_path):
+    """--family DeepSeek-V3.2: its seeded checkpoint (the indexer's fields in its config), two prompts
+    longer than the top-k beside short ones, and room for them; a dense family is refused."""
+    model, name, prompts, max_model_len = serve_check.served_model("DeepSeek-V3.2", 16, tmp_path)
+    config = json.loads((Path(model) / "config.json").read_text())
+    assert name == "DeepSeek-V3.2" and config["index_topk"] == 2048
+    assert len(prompts) == serve_check.GREEDY_PROMPTS
+    assert sum(len(p) > config["index_topk"] for p in prompts) == 2
+    assert max(map(len, prompts)) + serve_check.GREEDY_TOKENS <= max_model_len
+    assert all(0 <= t < config["vocab_size"] for p in prompts for t in p)
+    with pytest.raises(SystemExit, match="sparse family"):
+        serve_check.served_model("DeepSeek-V3", 16, tmp_path)

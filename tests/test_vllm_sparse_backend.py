@@ -99,7 +99,7 @@ def test_dense_models_keep_the_dense_backend(dense_model, clean_registry):
     "change, reason",
     [
         ({"block_size": 16}, "--block-size 64"),
-        ({"capability": (7, 5)}, "sparse MLA decode needs compute capability"),
+        ({"capability": (7, 5)}, "sparse MLA decode (backend='auto') needs compute capability"),
         ({"additional": {"mla_backend": {"backend": "trtllm-gen"}}}, "no sparse path"),
     ],
 )

@@ -6,6 +6,8 @@ import torch
 
 RANDOM_PROMPT_LENGTHS = [1, 5, 33, 100, 257, 511, 780, 1000]
 REPEATED_PROMPT_LENGTHS = [64, 200, 400, 900]  # a repeated 12-token motif: n-gram drafts find matches
+# Past the sparse families' top-k (2048), so that their indexer chooses, and shorter, which vLLM prefills densely.
+SPARSE_PROMPT_LENGTHS = (2900, 2300, 700, 60)
 
 
 def make_spec_prompts(seed: int = 0, vocab: int = 2048, count: int = 12) -> list[list[int]]:
@@ -24,3 +26,9 @@ def make_prompts(seed: int = 0, vocab: int = 2048) -> list[list[int]]:
         motif = torch.randint(0, vocab, (12,), generator=generator).tolist()
         prompts.append((motif * (n // 12 + 1))[:n])
     return prompts
+
+
+def make_sparse_prompts(vocab: int, seed: int = 0) -> list[list[int]]:
+    """Random prompts of SPARSE_PROMPT_LENGTHS tokens (ids 2 and up: no BOS or EOS)."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, vocab, (n,), generator=generator).tolist() for n in SPARSE_PROMPT_LENGTHS]
