@@ -14,7 +14,9 @@ Per family (the zoo's seeded checkpoint from its published config, one MTP layer
   calls recomputed in float64 from the lists the indexer chose, and each decode step's lists against a
   float64 top-k of the indexer's own inputs;
 - selftest (``--selftest``): the eager run with outputs x1.05; the attention check must fail;
-- drafts (``--draft-tokens k``): ours and the reference with the checkpoint's MTP layer drafting k tokens.
+- drafts (``--draft-tokens k``): ours and the reference with the checkpoint's MTP layer drafting k tokens,
+  under the tie rule; where it breaks, ours must stay with the reference's plain (undrafted) run about
+  as many steps as the reference's drafting run does (not significantly fewer).
 Prompts are longer than the top-k (2048), so prefill and decode attend to a chosen subset, and shorter
 ones, which vLLM prefills densely. Exit status 1 if anything fails.
 """
@@ -110,6 +112,11 @@ class Rows(list):
             out.write(json.dumps(row) + "\n")
 
 
+def divergence_gaps(verdict: dict, ref_gaps: list, our_gaps: list) -> list:
+    """Per divergent prompt of a tie-rule verdict: (prompt, step, the reference's and our top-2 gaps there)."""
+    return [(i, k, round(ref_gaps[i][k], 3), round(our_gaps[i][k], 3)) for i, k, _ in verdict["divergent"]]
+
+
 def judge_family(family, model: str, kvs: list[str], selftest: bool, draft_tokens: int, rows: list) -> bool:
     from integration.judges.tokens import (
         agreed_steps,
@@ -149,12 +156,10 @@ def judge_family(family, model: str, kvs: list[str], selftest: bool, draft_token
             "steps_agreed": agreed_steps(ours["tokens"], ref["tokens"]),
             "steps": sum(map(len, ref["tokens"])),
             "divergent": verdict["divergent"],
-            # per divergent prompt: (prompt, step, the reference's and our top-2 gaps there)
-            "gaps_at_divergence": [
-                (i, k, round(gaps[i][k], 3), round(ours["gaps"][i][k], 3)) for i, k, _ in verdict["divergent"]
-            ],
+            "gaps_at_divergence": divergence_gaps(verdict, gaps, ours["gaps"]),
             "peer_steps_agreed": agreed_steps(others[0], ref["tokens"]) if others else None,
             "eager_tokens_ok": eager["ok"],
+            "eager_gaps_at_divergence": divergence_gaps(eager, gaps, checked["gaps"]),
             "check": checked["check"],
         }
         bf16 = refs.get("auto")
@@ -187,8 +192,20 @@ def judge_family(family, model: str, kvs: list[str], selftest: bool, draft_token
             ok = False
         else:
             verdict = agreement(ours["tokens"], ref["tokens"], ref["gaps"])
-            row |= {"tokens_ok": verdict["ok"], "steps_agreed": agreed_steps(ours["tokens"], ref["tokens"])}
-            ok &= verdict["ok"]
+            row |= {
+                "tokens_ok": verdict["ok"],
+                "steps_agreed": agreed_steps(ours["tokens"], ref["tokens"]),
+                "gaps_at_divergence": divergence_gaps(verdict, ref["gaps"], ours["gaps"]),
+            }
+            plain = refs[kv]
+            if not verdict["ok"] and "tokens" in plain:
+                # Verifying drafts (q_len 1 + k) rounds otherwise than decoding one token: each drafting
+                # run leaves FLASHMLA_SPARSE's plain run at some near tie; ours must not leave it
+                # significantly sooner than FLASHMLA_SPARSE's own drafting run does.
+                ours_steps, peer_steps = (steps_per_prompt(r["tokens"], plain["tokens"]) for r in (ours, ref))
+                row["steps_with_plain_ref"] = {"ours": ours_steps, "FLASHMLA_SPARSE": peer_steps}
+                row["tokens_ok"] = not significantly_fewer_steps(ours_steps, peer_steps)
+            ok &= row["tokens_ok"]
         rows.append(row)
     return ok
 
