@@ -21,8 +21,9 @@
 #     vLLM 0.26's Model Runner V2 needs; IN_PROCESS=1 runs them all in one, on Model Runner V1)
 #   | sparse (integration/sparse_e2e.py: DeepSeek-V3.2 and GLM-5 on our sparse backend and indexer against
 #     FLASHMLA_SPARSE: FAMILIES, SPARSE_KV of auto,fp8_ds_mla, DRAFT_TOKENS (0: none), SELFTEST=1)
-#   | serve | mtp | parallel | correctness | enginebest | enginebest_parallel | realdims | variants | inputs | placement
+#   | serve (FAMILY: a sparse family instead of DeepSeek-V3) | mtp | parallel | correctness | enginebest | enginebest_parallel | realdims | variants | inputs | placement
 #   | faults (integration/fault_check.py: FAULT_PARTS of preemption,aborts,prefix,long,soak; BACKEND, SOAK_S, SELFTEST=1;
+#     FAMILY a sparse family (DeepSeek-V3.2, GLM-5: parts preemption,aborts,prefix, KV=auto);
 #     one or two parts a call, each part starts two or more servers)
 #   | gputests (TEST_FILES, default the kernel tests and the peers' grids; their per-case errors in $OUT/grids.jsonl;
 #     TREE: run them in a source tree carried in the checkout, e.g. an ignored copy of a branch, whose
@@ -162,7 +163,7 @@ for part in ${PART//,/ }; do
   echo "== $part" | tee -a "$OUT/log.txt"
   case $part in
     serve) run python3 integration/serve_check.py --heads "$HEADS" --kv "$KV" ${FAMILY:+--family "$FAMILY"} --out "$OUT" ;;
-    faults) run python3 integration/fault_check.py --heads "$HEADS" --kv "$KV" --backend "${BACKEND:-auto}" --parts "${FAULT_PARTS:-preemption,aborts,prefix,long}" --soak-s "${SOAK_S:-240}" ${SELFTEST:+--selftest} --out "$OUT/faults" ;;
+    faults) run python3 integration/fault_check.py --heads "$HEADS" ${FAMILY:+--family "$FAMILY"} --kv "$KV" --backend "${BACKEND:-auto}" --parts "${FAULT_PARTS:-preemption,aborts,prefix,long}" --soak-s "${SOAK_S:-240}" ${SELFTEST:+--selftest} --out "$OUT/faults" ;;
     mtp | parallel | correctness | enginebest | enginebest_parallel)
       parts=$part; seeds=0
       [ "$part" = correctness ] && parts=correctness,selftest

@@ -4,6 +4,13 @@ out, greedy, ``ignore_eos``) through preemption, client aborts, prefix caching w
 long context and a soak, each against vLLM's own behaviour.
 
     python integration/fault_check.py --heads 16 --kv fp8 --backend auto --parts preemption,aborts --out results/faults
+    python integration/fault_check.py --family DeepSeek-V3.2 --kv auto --parts preemption,prefix --out results/faults
+
+``--family`` serves a sparse family of the zoo (DeepSeek-V3.2, GLM-5: our sparse backend and indexer)
+instead of the tiny DeepSeek-V3, for the parts whose traffic fits its seeded checkpoint (preemption,
+aborts, prefix), bf16 KV: the reference is then FLASHMLA_SPARSE, the peer FLASH_ATTN_MLA_SPARSE, and
+the float64 window is the sparse check's (engines/vllm_sparse_checker.py: the calls the engine runs
+eagerly, i.e. its mixed batches; replayed decode steps are judged by their tokens).
 
 Parts (each starts its own servers; a call that must stay short runs one or two):
 - preemption: a KV pool of PREEMPT_BLOCKS blocks (``--num-gpu-blocks-override``) against a burst of
@@ -39,7 +46,7 @@ a poisoned token, a leaked block, memory that grows, an error in the log, the pr
 a phase without preemption), and the prefix part serves ours with outputs x SELFTEST_CORRUPTION,
 whose float64 check must fail. Each such row passes where the judge caught the breakage.
 
-Writes ``<out>/faults_h{heads}_{kv}_{backend}.json`` (parts from earlier calls into the same file are
+Writes ``<out>/faults_{h<heads> or family}_{kv}_{backend}.json`` (parts from earlier calls into the same file are
 kept) after every part and prints a PASS/FAIL table last; exit status 1 if a row fails.
 """
 
@@ -76,6 +83,7 @@ from integration.engines.vllm_worker_check import merged_summary  # noqa: E402
 from integration.judges import faults, report  # noqa: E402
 from integration.judges.decode_verdict import judge_decode_check, judge_selftest  # noqa: E402
 from integration.judges.faults import gaps_of_runs, tokens_of  # noqa: E402
+from integration.judges.sparse_check import judge_sparse_check, judge_sparse_selftest  # noqa: E402
 from integration.models.prompts import make_prompts  # noqa: E402
 from integration.models.tiny_model import TINY_DEFAULTS, save_tiny_deepseek_v3  # noqa: E402
 from integration.settings import PEERS, SELFTEST_CORRUPTION  # noqa: E402
@@ -86,6 +94,8 @@ START_TIMEOUT_S = 300
 IDLE_TIMEOUT_S = 30  # for vLLM's gauges to read idle after the last response
 ABORTS_SETTLE_S = 1.0  # for the server to notice a wave's disconnects before its probe request
 REFERENCE = "FLASHMLA"
+SPARSE_REFERENCE, SPARSE_PEER = "FLASHMLA_SPARSE", "FLASH_ATTN_MLA_SPARSE"  # the peer: bf16 KV only
+SPARSE_PARTS = ("preemption", "aborts", "prefix")  # the others want checkpoints of more positions
 
 # preemption: vLLM admits a request only while its prompt's blocks fit and preempts only when running
 # requests outgrow the pool. 16 prompts of 832-896 tokens (14 blocks of 64 each, 224 of the 256) are
@@ -119,16 +129,45 @@ class Context(report.PartRows):
     seed: int
     soak_s: float
     selftest: bool
+    family: str | None = None  # a sparse family of the zoo instead of the tiny DeepSeek-V3
+
+    @property
+    def name(self) -> str:
+        return self.family or f"h{self.heads}"
+
+    @property
+    def reference(self) -> str:
+        return SPARSE_REFERENCE if self.family else REFERENCE
+
+    @property
+    def peer(self) -> str:
+        """vLLM's other backend for calibration where ours and the reference part."""
+        return SPARSE_PEER if self.family else PEERS[self.kv][0]
 
     def spec(self, backend: str) -> EngineSpec:
         ours = {"backend": self.backend} if backend == "CUSTOM" and self.backend != "auto" else {}
         return EngineSpec(backend, self.kv, 64, True, mla_backend=ours)
 
     def model(self, max_positions: int | None = None) -> str:
+        if self.family is not None:
+            return sparse_checkpoint(self.family, self.model_dir, max_positions)
         if max_positions is None:
             return str(save_tiny_deepseek_v3(self.model_dir / f"dsv3_h{self.heads}", heads=self.heads))
         path = self.model_dir / f"dsv3_h{self.heads}_pos{max_positions}"
         return str(save_tiny_deepseek_v3(path, heads=self.heads, max_position_embeddings=max_positions))
+
+
+def sparse_checkpoint(family_name: str, model_dir: Path, max_positions: int | None) -> str:
+    """The zoo's seeded checkpoint of a sparse family (its published positions only)."""
+    from integration.models.checkpoints import save_checkpoint
+    from integration.models.families import pick
+
+    if max_positions is not None:
+        raise ValueError(f"a sparse family's checkpoint keeps its published positions, not {max_positions}")
+    (family, layout), *_ = pick(family_name, every_layout=False)
+    if family.expect != "sparse":
+        raise ValueError(f"--family takes a sparse family; {family.name} is {family.expect!r}")
+    return str(save_checkpoint(family, model_dir / family.model_type, layout))
 
 
 # --- one server -----------------------------------------------------------------------------------
@@ -161,12 +200,12 @@ def served(
     spec = ctx.spec(backend)
     port = free_port()
     name = f"{label}_{backend}" + ("_corrupt" if corrupt else "")
-    log = ctx.out / f"{name}_h{ctx.heads}_{ctx.kv}_{ctx.backend}.log"
-    check_dir = ctx.out / f"check_{name}_h{ctx.heads}_{ctx.kv}_{ctx.backend}" if checked else None
+    log = ctx.out / f"{name}_{ctx.name}_{ctx.kv}_{ctx.backend}.log"
+    check_dir = ctx.out / f"check_{name}_{ctx.name}_{ctx.kv}_{ctx.backend}" if checked else None
     if check_dir is not None:
         for stale in check_dir.glob("rank*.json"):
             stale.unlink()
-    env = checked_server_env(check_dir, ctx.kv, corrupt, check_calls) if check_dir is not None else None
+    env = checked_server_env(check_dir, ctx.kv, corrupt, check_calls, ctx.family is not None) if check_dir else None
     command = serve_command(spec, model, port, host="127.0.0.1", **flags)
     record = ctx.details.setdefault("servers", {}).setdefault(name, {"command": command[3:]})
     with running(command, log, port, record, START_TIMEOUT_S, env) as server:
@@ -268,10 +307,10 @@ def part_preemption(ctx: Context) -> None:
     judge_check(ctx, ours["decode_check"])
 
     def peer():
-        ref = on_server(ctx, REFERENCE, "preemption", model, traffic, **flags)
+        ref = on_server(ctx, ctx.reference, "preemption", model, traffic, **flags)
         return tokens_of(ref["burst"]), tokens_of(ref["alone"]), gaps_of_runs(ref["alone"])
 
-    judge_tokens_or_calibrate(ctx, "burst tokens vs each alone", burst, alone, gaps, peer, REFERENCE)
+    judge_tokens_or_calibrate(ctx, "burst tokens vs each alone", burst, alone, gaps, peer, ctx.reference)
     if ctx.selftest:
         ctx.selftest_row(
             "a request cut short", faults.judge_completions([len(t) for t in faults.drop_token(burst)], PREEMPT_TOKENS)
@@ -333,7 +372,7 @@ def judge_aborts(ctx: Context, ours: dict, model: str, traffic, flags: dict) -> 
     def peer(indices):
         def run():
             if not peer_run:
-                peer_run.update(on_server(ctx, REFERENCE, "aborts", model, traffic, **flags))
+                peer_run.update(on_server(ctx, ctx.reference, "aborts", model, traffic, **flags))
             ref, ref_gaps = tokens_of(peer_run["baseline"]), gaps_of_runs(peer_run["baseline"])
             later = tokens_of(peer_run["wave"] if indices is not None else peer_run["follow"])
             keep = indices if indices is not None else range(len(ref))
@@ -348,9 +387,11 @@ def judge_aborts(ctx: Context, ours: dict, model: str, traffic, flags: dict) -> 
         [baseline[i] for i in stayed],
         [gaps[i] for i in stayed],
         peer(stayed),
-        REFERENCE,
+        ctx.reference,
     )
-    judge_tokens_or_calibrate(ctx, "follow-up tokens vs the first wave", follow, baseline, gaps, peer(None), REFERENCE)
+    judge_tokens_or_calibrate(
+        ctx, "follow-up tokens vs the first wave", follow, baseline, gaps, peer(None), ctx.reference
+    )
     if ctx.selftest:
         blocks = pool_blocks(after_follow) or 1000
         ctx.selftest_row("a leaked block", faults.judge_blocks_freed(faults.leak_block(after_follow, blocks)))
@@ -410,15 +451,15 @@ def part_prefix(ctx: Context) -> None:
     )
     counts = [len(t) for t in tokens_of(ours["first"])] + [len(t) for t in tokens_of(ours["batch"])]
     ctx.row("every request complete", faults.judge_completions(counts, [1] * len(first) + [PREFIX_TOKENS] * len(batch)))
-    ref = on_server(ctx, REFERENCE, "prefix", model, traffic, **flags)
+    ref = on_server(ctx, ctx.reference, "prefix", model, traffic, **flags)
     mine, theirs = tokens_of(ours["first"] + ours["batch"]), tokens_of(ref["first"] + ref["batch"])
     gaps = gaps_of_runs(ref["first"] + ref["batch"])
 
     def peer():
-        other = on_server(ctx, PEERS[ctx.kv][0], "prefix", model, traffic, **flags)
+        other = on_server(ctx, ctx.peer, "prefix", model, traffic, **flags)
         return tokens_of(other["first"] + other["batch"]), theirs, gaps
 
-    judge_tokens_or_calibrate(ctx, f"tokens vs {REFERENCE}", mine, theirs, gaps, peer, PEERS[ctx.kv][0])
+    judge_tokens_or_calibrate(ctx, f"tokens vs {ctx.reference}", mine, theirs, gaps, peer, ctx.peer)
     judge_check(ctx, ours["decode_check"])
     if ctx.selftest:
         corrupt = on_server(
@@ -432,16 +473,24 @@ def part_prefix(ctx: Context) -> None:
             corrupt=SELFTEST_CORRUPTION,
             **flags,
         )
-        caught, note = judge_selftest(corrupt["decode_check"], asdict(ctx.spec("CUSTOM")))
+        caught, note = (
+            judge_sparse_selftest(corrupt["decode_check"])
+            if ctx.family
+            else judge_selftest(corrupt["decode_check"], asdict(ctx.spec("CUSTOM")))
+        )
         ctx.rows.append((f"selftest: outputs x{SELFTEST_CORRUPTION}", caught, note))
         poisoned = faults.poison(mine, gaps)
         ctx.selftest_row("a poisoned token", poisoned and faults.judge_tokens(poisoned, theirs, gaps))
 
 
 def judge_check(ctx: Context, check: dict) -> None:
-    """The float64 window of our decode calls, judged as run_e2e.py judges an engine's."""
-    ok, note = judge_decode_check(check, asdict(ctx.spec("CUSTOM")))
+    """The float64 window of our decode calls, judged as run_e2e.py judges an engine's (a sparse
+    family's: as sparse_e2e.py judges its checked run)."""
     ctx.details["decode_check"] = check
+    if ctx.family:
+        ctx.row("sparse calls vs float64", judge_sparse_check(check))
+        return
+    ok, note = judge_decode_check(check, asdict(ctx.spec("CUSTOM")))
     ctx.row("decode calls vs float64", (ok, f"{note}; route {check.get('routes')}"))
 
 
@@ -685,6 +734,7 @@ def run_part(ctx: Context, part: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--family", help=f"a sparse family of the zoo instead of DeepSeek-V3 (parts {SPARSE_PARTS})")
     parser.add_argument("--kv", default="fp8", choices=["fp8", "auto"])
     parser.add_argument("--backend", default="auto", choices=["auto", "xqa"], help="our mla_backend setting")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {','.join(PARTS)}")
@@ -698,18 +748,22 @@ def main() -> int:
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         parser.error(f"unknown parts {unknown}; known: {','.join(PARTS)}")
+    if args.family and (set(parts) - set(SPARSE_PARTS) or args.kv != "auto"):
+        parser.error(f"--family runs the parts {','.join(SPARSE_PARTS)} with --kv auto (FP8 has no sparse peer here)")
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     # `timeout` ends a call with SIGTERM: leave through the finally blocks, which stop the servers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    ctx = Context(args.heads, args.kv, args.backend, args.out, args.model_dir, args.seed, args.soak_s, args.selftest)
-    path = args.out / f"faults_h{args.heads}_{args.kv}_{args.backend}.json"
+    ctx = Context(
+        args.heads, args.kv, args.backend, args.out, args.model_dir, args.seed, args.soak_s, args.selftest, args.family
+    )
+    path = args.out / f"faults_{ctx.name}_{args.kv}_{args.backend}.json"
     return report.run_parts(
         parts,
         lambda part: run_part(ctx, part),
         path,
-        dict(heads=args.heads, kv=args.kv, backend=args.backend),
-        f"vllm serve under faults, {args.heads} heads, kv {args.kv}, backend {args.backend}",
+        dict(heads=args.heads, family=args.family, kv=args.kv, backend=args.backend),
+        f"vllm serve under faults, {args.family or f'{args.heads} heads'}, kv {args.kv}, backend {args.backend}",
     )
 
 

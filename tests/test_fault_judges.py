@@ -615,7 +615,42 @@ def test_a_checked_server_runs_in_its_log_folder_and_finds_the_worker_check(tmp_
         "dir": str(tmp_path / "check"),
         "corrupt": 1.05,
         "max_calls": 160,
+        "sparse": False,
     }
+
+
+def test_a_sparse_family_is_served_against_vllm_s_sparse_backends_with_the_sparse_check(tmp_path, monkeypatch):
+    """--family: FLASHMLA_SPARSE the reference, FLASH_ATTN_MLA_SPARSE the peer, the zoo's seeded
+    checkpoint, the worker check told to check the sparse impl; its servers' files named by the family.
+    Parts needing more positions, and FP8 (no sparse peer), are refused at the command line."""
+    from integration import fault_check as check
+
+    ctx = check.Context(16, "auto", "auto", tmp_path, tmp_path / "models", 34, 60.0, False, "DeepSeek-V3.2")
+    assert (ctx.reference, ctx.peer, ctx.name) == ("FLASHMLA_SPARSE", "FLASH_ATTN_MLA_SPARSE", "DeepSeek-V3.2")
+    dense = check.Context(16, "fp8", "auto", tmp_path, tmp_path, 34, 60.0, False)
+    assert (dense.reference, dense.peer, dense.name) == ("FLASHMLA", "TRITON_MLA", "h16")
+    model = Path(ctx.model())
+    assert json.loads((model / "config.json").read_text())["index_topk"] == 2048
+    with pytest.raises(ValueError, match="published positions"):
+        ctx.model(check.LONG_MODEL_LEN)
+    started = {}
+
+    def running(command, log, port, record, timeout, env):
+        started.update(env=env, log=log)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(check, "running", running)
+    with check.served(ctx, "CUSTOM", "prefix", str(model), checked=True):
+        pass
+    from integration.engines.vllm_worker_check import ENV
+
+    assert json.loads(started["env"][ENV])["sparse"] is True
+    assert started["log"].name == "prefix_CUSTOM_DeepSeek-V3.2_auto_auto.log"
+    for argv in (["--kv", "fp8", "--parts", "prefix"], ["--kv", "auto", "--parts", "long"]):
+        argv = ["--family", "GLM-5", *argv]
+        monkeypatch.setattr(sys, "argv", ["fault_check", *argv, "--out", str(tmp_path)])
+        with pytest.raises(SystemExit):
+            check.main()
 
 
 def test_a_server_started_from_a_job_that_ignores_sigint_still_stops_on_it(tmp_path):

@@ -77,3 +77,52 @@ def test_indexer_logits_and_the_top_k_judge():
     assert topk_problems(chosen[:, 1:], logits, [length], k)  # one entry short
     short = torch.tensor([[0, 1, 2, -1, -1]], dtype=torch.int32)
     assert topk_problems(short, logits, [3], k) == []  # a row shorter than k keeps all of it
+
+
+def checker_with(calls: dict, checks: list[dict], topk_checks: list[dict]):
+    from integration.engines.vllm_sparse_checker import SparseChecker
+
+    checker = SparseChecker(torch.bfloat16)
+    checker.calls.update(calls)
+    checker.checks += checks
+    checker.topk_checks += topk_checks
+    return checker
+
+
+GOOD_CALL = {"kind": "mixed", "tokens": 700, "rows": 2800, "out_error": 3e-3, "lse_ok": True}
+
+
+def test_a_graph_captured_run_s_summary_needs_no_eager_decode_step_but_an_eager_one_does():
+    """A server with CUDA graphs shows the checker its mixed batches only (decode steps replay): that
+    passes; an eager run whose decode steps left no judged top-k does not; nor does a run that checked
+    nothing, nor one over the tolerance."""
+    from integration.judges.sparse_check import judge_sparse_check, judge_sparse_selftest
+
+    graphs = checker_with({"mixed": 3}, [GOOD_CALL], []).summary()
+    assert judge_sparse_check(graphs)[0] and not judge_sparse_selftest(graphs)[0]
+    eager_unjudged = checker_with({"mixed": 1, "decode": 5}, [GOOD_CALL], []).summary()
+    assert not judge_sparse_check(eager_unjudged)[0]
+    judged = checker_with({"mixed": 1, "decode": 5}, [GOOD_CALL], [{"rows": 4, "problems": []}]).summary()
+    assert judge_sparse_check(judged)[0]
+    assert not checker_with({}, [], []).summary()["ok"]
+    corrupt = checker_with({"mixed": 1}, [{**GOOD_CALL, "out_error": 5e-2}], []).summary()
+    assert not judge_sparse_check(corrupt)[0] and judge_sparse_selftest(corrupt)[0]
+
+
+def test_the_ranks_sparse_summaries_merge_into_one(tmp_path):
+    """vllm_worker_check writes each rank's SparseChecker summary; merged_summary joins them (ok only
+    where every rank is) and the sparse judge reads the merge."""
+    import json
+
+    from integration.engines.vllm_worker_check import merged_summary
+    from integration.judges.sparse_check import judge_sparse_check
+
+    good = checker_with({"mixed": 2, "decode": 3}, [GOOD_CALL], [{"rows": 4, "problems": []}]).summary()
+    bad = checker_with({"mixed": 1}, [{**GOOD_CALL, "out_error": 9e-3}], []).summary()
+    (tmp_path / "rank0.json").write_text(json.dumps(good))
+    assert judge_sparse_check(merged_summary(tmp_path))[0]
+    (tmp_path / "rank1.json").write_text(json.dumps(bad))
+    merged = merged_summary(tmp_path)
+    assert merged["ranks"] == 2 and merged["calls"] == {"mixed": 3, "decode": 3}
+    assert merged["worst_row_error"] == 9e-3 and merged["checked_rows"] == 5600
+    assert not judge_sparse_check(merged)[0]

@@ -241,3 +241,23 @@ def test_slot_rows_refuses_blocks_that_are_not_whole_rows_apart():
     cache = torch.zeros(3, 64, 577, dtype=torch.bfloat16)[..., :576]
     with pytest.raises(ValueError, match="whole number of rows"):
         slot_rows(cache, 64)
+
+
+def test_the_worker_check_wraps_the_sparse_impl_for_a_sparse_server(tmp_path):
+    """integration/engines/vllm_worker_check.py in a sparse model's server: the settings' ``sparse``
+    starts the sparse checker (our sparse impl's forward_mqa wrapped), not the dense one."""
+    import sys
+    from pathlib import Path
+
+    sys.path.append(str(Path(__file__).resolve().parents[1]))
+    from integration.engines.vllm_sparse_checker import SparseChecker
+    from integration.engines.vllm_worker_check import start_checker
+
+    original = MLASparseImpl.forward_mqa
+    checker = start_checker({"backend": "CUSTOM", "kv": "auto", "dir": str(tmp_path), "sparse": True, "max_calls": 40})
+    try:
+        assert isinstance(checker, SparseChecker) and checker.max_calls == 40 and not checker.armed
+        assert MLASparseImpl.forward_mqa is not original
+    finally:
+        checker.__exit__(None, None, None)
+    assert MLASparseImpl.forward_mqa is original

@@ -79,11 +79,11 @@ def serve_command(
 
 
 def checked_server_env(
-    directory: Path, kv: str, corrupt: float | None = None, max_calls: int | None = None
+    directory: Path, kv: str, corrupt: float | None = None, max_calls: int | None = None, sparse: bool = False
 ) -> dict[str, str]:
-    """Environment additions for a server of ours whose decode calls are recomputed in float64 in its
-    engine process (vllm_worker_check.checked_env)."""
-    return checked_env(directory, "CUSTOM", kv, corrupt, max_calls)
+    """Environment additions for a server of ours whose attention calls are recomputed in float64 in
+    its engine process (vllm_worker_check.checked_env; ``sparse``: a sparse model's calls)."""
+    return checked_env(directory, "CUSTOM", kv, corrupt, max_calls, sparse)
 
 
 def start_server(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -1,5 +1,7 @@
-"""Checks an in-process eager vLLM engine's sparse MLA calls and its indexer's top-k in float64, as
-they happen (judges/sparse_check.py).
+"""Checks a vLLM engine's sparse MLA calls and its indexer's top-k in float64, as they happen
+(judges/sparse_check.py): in the engine's process (an in-process engine, or a server's engine core
+through vllm_worker_check.py). Calls it sees are the eager ones: all of an eager engine's, and a
+graph-captured engine's mixed (prefill) batches; replayed decode steps never reach Python.
 
 Wraps, for one engine run: our sparse impl's ``forward_mqa`` (every call after ``arm()``: its query,
 the top-k lists the indexer left in the shared buffer, each token's request, the block table, the
@@ -98,6 +100,9 @@ class SparseChecker:
         self.armed = True
         self._scored.clear()
 
+    def after_step(self) -> None:
+        """vllm_worker_check's hook after each engine step: every call is judged as it comes."""
+
     def score(self, q, kv_cache, weights, context_lens, block_table) -> None:
         if not self.armed or len(self.topk_checks) >= self.max_topk_checks:
             return
@@ -152,7 +157,7 @@ class SparseChecker:
             and worst is not None
             and worst <= tolerance
             and all(c["lse_ok"] for c in self.checks)
-            and bool(self.topk_checks)
+            and (bool(self.topk_checks) or self.calls["decode"] == 0)  # eager decode steps: their lists judged
             and not topk_bad
             and not self.problems
         )

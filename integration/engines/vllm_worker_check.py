@@ -22,7 +22,8 @@ from pathlib import Path
 
 from integration.engines.entry_point_dir import entry_point_dir, path_with
 
-# {"backend": "CUSTOM", "kv": "fp8" | "auto", "dir": path, "corrupt": null | float, "max_calls": null | int}
+# {"backend": "CUSTOM", "kv": "fp8" | "auto", "dir": path, "corrupt": null | float, "max_calls": null | int,
+#  "sparse": bool (a DeepSeek Sparse Attention model: the sparse impl's calls, vllm_sparse_checker.py)}
 ENV = "MLA_E2E_WORKER_CHECK"
 ENTRY_POINT = "integration.engines.vllm_worker_check:install"
 
@@ -32,14 +33,26 @@ def plugin_dir(root: Path) -> Path:
 
 
 def checked_env(
-    directory: Path, backend: str, kv: str, corrupt: float | None = None, max_calls: int | None = None
+    directory: Path,
+    backend: str,
+    kv: str,
+    corrupt: float | None = None,
+    max_calls: int | None = None,
+    sparse: bool = False,
 ) -> dict[str, str]:
     """Environment additions for a vLLM process whose decode calls are recomputed in float64: the
     settings, and a PYTHONPATH that starts with this plugin's directory (under ``directory``, where
     the ranks' summaries land too; read them with merged_summary). ``corrupt`` scales our outputs
     (the check must then fail); ``max_calls`` widens the window of checked calls (48 by default)."""
     directory.mkdir(parents=True, exist_ok=True)
-    settings = {"backend": backend, "kv": kv, "dir": str(directory), "corrupt": corrupt, "max_calls": max_calls}
+    settings = {
+        "backend": backend,
+        "kv": kv,
+        "dir": str(directory),
+        "corrupt": corrupt,
+        "max_calls": max_calls,
+        "sparse": sparse,
+    }
     return {ENV: json.dumps(settings), "PYTHONPATH": path_with(plugin_dir(directory / "plugin"))}
 
 
@@ -84,6 +97,13 @@ def start_checker(settings: dict):
     from integration.engines.vllm_decode_checker import DecodeChecker
     from integration.settings import KV_DTYPES
 
+    if settings.get("sparse"):
+        from integration.engines.vllm_sparse_checker import SparseChecker
+
+        sparse = SparseChecker(KV_DTYPES[settings["kv"]], corrupt=settings.get("corrupt"))
+        sparse.max_calls = settings.get("max_calls") or sparse.max_calls
+        sparse.__enter__()
+        return sparse
     backend = settings["backend"]
     checker = DecodeChecker(
         AttentionBackendEnum[backend].get_class().get_impl_cls(),
@@ -94,6 +114,25 @@ def start_checker(settings: dict):
     )
     checker.__enter__()  # wraps forward_mqa for the life of the worker
     return checker
+
+
+def merged_sparse_summary(parts: list[dict]) -> dict:
+    """SparseChecker.summary() of each rank as one: ok where every rank's is, counts added, the worst
+    error kept."""
+    calls = sum((Counter(p["calls"]) for p in parts), Counter())
+    errors = [p["worst_row_error"] for p in parts if p["worst_row_error"] is not None]
+    added = ("checked_calls", "checked_rows", "mixed_calls_checked", "topk_checked_rows")
+    return {
+        "ranks": len(parts),
+        "ok": bool(parts) and all(p["ok"] for p in parts),
+        "calls": dict(calls),
+        **{key: sum(p[key] for p in parts) for key in added},
+        "worst_row_error": max(errors, default=None),
+        "tolerance": max((p["tolerance"] for p in parts), default=0.0),
+        "indexer_scorer": sorted({p["indexer_scorer"] for p in parts}),
+        "topk_failures": [f for p in parts for f in p["topk_failures"]][:3],
+        "problems": sorted({problem for p in parts for problem in p["problems"]}),
+    }
 
 
 def summary_path(directory: str) -> Path:
@@ -107,6 +146,8 @@ def merged_summary(directory: Path) -> dict:
     """The ranks' summaries as one: counts added, worst errors kept, problems joined; ``ranks`` says
     how many ranks reported (a rank that wrote nothing checked nothing)."""
     parts = [json.loads(p.read_text()) for p in sorted(Path(directory).glob("rank*.json"))]
+    if any("worst_row_error" in p for p in parts):
+        return merged_sparse_summary(parts)
     q_lens = sum((Counter({str(k): v for k, v in p["q_lens"].items()}) for p in parts), Counter())
     by_layer = sum((Counter(p.get("calls_by_layer", {})) for p in parts), Counter())
     worst: dict[str, float] = {}

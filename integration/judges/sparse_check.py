@@ -11,7 +11,11 @@ which the backend relies on). Rows whose list names fewer than MIN_VISIBLE_KEYS 
 Indexer: logits = sum over heads of weight x relu(q . k) x k_scale, in float64 from the fp8 query, the
 index cache's fp8 keys and scales, and the weights vLLM handed the scorer. The chosen set must be a
 top-k of those: as many entries as min(length, k), distinct, inside the row, and none scoring below the
-k-th best by more than a tie's width (fp32 rounding of the same sum).
+k-th best by more than a tie's width (the indexer's rounding of the same sum).
+
+Verdicts on a run's summary (engines/vllm_sparse_checker.py's SparseChecker.summary, or the worker
+check's merge of the ranks'): ``judge_sparse_check`` and, for a run on corrupted outputs,
+``judge_sparse_selftest``.
 """
 
 from __future__ import annotations
@@ -126,10 +130,34 @@ def topk_problems(chosen: torch.Tensor, logits: torch.Tensor, lengths: list[int]
     return problems
 
 
+def judge_sparse_check(summary: dict) -> tuple[bool, str]:
+    """The sparse calls a run checked in float64: some rows checked, every one within the tolerance,
+    the indexer's lists of every judged decode step a top-k, no checker problem."""
+    worst = summary["worst_row_error"]
+    note = (
+        f"sparse calls max rel err {'-' if worst is None else f'{worst:.1e}'} (tol {summary['tolerance']:.0e}; "
+        f"{summary['checked_calls']} calls, {summary['mixed_calls_checked']} mixed, {summary['checked_rows']} rows); "
+        f"indexer top-k {summary['topk_checked_rows']} rows, failures {summary['topk_failures']}; "
+        f"problems {summary['problems']}"
+    )
+    return bool(summary["ok"]), note
+
+
+def judge_sparse_selftest(summary: dict) -> tuple[bool, str]:
+    """The check on corrupted outputs must fail on the outputs themselves: rows checked, the worst over
+    the tolerance. True where it caught the corruption."""
+    passed, note = judge_sparse_check(summary)
+    worst = summary["worst_row_error"]
+    caught = not passed and worst is not None and worst > summary["tolerance"] and summary["checked_rows"] > 0
+    return caught, f"check {'failed, as it must' if caught else 'DID NOT CATCH the corruption'}: {note}"
+
+
 __all__ = [
     "SparseCall",
     "check_sparse_call",
     "indexer_logits64",
+    "judge_sparse_check",
+    "judge_sparse_selftest",
     "paged_index_keys",
     "physical_slots",
     "topk_problems",
