@@ -32,7 +32,9 @@ ROW_TARGET = 128  # query rows x heads a program holds: one tensor-core tile of 
 PROGRAMS_PER_SM = 4
 
 
-@triton.jit
+# Integers that change from call to call are not specialised on (Triton compiles a variant for 1 and for
+# multiples of 16): a batch size first seen while serving would otherwise stall on a compile.
+@triton.jit(do_not_specialize=["splits"])
 def _paged_logits_kernel(
     q_ptr,  # [B, NEXT_N, HEADS, DIM] e4m3, contiguous
     cache_ptr,  # [num_blocks, PAGE, 1, DIM + 4] uint8: per block PAGE x DIM e4m3, then PAGE fp32 scales
@@ -98,7 +100,7 @@ def _paged_logits_kernel(
         tl.store(out_ptr + out_row[:, None] + position[None, :], logits.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows", "out_stride", "width", "splits"])
 def _ragged_logits_kernel(
     q_ptr,  # [M, HEADS, DIM] e4m3, contiguous
     k_ptr,  # [N, DIM] e4m3, contiguous
