@@ -16,7 +16,8 @@ Per family (the zoo's seeded checkpoint from its published config, one MTP layer
 - selftest (``--selftest``): the eager run with outputs x1.05; the attention check must fail;
 - drafts (``--draft-tokens k``): ours and the reference with the checkpoint's MTP layer drafting k tokens,
   under the tie rule; where it breaks, ours must stay with the reference's plain (undrafted) run about
-  as many steps as the reference's drafting run does (not significantly fewer).
+  as many steps as the reference's drafting run does (not significantly fewer); and ours drafting,
+  eager, checked: its verification calls (1 + k tokens a request) and their lists in float64.
 Prompts are longer than the top-k (2048), so prefill and decode attend to a chosen subset, and shorter
 ones, which vLLM prefills densely. Exit status 1 if anything fails.
 """
@@ -186,9 +187,11 @@ def judge_family(family, model: str, kvs: list[str], selftest: bool, draft_token
         kv = kvs[0]
         ref = isolated(engine_args(model, "FLASHMLA_SPARSE", kv, True, draft_tokens), token_prompts, False, None)
         ours = isolated(engine_args(model, "CUSTOM", kv, True, draft_tokens), token_prompts, False, None)
+        checked = isolated(engine_args(model, "CUSTOM", kv, False, draft_tokens), token_prompts, True, None)
         row = {"run": f"{family.name} {kv} {DRAFTER} k={draft_tokens}"}
-        if "error" in ref or "error" in ours:
-            row["errors"] = {"ref": ref.get("error"), "ours": ours.get("error")}
+        errors = {name: r["error"] for name, r in (("ref", ref), ("ours", ours), ("checked", checked)) if "error" in r}
+        if errors:
+            row["errors"] = errors
             ok = False
         else:
             verdict = agreement(ours["tokens"], ref["tokens"], ref["gaps"])
@@ -205,7 +208,10 @@ def judge_family(family, model: str, kvs: list[str], selftest: bool, draft_token
                 ours_steps, peer_steps = (steps_per_prompt(r["tokens"], plain["tokens"]) for r in (ours, ref))
                 row["steps_with_plain_ref"] = {"ours": ours_steps, "FLASHMLA_SPARSE": peer_steps}
                 row["tokens_ok"] = not significantly_fewer_steps(ours_steps, peer_steps)
-            ok &= row["tokens_ok"]
+            # The eager drafting run: verification calls (1 + k tokens a request) and their lists in float64.
+            row["check"] = checked["check"]
+            row["ok"] = row["tokens_ok"] and checked["check"]["ok"]
+            ok &= row["ok"]
         rows.append(row)
     return ok
 

@@ -126,3 +126,33 @@ def test_the_ranks_sparse_summaries_merge_into_one(tmp_path):
     assert merged["ranks"] == 2 and merged["calls"] == {"mixed": 3, "decode": 3}
     assert merged["worst_row_error"] == 9e-3 and merged["checked_rows"] == 5600
     assert not judge_sparse_check(merged)[0]
+
+
+def test_the_checker_scores_draft_rows_as_each_row_s_own_length():
+    """A verification step's scorer call (next_n = 3, as vLLM's MTP with 2 drafts makes it): each row
+    (b, j) scores up to its own end, for vLLM's 2-D lengths and DeepGEMM's 1-D causal ones; the rows
+    then judge the lists of the step's forward_mqa call."""
+    from indexer_cases import LENS, causal_ends, naive_paged, paged_case
+
+    from integration.engines.vllm_sparse_checker import SparseChecker
+
+    next_n = 3
+    q, cache, weights, table = paged_case(31, LENS, next_n, heads=8)
+    two_d = [[max(0, n - 2 + j) for j in range(next_n)] for n in LENS]  # vLLM 0.26's [B, next_n] lengths
+    for context_lens, ends in ((torch.tensor(two_d), two_d), (torch.tensor(LENS), causal_ends(LENS, next_n))):
+        checker = SparseChecker(torch.bfloat16)
+        checker.armed = True
+        checker.score(q, cache, weights, context_lens, table)
+        ((logits, lengths),) = checker._scored
+        assert lengths == [e for row in ends for e in row]
+        want = naive_paged(q, cache, weights, ends, table, logits.shape[1])
+        assert torch.equal(torch.isneginf(logits), torch.isneginf(want))
+        finite = torch.isfinite(want)
+        torch.testing.assert_close(logits[finite], want[finite])
+        chosen = torch.full((len(lengths), 4), -1, dtype=torch.int32)
+        for row, length in enumerate(lengths):
+            best = want[row, :length].topk(min(4, length)).indices
+            chosen[row, : len(best)] = best.to(torch.int32)
+        assert topk_problems(chosen, logits, lengths, 4) == []
+        chosen[-1, 0] = int(want[-1, : lengths[-1]].argmin())  # the worst key in place of the best
+        assert topk_problems(chosen, logits, lengths, 4)

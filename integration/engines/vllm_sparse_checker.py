@@ -104,19 +104,27 @@ class SparseChecker:
         """vllm_worker_check's hook after each engine step: every call is judged as it comes."""
 
     def score(self, q, kv_cache, weights, context_lens, block_table) -> None:
+        """The float64 logits of a decode scorer call, row (b, j) for draft token j of request b (one row
+        a request without drafts), scoring positions [0, end): end = context_lens[b, j] for vLLM's 2-D
+        lengths, L - next_n + j + 1 for 1-D ones (DeepGEMM's two forms)."""
         if not self.armed or len(self.topk_checks) >= self.max_topk_checks:
             return
         values = q[0] if isinstance(q, tuple) else q
         batch, next_n, heads, dim = values.shape
-        if next_n != 1:
-            return  # drafts' rows: their lengths depend on the layout vLLM flattened; not judged here
-        lengths = context_lens.reshape(batch, -1)[:, 0].tolist()
-        width = max(lengths, default=0)
-        logits = torch.full((batch, width), float("-inf"), dtype=torch.float64, device=values.device)
-        for b, length in enumerate(lengths):
-            keys, scales = paged_index_keys(kv_cache, block_table[b], length, dim)
-            logits[b, :length] = indexer_logits64(values[b], keys, scales, weights[b : b + 1])[0]
-        self._scored.append((logits, lengths))
+        if context_lens.dim() == 2:
+            ends = context_lens.expand(batch, next_n).tolist()
+        else:
+            ends = [[max(0, n - next_n + j + 1) for j in range(next_n)] for n in context_lens.tolist()]
+        width = max((max(row) for row in ends), default=0)
+        logits = torch.full((batch * next_n, width), float("-inf"), dtype=torch.float64, device=values.device)
+        for b, row_ends in enumerate(ends):
+            if max(row_ends) == 0:
+                continue  # a padding request: its rows score nothing
+            keys, scales = paged_index_keys(kv_cache, block_table[b], max(row_ends), dim)
+            rows = indexer_logits64(values[b], keys, scales, weights[b * next_n : (b + 1) * next_n])
+            for j, end in enumerate(row_ends):
+                logits[b * next_n + j, :end] = rows[j, :end]
+        self._scored.append((logits, [end for row_ends in ends for end in row_ends]))
 
     def record(self, impl, q, kv_cache, metadata, out, lse) -> None:
         scored, self._scored = self._scored, []
