@@ -325,7 +325,7 @@ FAMILIES: tuple[Family, ...] = (
         "DeepSeek-V3.2",
         "DeepseekV32ForCausalLM",
         "deepseek_v32",
-        heads={"TP8": 16},
+        heads={"TP8": 16, "TP2": 64},  # 64: where auto on SM90 hands fp8_ds_mla decode to FlashMLA
         expect="sparse",
         fills={"rope_scaling": None},  # published as the inference format's fields, not HF's
         why="DeepSeek Sparse Attention: an indexer picks the top-k tokens, with a cache of its own",
@@ -336,7 +336,7 @@ FAMILIES: tuple[Family, ...] = (
         "GLM-5",
         "GlmMoeDsaForCausalLM",
         "glm_moe_dsa",
-        heads={"TP8": 8},
+        heads={"TP8": 8, "TP1": 64},
         expect="sparse",
         why="DeepSeek Sparse Attention (an indexer and a cache of its own)",
         refusal=SPARSE_REFUSAL,
