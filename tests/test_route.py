@@ -209,3 +209,15 @@ def test_auto_on_sm90_hands_fp8_ds_mla_lists_at_the_measured_head_counts_to_flas
 def test_sparse_lists_are_refused_where_no_bundled_kernel_serves_them(backend, cc, message):
     with pytest.raises(BackendUnavailableError, match=message):
         sparse_route(MLABackendConfig(backend=backend), cc)
+
+
+def test_doctor_says_which_kernel_serves_sparse_models(monkeypatch):
+    from mla_backend.tools import doctor
+
+    sm90 = doctor.sparse_line(MLABackendConfig(), (9, 0))
+    assert sm90.startswith("bundled (sm_90a)") and "fp8_ds_mla at 64 and 128 heads: vLLM's FlashMLA" in sm90
+    assert doctor.sparse_line(MLABackendConfig(), (12, 0)).startswith("bundled (sm_120a)")
+    assert "FlashMLA" not in doctor.sparse_line(MLABackendConfig(backend="xqa"), (9, 0))
+    assert doctor.sparse_line(MLABackendConfig(), (8, 0)).startswith("ERROR: sparse MLA decode (backend='auto')")
+    monkeypatch.setattr(doctor, "importable", lambda module: module != "triton")
+    assert "torch loops (Triton not installed" in doctor.indexer_line()

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from .. import sm90_table
 from ..config import BackendUnavailableError, MLABackendConfig
 from ..jit import KernelsUnavailableError, ensure_loaded, prebuilt_manifest
-from ..route import flashinfer_available, resolve_route, routes_table
+from ..route import SPARSE_FLASHMLA_HEADS, flashinfer_available, resolve_route, routes_table, sparse_route
 from ..toolkit import ToolkitNotFoundError, find_toolkit
 
 
@@ -38,6 +38,7 @@ def report() -> list[str]:
         f"prebuilt       {', '.join(sorted(prebuilt_manifest())) or 'none here (kernels build on first use)'}",
         f"flashinfer     {'importable' if flashinfer_available() else 'not installed'}",
         f"vllm           {'importable' if importable('vllm') else 'not installed'}",
+        f"indexer        {indexer_line()}",
     ]
     try:
         config = MLABackendConfig.from_sources()
@@ -62,7 +63,29 @@ def report() -> list[str]:
             lines.append(f"kernels {index}      {kernels_line(index, config)}")
             if capability[0] == 9 and config.backend == "auto":
                 lines.append(f"in vLLM {index}      page 64: vLLM's FlashMLA where faster: {sm90_table.summary()}")
+        lines.append(f"sparse {index}       {sparse_line(config, capability)}")
     return lines
+
+
+def sparse_line(config: MLABackendConfig, capability: tuple[int, int]) -> str:
+    """Which kernel serves sparse MLA (DeepSeek-V3.2, GLM-5) on this GPU."""
+    try:
+        route = sparse_route(config, capability)
+    except BackendUnavailableError as err:
+        return f"ERROR: {err}"
+    if capability[0] == 9 and config.backend == "auto":
+        heads = " and ".join(map(str, SPARSE_FLASHMLA_HEADS))
+        return f"{route.describe()}; in vLLM, fp8_ds_mla at {heads} heads: vLLM's FlashMLA sparse decode"
+    return route.describe()
+
+
+def indexer_line() -> str:
+    """What scores the sparse models' indexer in vLLM where DeepGEMM cannot (mla_backend.indexer)."""
+    if not importable("triton"):
+        return "where DeepGEMM cannot score: torch loops (Triton not installed; slow under CUDA graphs)"
+    import triton
+
+    return f"where DeepGEMM cannot score: Triton kernels (triton {triton.__version__})"
 
 
 def importable(module: str) -> bool:
