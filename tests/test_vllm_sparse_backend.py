@@ -262,8 +262,9 @@ def test_the_flashmla_route_sends_the_slots_to_flashmla_s_sparse_decode_with_one
     monkeypatch.setattr(ops, "flash_mla_with_kvcache", flash_mla_with_kvcache)
     impl = kernel_caller(True)
     impl.route = sparse_route(default_config(), (9, 0), 64, True, (True, None))
-    impl.flashmla_schedule = lambda: MLASparseImpl.flashmla_schedule(impl)
-    cache = torch.zeros(4, 64, 656, dtype=torch.uint8)
+    impl.flashmla_schedule = lambda tokens: MLASparseImpl.flashmla_schedule(impl, tokens)
+    storage = torch.zeros(8, 64, 656, dtype=torch.uint8)
+    cache = storage[::2]  # another layer's page between two of ours: slot ids count flat rows
     q_full = torch.randn(3, 64, 576).to(torch.bfloat16)
     slots = torch.randint(-1, 256, (3, 2048), dtype=torch.int32)
     counts = torch.full((3,), 2048, dtype=torch.int32)
@@ -276,10 +277,15 @@ def test_the_flashmla_route_sends_the_slots_to_flashmla_s_sparse_decode_with_one
             )
             assert torch.equal(out, q_full[..., :512] * 2)
             assert torch.equal(lse, torch.arange(64 * 3, dtype=torch.float32).view(64, 3).T)
-    assert len(plans) == 2 and len(calls) == 6
-    assert [c["tile_scheduler_metadata"] for c in calls] == [plans[0]] * 3 + [plans[1]] * 3
+        out, _ = MLASparseImpl._forward_mqa_kernel(  # the step's call of another token count (HiSparse's split)
+            impl, (q[0][:2], q[1][:2]), cache, slots[:2], counts[:2], layer=SimpleNamespace(), block_size=64
+        )
+    assert len(plans) == 4 and len(calls) == 8
+    assert [c["tile_scheduler_metadata"] for c in calls] == [plans[0]] * 3 + [plans[1]] + [plans[2]] * 3 + [plans[3]]
     call = calls[0]
-    assert call["q"].shape == (1, 3, 64, 576) and call["k_cache"].shape == (4, 64, 1, 656)
+    # pages of 64 over the flat rows: slot s is row s of the storage (the 7 pages up to our last block)
+    assert call["q"].shape == (1, 3, 64, 576) and call["k_cache"].shape == (7, 64, 1, 656)
+    assert call["k_cache"].data_ptr() == storage.data_ptr() and call["k_cache"].stride(0) == 64 * 656
     assert call["is_fp8_kvcache"] and call["head_dim_v"] == 512 and call["softmax_scale"] == 0.07
     assert torch.equal(call["indices"], slots.unsqueeze(0)) and call["block_table"] is None
 

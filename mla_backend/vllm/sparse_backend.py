@@ -35,7 +35,7 @@ from . import compat, flashmla, kv_dtype_hook
 
 logger = init_logger(__name__)
 
-FLASHMLA_SCHEDULE = "_mla_backend_flashmla_schedule"  # the attribute a step's metadata carries it in
+FLASHMLA_SCHEDULE = "_mla_backend_flashmla_schedules"  # the attribute a step's metadata carries them in
 SPARSE_PAGE_SIZE = 64  # the indexer's cache and vLLM's slot conversion address pages of 64 tokens
 LATENT_WITH_ROPE = 576  # DeepSeek Sparse Attention's MLA: 512 latent + 64 rope
 # The cache dtypes vLLM hands a sparse backend: bf16 rows (auto / bfloat16) or DeepSeek's fp8_ds_mla.
@@ -239,7 +239,12 @@ class MLASparseImpl(SparseMLACommonImpl):
         query = torch.cat(q, dim=-1) if isinstance(q, tuple) else q
         return_lse = bool(getattr(self, "need_to_return_lse_for_decode", False))
         if self.route.kernel == "flashmla":
-            out, lse = flashmla.sparse_decode(query, kv_cache, topk_indices, self.flashmla_schedule(), self.scale)
+            # FlashMLA pages of 64 rows over the same flat rows the slot ids count (vLLM >= 0.33 may
+            # space a layer's blocks further apart than one page).
+            rows = slot_rows(kv_cache, block_size)
+            pages = rows.view(-1, flashmla.PAGE_SIZE, rows.shape[-1])
+            schedule = self.flashmla_schedule(query.shape[0])
+            out, lse = flashmla.sparse_decode(query, pages, topk_indices, schedule, self.scale)
             return out, lse if return_lse else None
         result = sparse_mla_decode(
             query,
@@ -253,14 +258,17 @@ class MLASparseImpl(SparseMLACommonImpl):
         )
         return result if return_lse else (result, None)
 
-    def flashmla_schedule(self):
-        """FlashMLA's plan for this step, made by its first layer and kept on the step's metadata (one
-        object a step, or a captured graph's: every layer's call then reads the same plan)."""
-        schedule = getattr(self._step_metadata, FLASHMLA_SCHEDULE, None)
-        if schedule is None:
-            schedule = flashmla.sparse_schedule()
-            setattr(self._step_metadata, FLASHMLA_SCHEDULE, schedule)
-        return schedule
+    def flashmla_schedule(self, tokens: int):
+        """FlashMLA's plan for this step's calls of ``tokens`` query tokens, made by the first such call
+        and kept on the step's metadata (one object a step, or a captured graph's), so that every layer
+        reads the same plan; a step that calls with two token counts gets a plan for each."""
+        schedules = getattr(self._step_metadata, FLASHMLA_SCHEDULE, None)
+        if schedules is None:
+            schedules = {}
+            setattr(self._step_metadata, FLASHMLA_SCHEDULE, schedules)
+        if tokens not in schedules:
+            schedules[tokens] = flashmla.sparse_schedule()
+        return schedules[tokens]
 
 
 __all__ = ["MLASparseBackend", "MLASparseImpl", "MLASparseMetadataBuilder", "serves_sparse_model"]
