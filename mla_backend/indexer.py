@@ -108,8 +108,9 @@ def fp8_fp4_paged_mqa_logits(
 ) -> torch.Tensor:
     """Decode logits over the paged index cache: q (values [B, next_n, H, D] fp8, None), kv_cache
     [num_blocks, block_size, 1, D + 4] uint8, weights [B * next_n, H] fp32, context_lens [B] or
-    [B, next_n] int32, block_table [B, max_blocks] int32. schedule_meta is not read; masked logits are
-    -inf whatever clean_logits says."""
+    [B, next_n] int32, block_table [B, max_blocks] int32. schedule_meta is not read. Masked logits are
+    -inf, but for the Triton kernels with clean_logits False, which leave a row's positions past its last
+    block unwritten, as DeepGEMM does (vLLM's top-k reads a row up to its length)."""
     if indices is not None:
         raise NotImplementedError("paged MQA logits with `indices` need DeepGEMM")
     q_values = _fp8_query(q)
