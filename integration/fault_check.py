@@ -159,15 +159,11 @@ class Context(report.PartRows):
 
 def sparse_checkpoint(family_name: str, model_dir: Path, max_positions: int | None) -> str:
     """The zoo's seeded checkpoint of a sparse family (its published positions only)."""
-    from integration.models.checkpoints import save_checkpoint
-    from integration.models.families import pick
+    from integration.models.checkpoints import save_sparse_checkpoint
 
     if max_positions is not None:
         raise ValueError(f"a sparse family's checkpoint keeps its published positions, not {max_positions}")
-    (family, layout), *_ = pick(family_name, every_layout=False)
-    if family.expect != "sparse":
-        raise ValueError(f"--family takes a sparse family; {family.name} is {family.expect!r}")
-    return str(save_checkpoint(family, model_dir / family.model_type, layout))
+    return str(save_sparse_checkpoint(family_name, model_dir)[1])
 
 
 # --- one server -----------------------------------------------------------------------------------

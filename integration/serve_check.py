@@ -168,13 +168,12 @@ def served_model(family_name: str | None, heads: int, model_dir: Path) -> tuple[
     if family_name is None:
         path = save_tiny_deepseek_v3(model_dir / f"dsv3_h{heads}", heads=heads)
         return str(path), f"h{heads}", make_prompts(0)[:GREEDY_PROMPTS], 2048
-    from integration.models.checkpoints import save_checkpoint
-    from integration.models.families import pick
+    from integration.models.checkpoints import save_sparse_checkpoint
 
-    (family, layout), *_ = pick(family_name, every_layout=False)
-    if family.expect != "sparse":
-        raise SystemExit(f"--family takes a sparse family; {family.name} is {family.expect!r}")
-    path = save_checkpoint(family, model_dir / family.model_type, layout)
+    try:
+        family, path = save_sparse_checkpoint(family_name, model_dir)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     prompts = make_sparse_prompts(vocab) + make_prompts(0, vocab)[: GREEDY_PROMPTS - 4]
     return str(path), family.name, prompts, SPARSE_MODEL_LEN

@@ -18,8 +18,8 @@ Per family (the zoo's seeded checkpoint from its published config, one MTP layer
   under the tie rule; where it breaks, ours must stay with the reference's plain (undrafted) run about
   as many steps as the reference's drafting run does (not significantly fewer); and ours drafting,
   eager, checked: its verification calls (1 + k tokens a request) and their lists in float64.
-Prompts are longer than the top-k (2048), so prefill and decode attend to a chosen subset, and shorter
-ones, which vLLM prefills densely. Exit status 1 if anything fails.
+Prompts (models/prompts.make_sparse_prompts) are longer than the top-k (2048), so prefill and decode
+attend to a chosen subset, and shorter ones, which vLLM prefills densely. Exit status 1 if anything fails.
 """
 
 from __future__ import annotations
@@ -38,19 +38,11 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the checker wraps the impl in this process
 
-PROMPT_LENGTHS = (2900, 2300, 700, 60)
 MAX_MODEL_LEN = 4096
 NEW_TOKENS = 24
 REFERENCE, PEER = "FLASHMLA_SPARSE", "FLASH_ATTN_MLA_SPARSE"
 DRAFTER = "mtp"  # vLLM maps DeepSeek-V3.2's and GLM-5's MTP layer onto deepseek_mtp
 KV_TORCH_DTYPE = {"fp8_ds_mla": "float8_e4m3fn", "auto": "bfloat16"}
-
-
-def prompts(vocab: int, seed: int = 0) -> list[list[int]]:
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(2, vocab, (n,), generator=generator).tolist() for n in PROMPT_LENGTHS]
 
 
 def engine_args(model: str, backend: str, kv: str, graphs: bool, draft_tokens: int = 0) -> dict:
@@ -126,8 +118,9 @@ def judge_family(family, model: str, kvs: list[str], selftest: bool, draft_token
         significantly_fewer_steps,
         steps_per_prompt,
     )
+    from integration.models.prompts import make_sparse_prompts
 
-    token_prompts = prompts(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
+    token_prompts = make_sparse_prompts(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
     ok = True
     refs = {kv: isolated(engine_args(model, REFERENCE, kv, True), token_prompts, False, None) for kv in kvs}
     # vLLM's second sparse backend on SM90 (bf16 KV only): where it and FLASHMLA_SPARSE part, vLLM is undecided.

@@ -135,13 +135,14 @@ def _ragged_logits_kernel(
     starts = tl.load(starts_ptr + token, mask=live, other=2147483647)
     ends = tl.load(ends_ptr + token, mask=live, other=0)
     first_block = tl.min(starts, axis=0) // KEYS
-    last_block = tl.cdiv(tl.max(ends, axis=0), KEYS)
+    key_end = tl.max(ends, axis=0)  # no row of this program scores a key past it
+    last_block = tl.cdiv(key_end, KEYS)
 
     t = tl.arange(0, KEYS)
     out_row = token.to(tl.int64) * out_stride
     for block in range(first_block + split, last_block, splits):
         position = block * KEYS + t
-        in_keys = position < tl.max(ends, axis=0)
+        in_keys = position < key_end
         k = tl.load(k_ptr + position.to(tl.int64)[:, None] * DIM + d[None, :], mask=in_keys[:, None], other=0.0)
         scale = tl.load(scale_ptr + position, mask=in_keys, other=0.0)
         if DOT_DTYPE is not None:

@@ -138,3 +138,15 @@ def save_config(family: Family, path: str | Path, layout: str | None = None) -> 
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(dense_config(family, layout), indent=1))
     return path
+
+
+def save_sparse_checkpoint(family_name: str, model_dir: Path) -> tuple[Family, Path]:
+    """(family, checkpoint) of a sparse family of the zoo (DeepSeek-V3.2, GLM-5) named like ``pick``'s
+    names, written under ``model_dir`` in its first layout (``DeepSeek-V3.2@64``: the 64-head one).
+    Raises ValueError for a family that is not sparse."""
+    from .families import pick
+
+    (family, layout), *_ = pick(family_name, every_layout=False)
+    if family.expect != "sparse":
+        raise ValueError(f"--family takes a sparse family; {family.name} is {family.expect!r}")
+    return family, save_checkpoint(family, model_dir / family.model_type, layout)

@@ -73,8 +73,14 @@ def sparse_line(config: MLABackendConfig, capability: tuple[int, int]) -> str:
         route = sparse_route(config, capability)
     except BackendUnavailableError as err:
         return f"ERROR: {err}"
-    if capability[0] == 9 and config.backend == "auto":
-        heads = " and ".join(map(str, SPARSE_FLASHMLA_HEADS))
+    # The head counts where the route hands an fp8_ds_mla cache to an engine's FlashMLA (vLLM offers it).
+    offered = [
+        heads
+        for heads in SPARSE_FLASHMLA_HEADS
+        if sparse_route(config, capability, heads, True, (True, None)).kernel == "flashmla"
+    ]
+    if offered:
+        heads = " and ".join(map(str, offered))
         return f"{route.describe()}; in vLLM, fp8_ds_mla at {heads} heads: vLLM's FlashMLA sparse decode"
     return route.describe()
 
