@@ -5,12 +5,16 @@ prefill over ragged causal ranges, the top-k the logits pick, and a corrupted sc
 
 The tensor cores accumulate the e4m3 products in fp32 (on SM90 with fewer mantissa bits than fp32 keeps
 between steps), so logits are held to a bound relative to each logit's magnitude, sum_h |w| (|q| . |k|)
-scale: the size of the terms the kernel adds."""
+scale: the size of the terms the kernel adds.
+
+The kernels loop over lengths they read on the device: every launch is waited on under the watchdog
+(a hang exits the run; gpu_watchdog.py)."""
 
 import math
 
 import pytest
 import torch
+from gpu_watchdog import finish_or_die
 from graph_capture import capture
 from indexer_cases import FP8, away_from_zero, quantize_tokens, reference_paged64, write_cache
 
@@ -69,6 +73,7 @@ def test_decode_logits_match_float64(heads, next_n):
     context_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")[:, None].expand(-1, next_n).contiguous()
     width = table.shape[1] * PAGE
     got = ix.fp8_fp4_paged_mqa_logits((q, None), cache, weights, context_lens, table, None, width, True)
+    finish_or_die(f"paged logits, {heads} heads, next_n {next_n}")
     want = reference_paged64(q, cache, weights, context_lens, table, width)
     assert torch.equal(torch.isneginf(got), torch.isneginf(want))
     assert_close_to_float64(got, want, magnitude(q, cache, weights, context_lens, table, width))
@@ -84,6 +89,7 @@ def test_a_graph_captured_at_short_lengths_replays_long_ones():
     lens.copy_(torch.tensor([[2999, 3000], [4099, 4100], [899, 900]], dtype=torch.int32))
     out.fill_(math.nan)
     graph.replay()
+    finish_or_die("paged logits, graph replayed at longer lengths")
     want = reference_paged64(q, cache, weights, lens, table, width)
     assert torch.equal(torch.isneginf(out), torch.isneginf(want))
     assert_close_to_float64(out, want, magnitude(q, cache, weights, lens, table, width))
@@ -134,6 +140,7 @@ def test_prefill_logits_match_float64(heads, max_seqlen_k):
     ends = torch.cat([torch.arange(first - 99, first + 1), torch.arange(total - rows + 101, total + 1)])
     q, k, k_scale, weights, starts, ends = (t.cuda() for t in (q, k, k_scale, weights, starts, ends.int()))
     got = ix.fp8_fp4_mqa_logits((q, None), (k, k_scale), weights, starts, ends, max_seqlen_k=max_seqlen_k)
+    finish_or_die(f"ragged logits, {heads} heads")
     dots = torch.einsum("thd,sd->ths", q.double(), k.double())
     want = (dots.relu() * weights.double()[..., None]).sum(1) * k_scale.double()
     size = (torch.einsum("thd,sd->ths", q.double().abs(), k.double().abs()) * weights.double().abs()[..., None]).sum(1)
