@@ -1,0 +1,51 @@
+"""Probe: FlashMLA's sparse FP8 decode (vLLM 0.26's ops) through mla_backend.vllm.flashmla.sparse_decode
+against float64, beside ours, on random cases: each token's worst relative L2 row error, for query
+layouts [1, T] (one batch of T tokens, as the route calls it) and [T, 1]."""
+
+import torch
+from vllm.v1.attention.ops import flashmla as ops
+
+from mla_backend.reference import sparse_mla_reference
+from mla_backend.sparse import sparse_mla_decode
+from mla_backend.sparse_problems import make_sparse_case
+from mla_backend.vllm import flashmla
+
+
+def row_error(got, want):
+    got, want = got.double(), want.double()
+    return float(((got - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-30)).max())
+
+
+def main():
+    print(f"{'kind':>15} {'H':>4} {'T':>4} {'sharp':>5} | {'fm [1,T]':>9} {'fm [T,1]':>9} {'ours':>9}")
+    for kind in ("arbitrary_fp32", "pow2_fp32"):
+        for heads, tokens in ((64, 1), (64, 4), (64, 64), (64, 130), (128, 16)):
+            for sharp in (1.0, 8.0):
+                case = make_sparse_case(tokens, heads, 2048, kind, "cuda", seed=tokens + heads, poison=False)
+                query = (case.query.float() * sharp).to(torch.bfloat16)
+                want, _ = sparse_mla_reference(query, case.kv_rows.to("cuda"), case.indices, case.sm_scale)
+                out, _ = flashmla.sparse_decode(
+                    query, case.kv_cache, case.indices, flashmla.sparse_schedule(), case.sm_scale
+                )
+                sched, _ = ops.get_mla_metadata()
+                out2, _ = ops.flash_mla_with_kvcache(
+                    q=query.unsqueeze(1),
+                    k_cache=case.kv_cache.view(torch.uint8).unsqueeze(-2),
+                    block_table=None,
+                    cache_seqlens=None,
+                    head_dim_v=512,
+                    tile_scheduler_metadata=sched,
+                    softmax_scale=case.sm_scale,
+                    is_fp8_kvcache=True,
+                    indices=case.indices.unsqueeze(1),
+                )
+                ours = sparse_mla_decode(query, case.kv_cache, case.indices, case.sm_scale)
+                torch.cuda.synchronize()
+                print(
+                    f"{kind:>15} {heads:>4} {tokens:>4} {sharp:>5} | {row_error(out, want):9.2e} "
+                    f"{row_error(out2.view_as(out), want):9.2e} {row_error(ours, want):9.2e}"
+                )
+
+
+if __name__ == "__main__":
+    main()
