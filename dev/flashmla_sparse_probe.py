@@ -50,7 +50,7 @@ def main():
 def prefill_like():
     """A prompt's tokens in one call, as a mixed step sends them: token t lists min(t + 1, 2048) ids,
     the rest -1."""
-    for tokens in (300, 3000):
+    for tokens in (300, 3000, 12000):
         case = make_sparse_case(tokens, 64, 2048, "arbitrary_fp32", "cuda", seed=tokens, poison=False)
         lens = torch.arange(1, tokens + 1, device="cuda").clamp(max=2048)
         indices = case.indices.clone()
@@ -67,6 +67,25 @@ def prefill_like():
         )
 
 
+def far_rows():
+    """The same lists over rows placed past 2**31 bytes into the cache (an engine's cache is GBs a layer)."""
+    for tokens in (64, 12000):
+        case = make_sparse_case(tokens, 64, 2048, "arbitrary_fp32", "cuda", seed=tokens, poison=False)
+        near = case.kv_cache.shape[0] * 64
+        shift = ((3 << 31) // 656 // 64) * 64  # whole pages, about 6 GiB in
+        cache = torch.empty(shift + near, 656, dtype=torch.uint8, device="cuda")
+        cache[shift:] = case.kv_cache.view(-1, 656)
+        want, _ = sparse_mla_reference(case.query, case.kv_rows.to("cuda"), case.indices, case.sm_scale)
+        pages = cache.view(-1, 64, 656)
+        sched = flashmla.sparse_schedule()
+        out, _ = flashmla.sparse_decode(case.query, pages, case.indices + shift, sched, case.sm_scale)
+        ours = sparse_mla_decode(case.query, pages, case.indices + shift, case.sm_scale)
+        torch.cuda.synchronize()
+        print(f"far rows T={tokens}: flashmla {row_error(out, want):.2e}, ours {row_error(ours, want):.2e}")
+        del cache
+
+
 if __name__ == "__main__":
     main()
     prefill_like()
+    far_rows()
