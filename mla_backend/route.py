@@ -17,9 +17,8 @@ The rules, in the order they apply:
    of 1) decodes on the bundled kernels under ``auto``; an explicit ``trtllm-gen`` raises.
 6. Sparse index lists (DeepSeek Sparse Attention: DeepSeek-V3.2, GLM-5) run the bundled kernels on
    every GPU they are built for, under ``auto`` and ``xqa`` alike; ``trtllm-gen`` raises, and so does
-   a GPU they are not built for. One exception under ``auto`` on SM 9.0: an engine that offers
-   FlashMLA's sparse decode gets it for an fp8_ds_mla cache at the head counts measured faster there
-   (SPARSE_FLASHMLA_HEADS).
+   a GPU they are not built for. No engine's FlashMLA sparse decode stands in for them: called from
+   our vLLM backend it was faster at 64 and 128 heads but read wrong inside vLLM 0.26 (docs/vllm.md).
 A bundled route names its variant: the architecture's library, the FP8 kernels' products (``fp8_qk``
 and ``fp8_pv``, resolved per architecture by kernel_build.KernelVariant) and the tile its rows
 (heads x query tokens) take.
@@ -289,22 +288,9 @@ def routes_table(config: MLABackendConfig | None = None) -> list[str]:
     return rows
 
 
-# H200, fp8_ds_mla, top-k 2048 (docs/performance.md, sparse decode): FlashMLA's sparse decode takes
-# 0.52-0.66x our time at 64 and 128 heads, 1.2-1.3x at 8 and 16; other counts are not measured (and
-# FlashMLA pads them to 64 or 128).
-SPARSE_FLASHMLA_HEADS = (64, 128)
-
-
-def sparse_route(
-    config: MLABackendConfig,
-    capability: tuple[int, int],
-    heads: int | None = None,
-    kv_fp8: bool = False,
-    flashmla: tuple[bool, str | None] | None = None,
-) -> Route:
+def sparse_route(config: MLABackendConfig, capability: tuple[int, int]) -> Route:
     """Rule 6: the route of a sparse decode call on a GPU of ``capability``; raises
-    ``BackendUnavailableError`` where the bundled kernels cannot serve it. ``flashmla``: whether the
-    engine offers FlashMLA's sparse decode, (available, why not), or None where it offers none."""
+    ``BackendUnavailableError`` where the bundled kernels cannot serve it."""
     capability = config.capability(capability)
     cc = _cc(capability)
     arch = bundled_arch(capability)
@@ -318,23 +304,11 @@ def sparse_route(
             f"sparse MLA decode (backend={config.backend!r}) needs compute capability {served_capabilities()} "
             f"(the bundled kernels); this GPU is {cc}"
         )
-    route = Route("bundled", f"sparse index lists: SM {cc} -> bundled mma.sync kernels", "none", arch)
-    if config.backend != "auto" or capability[0] != 9 or flashmla is None:
-        return route
-    if not kv_fp8 or heads not in SPARSE_FLASHMLA_HEADS:
-        kv = "fp8_ds_mla" if kv_fp8 else "bf16"
-        why = f"{heads} heads, {kv} cache: FlashMLA is measured faster at {SPARSE_FLASHMLA_HEADS} heads, fp8_ds_mla"
-        return replace(route, reason=f"{route.reason}; keeps them over FlashMLA's sparse decode: {why}")
-    available, unavailable = flashmla
-    if not available:
-        return replace(route, reason=f"{route.reason}; FlashMLA's sparse decode is unavailable: {unavailable}")
-    why = f"{heads} heads, fp8_ds_mla: measured faster there (docs/performance.md)"
-    return Route("flashmla", f"auto: SM {cc} sparse index lists -> FlashMLA's sparse decode: {why}", "none")
+    return Route("bundled", f"sparse index lists: SM {cc} -> bundled mma.sync kernels", "none", arch)
 
 
 __all__ = [
     "OP",
-    "SPARSE_FLASHMLA_HEADS",
     "TRTLLM_GEN_PAGE_SIZES",
     "BackendUnavailableError",
     "DecodeShape",

@@ -183,28 +183,6 @@ def test_sparse_lists_run_the_bundled_kernels_wherever_they_are_built(cc, arch, 
     assert (route.kernel, route.arch, route.fallback) == ("bundled", arch, "none")
 
 
-@pytest.mark.parametrize("heads", [64, 128])
-def test_auto_on_sm90_hands_fp8_ds_mla_lists_at_the_measured_head_counts_to_flashmla(heads):
-    """Rule 6's exception: FlashMLA's sparse decode, measured faster at 64 and 128 heads over
-    fp8_ds_mla, where the engine offers it; the bundled kernels elsewhere, each saying why."""
-    offered = (True, None)
-    route = sparse_route(MLABackendConfig(), (9, 0), heads, True, offered)
-    assert route.kernel == "flashmla" and f"{heads} heads" in route.reason
-    kept = {
-        "16 heads": sparse_route(MLABackendConfig(), (9, 0), 16, True, offered),
-        "48 heads (not measured)": sparse_route(MLABackendConfig(), (9, 0), 48, True, offered),
-        "bf16 cache": sparse_route(MLABackendConfig(), (9, 0), heads, False, offered),
-        "unavailable": sparse_route(MLABackendConfig(), (9, 0), heads, True, (False, "no _flashmla_C")),
-        "xqa": sparse_route(MLABackendConfig(backend="xqa"), (9, 0), heads, True, offered),
-        "SM 12.0": sparse_route(MLABackendConfig(), (12, 0), heads, True, offered),
-        "the op (no engine)": sparse_route(MLABackendConfig(), (9, 0), heads, True),
-    }
-    for name, route in kept.items():
-        assert route.kernel == "bundled", name
-    assert "measured faster at (64, 128) heads" in kept["16 heads"].reason
-    assert "no _flashmla_C" in kept["unavailable"].reason
-
-
 @pytest.mark.parametrize("backend, cc, message", [("trtllm-gen", (10, 0), "no sparse path"), ("auto", (8, 0), "8.0")])
 def test_sparse_lists_are_refused_where_no_bundled_kernel_serves_them(backend, cc, message):
     with pytest.raises(BackendUnavailableError, match=message):
@@ -214,10 +192,8 @@ def test_sparse_lists_are_refused_where_no_bundled_kernel_serves_them(backend, c
 def test_doctor_says_which_kernel_serves_sparse_models(monkeypatch):
     from mla_backend.tools import doctor
 
-    sm90 = doctor.sparse_line(MLABackendConfig(), (9, 0))
-    assert sm90.startswith("bundled (sm_90a)") and "fp8_ds_mla at 64 and 128 heads: vLLM's FlashMLA" in sm90
+    assert doctor.sparse_line(MLABackendConfig(), (9, 0)).startswith("bundled (sm_90a)")
     assert doctor.sparse_line(MLABackendConfig(), (12, 0)).startswith("bundled (sm_120a)")
-    assert "FlashMLA" not in doctor.sparse_line(MLABackendConfig(backend="xqa"), (9, 0))
     assert doctor.sparse_line(MLABackendConfig(), (8, 0)).startswith("ERROR: sparse MLA decode (backend='auto')")
     monkeypatch.setattr(doctor, "importable", lambda module: module != "triton")
     assert "torch loops (Triton not installed" in doctor.indexer_line()

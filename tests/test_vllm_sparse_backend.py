@@ -239,57 +239,6 @@ def test_the_check_sees_a_wrong_slot():
         torch.testing.assert_close(out.double(), want, atol=4e-3, rtol=1e-2)
 
 
-def test_the_flashmla_route_sends_the_slots_to_flashmla_s_sparse_decode_with_one_plan_a_step(monkeypatch):
-    """Where auto hands fp8_ds_mla lists to FlashMLA (64 or 128 heads on SM90), every layer's call of a
-    step goes to vLLM's flash_mla_with_kvcache as one batch of T query tokens over the cache's 656-byte
-    rows with the slot lists as indices, all reading the plan the step's first call made; a new step
-    (new metadata) gets a new plan. FlashMLA's LSE [1, H, T] comes back as [T, H]."""
-    from vllm.v1.attention.ops import flashmla as ops
-
-    calls, plans = [], []
-
-    def get_mla_metadata(*args, **kwargs):
-        plans.append(object())
-        return plans[-1], None
-
-    def flash_mla_with_kvcache(**kwargs):
-        calls.append(kwargs)
-        _, tokens, heads, _ = kwargs["q"].shape
-        out = kwargs["q"][..., :512] * 2
-        return out, torch.arange(heads * tokens, dtype=torch.float32).view(1, heads, tokens)
-
-    monkeypatch.setattr(ops, "get_mla_metadata", get_mla_metadata)
-    monkeypatch.setattr(ops, "flash_mla_with_kvcache", flash_mla_with_kvcache)
-    impl = kernel_caller(True)
-    impl.route = sparse_route(default_config(), (9, 0), 64, True, (True, None))
-    impl.flashmla_schedule = lambda tokens: MLASparseImpl.flashmla_schedule(impl, tokens)
-    storage = torch.zeros(8, 64, 656, dtype=torch.uint8)
-    cache = storage[::2]  # another layer's page between two of ours: slot ids count flat rows
-    q_full = torch.randn(3, 64, 576).to(torch.bfloat16)
-    slots = torch.randint(-1, 256, (3, 2048), dtype=torch.int32)
-    counts = torch.full((3,), 2048, dtype=torch.int32)
-    q = (q_full[..., :512], q_full[..., 512:])
-    for _step in range(2):
-        impl._step_metadata = SimpleNamespace()
-        for _layer in range(3):
-            out, lse = MLASparseImpl._forward_mqa_kernel(
-                impl, q, cache, slots, counts, layer=SimpleNamespace(), block_size=64
-            )
-            assert torch.equal(out, q_full[..., :512] * 2)
-            assert torch.equal(lse, torch.arange(64 * 3, dtype=torch.float32).view(64, 3).T)
-        out, _ = MLASparseImpl._forward_mqa_kernel(  # the step's call of another token count (HiSparse's split)
-            impl, (q[0][:2], q[1][:2]), cache, slots[:2], counts[:2], layer=SimpleNamespace(), block_size=64
-        )
-    assert len(plans) == 4 and len(calls) == 8
-    assert [c["tile_scheduler_metadata"] for c in calls] == [plans[0]] * 3 + [plans[1]] + [plans[2]] * 3 + [plans[3]]
-    call = calls[0]
-    # pages of 64 over the flat rows: slot s is row s of the storage (the 7 pages up to our last block)
-    assert call["q"].shape == (1, 3, 64, 576) and call["k_cache"].shape == (7, 64, 1, 656)
-    assert call["k_cache"].data_ptr() == storage.data_ptr() and call["k_cache"].stride(0) == 64 * 656
-    assert call["is_fp8_kvcache"] and call["head_dim_v"] == 512 and call["softmax_scale"] == 0.07
-    assert torch.equal(call["indices"], slots.unsqueeze(0)) and call["block_table"] is None
-
-
 def test_slot_rows_refuses_blocks_that_are_not_whole_rows_apart():
     cache = torch.zeros(3, 64, 577, dtype=torch.bfloat16)[..., :576]
     with pytest.raises(ValueError, match="whole number of rows"):

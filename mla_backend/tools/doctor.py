@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from .. import sm90_table
 from ..config import BackendUnavailableError, MLABackendConfig
 from ..jit import KernelsUnavailableError, ensure_loaded, prebuilt_manifest
-from ..route import SPARSE_FLASHMLA_HEADS, flashinfer_available, resolve_route, routes_table, sparse_route
+from ..route import flashinfer_available, resolve_route, routes_table, sparse_route
 from ..toolkit import ToolkitNotFoundError, find_toolkit
 
 
@@ -73,15 +73,6 @@ def sparse_line(config: MLABackendConfig, capability: tuple[int, int]) -> str:
         route = sparse_route(config, capability)
     except BackendUnavailableError as err:
         return f"ERROR: {err}"
-    # The head counts where the route hands an fp8_ds_mla cache to an engine's FlashMLA (vLLM offers it).
-    offered = [
-        heads
-        for heads in SPARSE_FLASHMLA_HEADS
-        if sparse_route(config, capability, heads, True, (True, None)).kernel == "flashmla"
-    ]
-    if offered:
-        heads = " and ".join(map(str, offered))
-        return f"{route.describe()}; in vLLM, fp8_ds_mla at {heads} heads: vLLM's FlashMLA sparse decode"
     return route.describe()
 
 

@@ -1,7 +1,6 @@
 """vLLM's FlashMLA decode (SM90), called as vLLM's FLASHMLA and FLASHMLA_SPARSE backends call it: a
 scheduler plan per batch, then the kernel. Outputs come back in our layout (out [tokens, H, 512], LSE
-[tokens, H], natural log). Used by `auto`'s engine-best routes (dense, and sparse fp8_ds_mla) and by
-the benchmark's peer."""
+[tokens, H], natural log). Used by `auto`'s engine-best routes (dense decode) and by the benchmark's peer."""
 
 from __future__ import annotations
 
@@ -27,48 +26,6 @@ def available() -> tuple[bool, str | None]:
     except ImportError as err:
         return False, f"vLLM's FlashMLA ops are not importable ({err})"
     return is_flashmla_dense_supported()
-
-
-def sparse_available() -> tuple[bool, str | None]:
-    """(True, None) where vLLM ships FlashMLA's sparse decode for this GPU, else (False, why)."""
-    try:
-        from vllm.v1.attention.ops.flashmla import is_flashmla_sparse_supported
-    except ImportError as err:
-        return False, f"vLLM's FlashMLA ops are not importable ({err})"
-    return is_flashmla_sparse_supported()
-
-
-def sparse_schedule() -> Any:
-    """FlashMLA's plan for one step's sparse decode calls: an empty FlashMLASchedMeta that the step's
-    first call fills (inside a captured graph too) and its other layers' calls read."""
-    from vllm.v1.attention.ops import flashmla as ops
-
-    schedule, _ = ops.get_mla_metadata()
-    return schedule
-
-
-def sparse_decode(
-    query: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor, schedule: Any, softmax_scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """query [T, H, 576] bf16 (H 64 or 128, FlashMLA's), kv_cache [pages, page, 656] fp8_ds_mla rows,
-    slots [T, K] int32 (block x page + offset, -1 for none) -> out [T, H, 512], LSE [T, H]. The T
-    tokens go as one batch of T query tokens, as vLLM's FLASHMLA_SPARSE sends a mixed batch."""
-    from vllm.v1.attention.ops import flashmla as ops
-
-    tokens, heads, _ = query.shape
-    out, lse = ops.flash_mla_with_kvcache(
-        q=query.contiguous().unsqueeze(0),
-        k_cache=kv_cache.view(torch.uint8).unsqueeze(-2),  # FlashMLA's one KV head
-        block_table=None,
-        cache_seqlens=None,
-        head_dim_v=512,
-        tile_scheduler_metadata=schedule,
-        softmax_scale=softmax_scale,
-        is_fp8_kvcache=True,
-        indices=slots.unsqueeze(0),
-    )
-    # FlashMLA's LSE is [1, H, T]; ours [T, H].
-    return out.view(tokens, heads, 512), lse.view(heads, tokens).transpose(0, 1)
 
 
 @dataclass

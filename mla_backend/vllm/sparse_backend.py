@@ -31,11 +31,10 @@ from ..config import BackendUnavailableError, MLABackendConfig
 from ..route import Route, sparse_route
 from ..sparse import sparse_mla_decode
 from ..sparse_cache import DS_MLA_ROW_BYTES
-from . import compat, flashmla, kv_dtype_hook
+from . import compat, kv_dtype_hook
 
 logger = init_logger(__name__)
 
-FLASHMLA_SCHEDULE = "_mla_backend_flashmla_schedules"  # the attribute a step's metadata carries them in
 SPARSE_PAGE_SIZE = 64  # the indexer's cache and vLLM's slot conversion address pages of 64 tokens
 LATENT_WITH_ROPE = 576  # DeepSeek Sparse Attention's MLA: 512 latent + 64 rope
 # The cache dtypes vLLM hands a sparse backend: bf16 rows (auto / bfloat16) or DeepSeek's fp8_ds_mla.
@@ -187,12 +186,8 @@ class MLASparseImpl(SparseMLACommonImpl):
 
         self.vllm_config = get_current_vllm_config()
         self.config: MLABackendConfig = plugin_config(self.vllm_config)
-        kv_fp8 = self.kv_cache_dtype == "fp8_ds_mla"
-        self.route = sparse_route(
-            self.config, detected_capability(), self.num_heads, kv_fp8, flashmla.sparse_available()
-        )
+        self.route = sparse_route(self.config, detected_capability())
         announce(self.route)
-        self._step_metadata = None  # the step's attention metadata, which carries its FlashMLA plan
         self._workspace = decode_workspace
 
     def reserve_workspace(self) -> None:  # vLLM >= 0.33 asks during memory profiling
@@ -205,7 +200,6 @@ class MLASparseImpl(SparseMLACommonImpl):
         attn_metadata,
         layer: AttentionLayer,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        self._step_metadata = attn_metadata
         if compat.sparse_base_converts_indices():  # vLLM >= 0.33: the base converts, then calls the kernel below
             return super().forward_mqa(q, kv_c_and_k_pe_cache, attn_metadata, layer)
         tokens = (q[0] if isinstance(q, tuple) else q).shape[0]
@@ -238,14 +232,6 @@ class MLASparseImpl(SparseMLACommonImpl):
         the count of which bounds each list) through the sparse kernels: (out [T, H, 512], LSE or None)."""
         query = torch.cat(q, dim=-1) if isinstance(q, tuple) else q
         return_lse = bool(getattr(self, "need_to_return_lse_for_decode", False))
-        if self.route.kernel == "flashmla":
-            # FlashMLA pages of 64 rows over the same flat rows the slot ids count (vLLM >= 0.33 may
-            # space a layer's blocks further apart than one page).
-            rows = slot_rows(kv_cache, block_size)
-            pages = rows.view(-1, flashmla.PAGE_SIZE, rows.shape[-1])
-            schedule = self.flashmla_schedule(query.shape[0])
-            out, lse = flashmla.sparse_decode(query, pages, topk_indices, schedule, self.scale)
-            return out, lse if return_lse else None
         result = sparse_mla_decode(
             query,
             slot_rows(kv_cache, block_size),
@@ -257,18 +243,6 @@ class MLASparseImpl(SparseMLACommonImpl):
             config=self.config,
         )
         return result if return_lse else (result, None)
-
-    def flashmla_schedule(self, tokens: int):
-        """FlashMLA's plan for this step's calls of ``tokens`` query tokens, made by the first such call
-        and kept on the step's metadata (one object a step, or a captured graph's), so that every layer
-        reads the same plan; a step that calls with two token counts gets a plan for each."""
-        schedules = getattr(self._step_metadata, FLASHMLA_SCHEDULE, None)
-        if schedules is None:
-            schedules = {}
-            setattr(self._step_metadata, FLASHMLA_SCHEDULE, schedules)
-        if tokens not in schedules:
-            schedules[tokens] = flashmla.sparse_schedule()
-        return schedules[tokens]
 
 
 __all__ = ["MLASparseBackend", "MLASparseImpl", "MLASparseMetadataBuilder", "serves_sparse_model"]
