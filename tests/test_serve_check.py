@@ -101,3 +101,15 @@ def test_a_sparse_family_is_served_with_prompts_past_its_top_k(tmp_path):
     assert all(0 <= t < config["vocab_size"] for p in prompts for t in p)
     with pytest.raises(SystemExit, match="sparse family"):
         serve_check.served_model("DeepSeek-V3", 16, tmp_path)
+
+
+def test_served_tokens_may_part_from_the_offline_ones_only_where_the_offline_engine_is_undecided():
+    """Before the offline run's first tie (a gap below 0.1 nats) or the step where its batch run and
+    its one-at-a-time run part, served tokens must match it."""
+    offline = {"tokens": [[1, 2, 3, 4], [5, 6, 7, 8]], "gaps": [[1.0] * 4, [1.0, 1.0, 0.05, 1.0]]}
+    offline["alone_tokens"] = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    name, ok, note = serve_check.greedy_row([[1, 2, 3, 4], [5, 6, 7, 9]], offline)
+    assert name == "greedy vs offline" and ok and "1/2 identical" in note  # prompt 1 parts after its tie
+    assert not serve_check.greedy_row([[1, 9, 3, 4], [5, 6, 7, 8]], offline)[1]  # parts before any tie
+    offline["alone_tokens"][0] = [1, 7, 7, 7]  # alone, the offline engine itself chooses otherwise at step 1
+    assert serve_check.greedy_row([[1, 9, 3, 4], [5, 6, 7, 8]], offline)[1]

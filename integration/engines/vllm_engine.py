@@ -62,9 +62,12 @@ def run_engine(
     logprobs: int = 2,
     max_model_len: int = 2048,
     corrupt: float | None = None,
+    also_alone: bool = False,
 ) -> dict:
     """Generate greedily; returns tokens, top-2 logprob gaps, timings and the decode check.
-    ``corrupt`` scales every forward_mqa output (the check must then fail)."""
+    ``corrupt`` scales every forward_mqa output (the check must then fail). ``also_alone``: then each
+    prompt again in a batch of its own (``alone_tokens``): where the two part, the engine's own tokens
+    depend on what shares the batch, which a server's batches differ in."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -91,6 +94,9 @@ def run_engine(
             begun = time.perf_counter()
             outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
             result["generate_s"] = time.perf_counter() - begun
+            if also_alone:
+                alone = [llm.generate([TokensPrompt(prompt_token_ids=p)], params, use_tqdm=False)[0] for p in prompts]
+                result["alone_tokens"] = [list(o.outputs[0].token_ids) for o in alone]
             llm_metrics = llm.get_metrics() if spec.spec_tokens else []
             del llm
         result["tokens"] = [list(o.outputs[0].token_ids) for o in outputs]
