@@ -17,8 +17,9 @@ The rules, in the order they apply:
    of 1) decodes on the bundled kernels under ``auto``; an explicit ``trtllm-gen`` raises.
 6. Sparse index lists (DeepSeek Sparse Attention: DeepSeek-V3.2, GLM-5) run the bundled kernels on
    every GPU they are built for, under ``auto`` and ``xqa`` alike; ``trtllm-gen`` raises, and so does
-   a GPU they are not built for. No engine's FlashMLA sparse decode stands in for them: called from
-   our vLLM backend it was faster at 64 and 128 heads but read wrong inside vLLM 0.26 (docs/vllm.md).
+   a GPU they are not built for. No engine's FlashMLA sparse decode stands in for them: faster at 64
+   and 128 heads, but inside vLLM 0.26 its rows were off by up to 6.7e-2 where ours were 2.3e-3
+   (docs/vllm.md).
 A bundled route names its variant: the architecture's library, the FP8 kernels' products (``fp8_qk``
 and ``fp8_pv``, resolved per architecture by kernel_build.KernelVariant) and the tile its rows
 (heads x query tokens) take.
