@@ -30,6 +30,9 @@
 #     package builds its kernels here with NVCC_APPEND_FLAGS)
 #   | bench | routes | tokenbench (page 64 against one slot id a token and FlashInfer's ragged ids)
 #   | sparsebench (sparse decode, top-k 2048 over fp8_ds_mla, against vLLM's FlashMLA sparse decode)
+#   | deepgemm (dev/indexer_vs_deepgemm.py: our indexer logits against DeepGEMM's and float64; carry
+#     .gpu-deepgemm beside .gpu: DeepGEMM is then installed into the site, and every vLLM part on that
+#     machine scores the DSA indexer with it)
 #   | profile (Nsight Compute on ours and FlashMLA at SHAPE="heads batch seq [q_len]", FP8, and on the
 #     wheel in .gpu/ab/ as ours_base where carried: two builds of ours side by side; reports in $OUT)
 #   | ab (our times, dev/time_ours.py, alternating the wheel in .gpu/ab/ (base) and .gpu/dist/, 3 rounds)
@@ -117,6 +120,10 @@ if [[ "$PART" == sglang* ]]; then  # SGLang cannot share a site with vLLM 0.26: 
 else
   [ -d /tmp/site/vllm ] || bash .gpu/install_on_gpu.sh .gpu /tmp/site >/dev/null || exit 1
   install_moe /tmp/site || exit 1
+  # DeepGEMM where carried (vLLM's DSA indexer then scores with it): dev/install_deepgemm_on_gpu.sh
+  if [ -d .gpu-deepgemm ] && [ ! -d /tmp/site/deep_gemm ]; then
+    bash dev/install_deepgemm_on_gpu.sh .gpu-deepgemm /tmp/site || exit 1
+  fi
   # shellcheck disable=SC1091
   source /tmp/site/env.sh
 fi
@@ -245,6 +252,7 @@ for part in ${PART//,/ }; do
     routes) (cd /tmp && run python3 -m mla_backend bench --route-table --write --out "$OUT/bench") ;;
     tokenbench) (cd /tmp && run python3 -m mla_backend bench --token-indexed) ;;
     sparsebench) (cd /tmp && run python3 -m mla_backend bench --sparse) ;;
+    deepgemm) PYTHONPATH=$REPO:$REPO/tests:$PYTHONPATH run python3 dev/indexer_vs_deepgemm.py ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done
