@@ -56,8 +56,9 @@ def flashmla_rows(packed: torch.Tensor) -> torch.Tensor:
     return torch.cat((latent.double(), rope.double()), dim=-1)
 
 
-def flashmla(query, cache, slots, schedule=None, layout="1xT"):
-    """The hand-off's call (as branch flashmla-sparse-handoff made it)."""
+def flashmla(query, cache, slots, schedule=None, layout="1xT", scale=SCALE):
+    """FlashMLA's sparse FP8 decode of query [T, H, 576] over cache [pages, 64, 656] with slots [T, K]:
+    out [T, H, 512] and the plan it ran (a new one unless given)."""
     schedule = schedule if schedule is not None else ops.get_mla_metadata()[0]
     tokens, heads, _ = query.shape
     if layout == "1xT":  # ours (and vLLM's mixed batch): one batch of T query tokens
@@ -66,7 +67,7 @@ def flashmla(query, cache, slots, schedule=None, layout="1xT"):
         q, idx = query.contiguous().unsqueeze(1), slots.unsqueeze(1)
     out, _ = ops.flash_mla_with_kvcache(
         q=q, k_cache=cache.view(torch.uint8).unsqueeze(-2), block_table=None, cache_seqlens=None, head_dim_v=512,
-        tile_scheduler_metadata=schedule, softmax_scale=SCALE, is_fp8_kvcache=True, indices=idx,
+        tile_scheduler_metadata=schedule, softmax_scale=scale, is_fp8_kvcache=True, indices=idx,
     )  # fmt: skip
     return out.reshape(tokens, heads, 512), schedule
 

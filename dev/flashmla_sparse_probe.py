@@ -3,26 +3,11 @@ each token's worst relative L2 row error, for query layouts [1, T] (one batch of
 mixed-batch path sends them) and [T, 1]; a prompt's tokens in one call; rows past 2**31 bytes."""
 
 import torch
-from vllm.v1.attention.ops import flashmla as ops
+from flashmla_sparse_precision import flashmla  # the same call (dev/ is the script's path)
 
 from mla_backend.reference import sparse_mla_reference
 from mla_backend.sparse import sparse_mla_decode
 from mla_backend.sparse_problems import make_sparse_case
-
-
-def flashmla_sparse_decode(query, pages, slots, schedule, scale):
-    """FlashMLA's sparse FP8 decode of T tokens as one batch of T query tokens ([1, T, H, 576])."""
-    tokens, heads, _ = query.shape
-    out, _ = ops.flash_mla_with_kvcache(
-        q=query.contiguous().unsqueeze(0), k_cache=pages.view(torch.uint8).unsqueeze(-2), block_table=None,
-        cache_seqlens=None, head_dim_v=512, tile_scheduler_metadata=schedule, softmax_scale=scale,
-        is_fp8_kvcache=True, indices=slots.unsqueeze(0),
-    )  # fmt: skip
-    return out.view(tokens, heads, 512), None
-
-
-def new_schedule():
-    return ops.get_mla_metadata()[0]
 
 
 def row_error(got, want):
@@ -38,24 +23,13 @@ def main():
                 case = make_sparse_case(tokens, heads, 2048, kind, "cuda", seed=tokens + heads, poison=False)
                 query = (case.query.float() * sharp).to(torch.bfloat16)
                 want, _ = sparse_mla_reference(query, case.kv_rows.to("cuda"), case.indices, case.sm_scale)
-                out, _ = flashmla_sparse_decode(query, case.kv_cache, case.indices, new_schedule(), case.sm_scale)
-                sched, _ = ops.get_mla_metadata()
-                out2, _ = ops.flash_mla_with_kvcache(
-                    q=query.unsqueeze(1),
-                    k_cache=case.kv_cache.view(torch.uint8).unsqueeze(-2),
-                    block_table=None,
-                    cache_seqlens=None,
-                    head_dim_v=512,
-                    tile_scheduler_metadata=sched,
-                    softmax_scale=case.sm_scale,
-                    is_fp8_kvcache=True,
-                    indices=case.indices.unsqueeze(1),
-                )
+                out, _ = flashmla(query, case.kv_cache, case.indices, scale=case.sm_scale)
+                out2, _ = flashmla(query, case.kv_cache, case.indices, layout="Tx1", scale=case.sm_scale)
                 ours = sparse_mla_decode(query, case.kv_cache, case.indices, case.sm_scale)
                 torch.cuda.synchronize()
                 print(
                     f"{kind:>15} {heads:>4} {tokens:>4} {sharp:>5} | {row_error(out, want):9.2e} "
-                    f"{row_error(out2.view_as(out), want):9.2e} {row_error(ours, want):9.2e}"
+                    f"{row_error(out2, want):9.2e} {row_error(ours, want):9.2e}"
                 )
 
 
@@ -68,7 +42,7 @@ def prefill_like():
         indices = case.indices.clone()
         indices[torch.arange(2048, device="cuda")[None, :] >= lens[:, None]] = -1
         want, _ = sparse_mla_reference(case.query, case.kv_rows.to("cuda"), indices, case.sm_scale)
-        out, _ = flashmla_sparse_decode(case.query, case.kv_cache, indices, new_schedule(), case.sm_scale)
+        out, _ = flashmla(case.query, case.kv_cache, indices, scale=case.sm_scale)
         ours = sparse_mla_decode(case.query, case.kv_cache, indices, case.sm_scale)
         torch.cuda.synchronize()
         fm_rows = ((out.double() - want).norm(dim=-1) / want.norm(dim=-1)).amax(-1)
@@ -89,8 +63,7 @@ def far_rows():
         cache[shift:] = case.kv_cache.view(-1, 656)
         want, _ = sparse_mla_reference(case.query, case.kv_rows.to("cuda"), case.indices, case.sm_scale)
         pages = cache.view(-1, 64, 656)
-        sched = new_schedule()
-        out, _ = flashmla_sparse_decode(case.query, pages, case.indices + shift, sched, case.sm_scale)
+        out, _ = flashmla(case.query, pages, case.indices + shift, scale=case.sm_scale)
         ours = sparse_mla_decode(case.query, pages, case.indices + shift, case.sm_scale)
         torch.cuda.synchronize()
         print(f"far rows T={tokens}: flashmla {row_error(out, want):.2e}, ours {row_error(ours, want):.2e}")

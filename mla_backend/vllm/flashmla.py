@@ -1,5 +1,5 @@
-"""vLLM's FlashMLA decode (SM90), called as vLLM's FLASHMLA and FLASHMLA_SPARSE backends call it: a
-scheduler plan per batch, then the kernel. Outputs come back in our layout (out [tokens, H, 512], LSE
+"""vLLM's FlashMLA dense decode (SM90), called as vLLM's FLASHMLA backend calls it: a scheduler plan per
+batch, then the kernel. Outputs come back in our layout (out [tokens, H, 512], LSE
 [tokens, H], natural log). Used by `auto`'s engine-best routes (dense decode) and by the benchmark's peer."""
 
 from __future__ import annotations
@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from ..sm90_table import FLASHMLA_PAGE_SIZE as PAGE_SIZE  # noqa: F401 (the page size its callers check)
 
 # The worst relative L2 error of an output row FlashMLA may show against float64 where it serves
 # `auto`'s decode: vLLM's accuracy on Hopper, not ours (reference.ROW_ERROR_TOLERANCE, half these).
