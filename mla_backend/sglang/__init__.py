@@ -29,6 +29,7 @@ def register() -> None:
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
     from sglang.srt.models.deepseek_common import attention_backend_handler, utils
 
+    from . import dsa
     from .backend import create_backend
     from .draft_backends import stamp_draft_backends
 
@@ -41,3 +42,6 @@ def register() -> None:
     if NAME not in utils.FORWARD_ABSORB_CORE_ATTENTION_BACKENDS:
         utils.FORWARD_ABSORB_CORE_ATTENTION_BACKENDS.append(NAME)
     stamp_draft_backends()
+    # DeepSeek Sparse Attention: our kernels as the dsa backend's decode (--dsa-decode-backend mla_backend).
+    dsa.add_decode_choice()
+    dsa.install()

@@ -139,8 +139,8 @@ def check_model(model_config) -> None:
     if getattr(hf, "index_topk", None) is not None:
         raise BackendUnavailableError(
             "mla_backend decodes dense MLA; this model's attention is sparse (an indexer picks the top-k tokens, "
-            "with a cache of its own): start SGLang without --decode-attention-backend mla_backend so it picks "
-            "its dsa backend"
+            "with a cache of its own): start SGLang with its dsa backend and mla_backend as that backend's "
+            "decode: --attention-backend dsa --dsa-decode-backend mla_backend"
         )
 
 
