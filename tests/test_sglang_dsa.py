@@ -173,3 +173,41 @@ def test_unserved_settings_are_refused_with_what_to_change():
         dsa.refuse_unserved(backend, model_runner)
     for part in ("256 + 64", "HiSparse", "--dsa-prefill-backend mla_backend", "--dsa-prefill-backend"):
         assert part in str(refused.value)
+
+
+def test_the_indexer_scores_with_mla_backend_where_deep_gemm_is_missing(monkeypatch):
+    """Without DeepGEMM, SGLang's indexer gets mla_backend.indexer's functions: 0.5.23 through its
+    resolvers (in every module that imported them by name), 0.5.17 as its indexer module's deep_gemm;
+    nothing is registered as deep_gemm for the rest of SGLang to find."""
+    import importlib.util
+    import sys
+
+    from mla_backend import indexer
+    from mla_backend.sglang import deep_gemm_shim
+
+    find_spec = importlib.util.find_spec
+
+    def without_deep_gemm(name, *args):
+        return None if name == "deep_gemm" else find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_deep_gemm)
+    resolvers = importlib.import_module(dsa.RESOLVERS_MODULE)
+    touched = [resolvers, importlib.import_module(dsa.INDEXER_MODULE), importlib.import_module(dsa.DSA_MODULE)]
+    for module in touched:  # undone after the test
+        for name in (*dsa.RESOLVERS, "deep_gemm"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, getattr(module, name))
+            else:
+                monkeypatch.setattr(module, name, None, raising=False)
+                monkeypatch.delattr(module, name)
+    assert dsa.indexer_without_deep_gemm()
+    assert "deep_gemm" not in sys.modules or sys.modules["deep_gemm"] is not deep_gemm_shim
+    if hasattr(resolvers, "resolve_fp8_paged_mqa_logits_fn"):  # 0.5.23
+        for module in touched:
+            if hasattr(module, "resolve_fp8_paged_mqa_logits_fn"):
+                assert module.resolve_fp8_paged_mqa_logits_fn() is indexer.fp8_paged_mqa_logits
+        assert resolvers.resolve_fp8_mqa_logits_fn() is indexer.fp8_mqa_logits
+        assert resolvers.resolve_paged_mqa_logits_metadata_fn() is indexer.get_paged_mqa_logits_metadata
+    else:
+        assert touched[1].deep_gemm is deep_gemm_shim
+        assert deep_gemm_shim.fp8_paged_mqa_logits is indexer.fp8_paged_mqa_logits

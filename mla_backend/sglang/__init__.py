@@ -45,3 +45,4 @@ def register() -> None:
     # DeepSeek Sparse Attention: our kernels as the dsa backend's decode (--dsa-decode-backend mla_backend).
     dsa.add_decode_choice()
     dsa.install()
+    dsa.indexer_without_deep_gemm()

@@ -215,4 +215,51 @@ def shared_workspace(device: torch.device) -> torch.Tensor:
     return _workspace(device)
 
 
-__all__ = ["add_decode_choice", "ensure_subclass", "install", "make_subclass"]
+INDEXER_MODULE = "sglang.srt.layers.attention.dsa.dsa_indexer"
+RESOLVERS_MODULE = "sglang.srt.layers.attention.dsa.utils"
+# 0.5.23 resolves DeepGEMM's functions through these (imported by name into the indexer and the backend).
+RESOLVERS = {
+    "resolve_num_sms": lambda shim: shim.get_num_sms,
+    "resolve_paged_mqa_logits_metadata_fn": lambda shim: lambda: shim.get_paged_mqa_logits_metadata,
+    "resolve_fp8_paged_mqa_logits_fn": lambda shim: lambda: shim.fp8_paged_mqa_logits,
+    "resolve_fp8_mqa_logits_fn": lambda shim: lambda: shim.fp8_mqa_logits,
+}
+
+
+def indexer_without_deep_gemm() -> bool:
+    """Where DeepGEMM is not installed, SGLang's DSA indexer scores with mla_backend.indexer: 0.5.23's
+    resolvers return ours; 0.5.17's indexer module gets our functions as its ``deep_gemm``, and its
+    backend module (which imports ``deep_gemm`` unguarded on CUDA) is imported once with them in place
+    of it. True where it did so."""
+    import importlib
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("deep_gemm") is not None:
+        return False
+    from . import deep_gemm_shim as shim
+
+    try:
+        resolvers = importlib.import_module(RESOLVERS_MODULE)
+    except ImportError:
+        return False
+    if hasattr(resolvers, "resolve_fp8_paged_mqa_logits_fn"):  # 0.5.23
+        for module_name in (RESOLVERS_MODULE, INDEXER_MODULE, DSA_MODULE):
+            module = sys.modules.get(module_name) if module_name != RESOLVERS_MODULE else resolvers
+            for name, ours in RESOLVERS.items():
+                if module is not None and hasattr(module, name):
+                    setattr(module, name, ours(shim))
+        return True
+    indexer = importlib.import_module(INDEXER_MODULE)  # 0.5.17: its deep_gemm is the ImportError it caught
+    if isinstance(getattr(indexer, "deep_gemm", None), ImportError) or not hasattr(indexer, "deep_gemm"):
+        indexer.deep_gemm = shim
+    if DSA_MODULE not in sys.modules:
+        sys.modules["deep_gemm"] = shim  # only while the backend module binds its deep_gemm
+        try:
+            importlib.import_module(DSA_MODULE)
+        finally:
+            del sys.modules["deep_gemm"]
+    return True
+
+
+__all__ = ["add_decode_choice", "ensure_subclass", "indexer_without_deep_gemm", "install", "make_subclass"]
