@@ -211,3 +211,32 @@ def test_the_indexer_scores_with_mla_backend_where_deep_gemm_is_missing(monkeypa
     else:
         assert touched[1].deep_gemm is deep_gemm_shim
         assert deep_gemm_shim.fp8_paged_mqa_logits is indexer.fp8_paged_mqa_logits
+
+
+def test_glm_on_sm12x_with_fp8_is_checked_on_its_prefill_side_while_the_decode_is_ours():
+    """SGLang admits only flashinfer_sparse_mla for GLM-5 with an fp8 cache on SM12x; with our decode its
+    check sees the prefill side alone, which must still be SGLang's flashinfer_sparse_mla."""
+    module = importlib.import_module(dsa.SM120_MODULE)
+    check = getattr(module, dsa.SM120_CHECK)
+    glm = dict(model_arch="GlmMoeDsaForCausalLM", device_sm_major=12, kv_cache_dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError):
+        check(**glm, prefill_impl="flashinfer_sparse_mla", decode_impl=NAME)
+    with dsa.glm_sm12x_check_of_the_prefill_side():
+        assert getattr(module, dsa.SM120_CHECK)(**glm, prefill_impl="flashinfer_sparse_mla", decode_impl=NAME)
+        with pytest.raises(ValueError):
+            getattr(module, dsa.SM120_CHECK)(**glm, prefill_impl="flashmla_sparse", decode_impl=NAME)
+    assert getattr(module, dsa.SM120_CHECK) is check
+
+
+@pytest.mark.parametrize(
+    "capability, heads, fp8, offered, handed",
+    [((9, 0), 64, True, True, True), ((9, 0), 16, True, True, False), ((9, 0), 64, False, True, False),
+     ((9, 0), 128, True, False, False), ((12, 0), 64, True, True, False)],
+)  # fmt: skip
+def test_sm90_fp8_at_64_and_128_heads_goes_to_sglang_s_flashmla(monkeypatch, capability, heads, fp8, offered, handed):
+    """Route rule 6 as for vLLM: SGLang's flashmla_kv where FlashMLA's sparse decode is measured faster."""
+    monkeypatch.setattr(dsa, "flashmla_offered", lambda: (offered, None if offered else "no sgl_kernel"))
+    backend = SimpleNamespace(device_capability=capability, num_q_heads=heads, dsa_kv_cache_store_fp8=fp8)
+    backend.dsa_decode_impl = NAME
+    assert dsa.handed_to_flashmla(backend, dsa.MLABackendConfig()) is handed
+    assert backend.dsa_decode_impl == ("flashmla_kv" if handed else NAME)

@@ -18,19 +18,24 @@ entries first) and the lengths ``min(seq_len, top-k)`` per token.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
 import logging
 import typing
 
 import torch
 
 from ..config import MLABackendConfig
+from ..route import sparse_route
 from ..sparse import sparse_mla_decode
 from . import NAME
 
 logger = logging.getLogger("mla_backend")
 
 DSA_MODULE = "sglang.srt.layers.attention.dsa_backend"
+SM120_MODULE, SM120_CHECK = "sglang.kernels.ops.attention.flash_mla_sm120", "_validate_flashinfer_sparse_mla_backend"
+SGLANG_FLASHMLA = "flashmla_kv"  # SGLang's FlashMLA sparse decode over its fp8 pool
 CLASS_NAME = "DeepseekSparseAttnBackend"
 WORKSPACE_BYTES = 64 << 20  # split partials; the split plan fits what it gets
 LATENT, ROPE = 512, 64
@@ -86,8 +91,6 @@ def swapping_first(create):
 
 def ensure_subclass() -> type:
     """SGLang's module's class, now our subclass of the class it defined."""
-    import importlib
-
     module = importlib.import_module(DSA_MODULE)
     current = getattr(module, CLASS_NAME)
     if getattr(current, "mla_backend_subclass", False):
@@ -104,11 +107,14 @@ def make_subclass(base: type, module) -> type:
         mla_backend_subclass = True
 
         def __init__(self, model_runner, *args, **kwargs):
-            super().__init__(model_runner, *args, **kwargs)
+            with glm_sm12x_check_of_the_prefill_side():
+                super().__init__(model_runner, *args, **kwargs)
             self.mla_serves = getattr(self, "dsa_decode_impl", None) == NAME
             if self.mla_serves:
                 refuse_unserved(self, model_runner)
                 self.mla_config = MLABackendConfig.from_sources()
+                self.mla_serves = not handed_to_flashmla(self, self.mla_config)
+            if self.mla_serves:
                 self.mla_workspace = shared_workspace(torch.device(model_runner.device))
 
         def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, q_rope=None, k_rope=None,
@@ -205,6 +211,55 @@ def refuse_unserved(backend, model_runner) -> None:
         raise ValueError(f"mla_backend (--dsa-decode-backend mla_backend) does not serve: {'; '.join(problems)}")
 
 
+@contextlib.contextmanager
+def glm_sm12x_check_of_the_prefill_side():
+    """SGLang admits only its flashinfer_sparse_mla for GLM-5 with an fp8 cache on SM12x, prefill and
+    decode alike; while its backend initialises, that check sees only the prefill side where the decode
+    is ours (SGLang's __init__ imports the check from its module then)."""
+    try:
+        module = importlib.import_module(SM120_MODULE)
+    except ImportError:
+        yield
+        return
+    check = getattr(module, SM120_CHECK, None)
+    if check is None:
+        yield
+        return
+
+    @functools.wraps(check)
+    def prefill_side(*, prefill_impl, decode_impl, **kwargs):
+        decode_impl = prefill_impl if decode_impl == NAME else decode_impl
+        return check(prefill_impl=prefill_impl, decode_impl=decode_impl, **kwargs)
+
+    setattr(module, SM120_CHECK, prefill_side)
+    try:
+        yield
+    finally:
+        setattr(module, SM120_CHECK, check)
+
+
+def handed_to_flashmla(backend, config: MLABackendConfig) -> bool:
+    """Route rule 6 for SGLang: on SM90 under ``auto``, an fp8 pool at the head counts FlashMLA's sparse
+    decode is measured faster at goes to SGLang's own ``flashmla_kv`` (decided before SGLang reads the
+    sub-backend for its metadata). True where it did."""
+    capability = config.capability(tuple(backend.device_capability))
+    route = sparse_route(config, capability, backend.num_q_heads, backend.dsa_kv_cache_store_fp8, flashmla_offered())
+    logger.info("mla_backend: SGLang DSA decode route: %s", route.describe())
+    if route.kernel != "flashmla":
+        return False
+    backend.dsa_decode_impl = SGLANG_FLASHMLA
+    return True
+
+
+def flashmla_offered() -> tuple[bool, str | None]:
+    """Whether SGLang's kernel package has FlashMLA's sparse decode (its flashmla_kv sub-backend's)."""
+    try:
+        from sgl_kernel.flash_mla import flash_mla_with_kvcache  # noqa: F401
+    except ImportError as err:
+        return False, f"sgl_kernel.flash_mla is not importable ({err})"
+    return True, None
+
+
 @functools.cache
 def _workspace(device: torch.device) -> torch.Tensor:
     return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
@@ -231,7 +286,6 @@ def indexer_without_deep_gemm() -> bool:
     resolvers return ours; 0.5.17's indexer module gets our functions as its ``deep_gemm``, and its
     backend module (which imports ``deep_gemm`` unguarded on CUDA) is imported once with them in place
     of it. True where it did so."""
-    import importlib
     import importlib.util
     import sys
 
