@@ -59,22 +59,35 @@ def physical_slots(topk: torch.Tensor, req_ids: torch.Tensor, block_table: torch
 def check_sparse_call(call: SparseCall) -> CallCheck:
     """Recompute one call in float64 over the rows its lists name; compare rows seeing >= MIN_VISIBLE_KEYS keys."""
     slots = physical_slots(call.topk, call.req_ids, call.block_table, call.block_size)
-    width = call.kv_cache.shape[-1]
-    flat = call.kv_cache.reshape(-1, width)  # the engine's cache is one dense block of rows per layer
-    tokens, heads, _ = call.query.shape
+    return check_sparse_slots(call.query, slots, call.kv_cache, call.scale, call.out, call.lse)
+
+
+def check_sparse_slots(
+    query: torch.Tensor,
+    slots: torch.Tensor,
+    kv_cache: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    lse: torch.Tensor | None = None,
+) -> CallCheck:
+    """check_sparse_call on lists already turned into cache rows: ``slots`` [T, K] rows of ``kv_cache``
+    (any shape whose last dimension is a row: 576 bf16 or 656 fp8_ds_mla bytes), -1 for none."""
+    width = kv_cache.shape[-1]
+    flat = kv_cache.reshape(-1, width)  # the engine's cache is one dense block of rows per layer
+    tokens, heads, _ = query.shape
     errors, lse_deltas, lse_allowed, counted = [], [], [], []
     for start in range(0, tokens, TOKENS_PER_GATHER):
         part = slice(start, start + TOKENS_PER_GATHER)
         chunk = slots[part]
         used, local = torch.unique(chunk.clamp_min(0), return_inverse=True)
         local = torch.where(chunk >= 0, local, -1)
-        want, want_lse = sparse_mla_reference(call.query[part], flat[used], local, call.scale)
-        got = call.out[part].double()
+        want, want_lse = sparse_mla_reference(query[part], flat[used], local, scale)
+        got = out[part].double()
         seen = (chunk >= 0).sum(dim=1) >= MIN_VISIBLE_KEYS
         counted.append(seen[:, None].expand(-1, heads))
         errors.append((got - want).norm(dim=-1) / want.norm(dim=-1).clamp_min(1e-300))
-        if call.lse is not None:
-            lse_deltas.append((call.lse[part].double() - want_lse).abs())
+        if lse is not None:
+            lse_deltas.append((lse[part].double() - want_lse).abs())
             lse_allowed.append(LSE_ABS_TOLERANCE + LSE_REL_TOLERANCE * want_lse.abs())
     rows = torch.cat(counted)
     if not rows.any():
@@ -155,6 +168,7 @@ def judge_sparse_selftest(summary: dict) -> tuple[bool, str]:
 __all__ = [
     "SparseCall",
     "check_sparse_call",
+    "check_sparse_slots",
     "indexer_logits64",
     "judge_sparse_check",
     "judge_sparse_selftest",
