@@ -1,8 +1,10 @@
 """One SGLang engine for the end-to-end check (integration/sglang_e2e.py): greedy tokens with top-2
 logprobs, then decode tokens/s; each engine in a process of its own (run_isolated runs this file,
 which reads its settings as JSON on stdin and prints its result as one JSON line). Where FlashInfer or
-DeepGEMM is not installed, the process gets its stand-in package from stand_ins/ (stand_in_env). start_refused
-starts one that our backend must stop at start-up, and reports how it ended.
+DeepGEMM is not installed, the process gets its stand-in package from stand_ins/ (stand_in_env). A sparse
+engine (``sparse``: DeepSeek-V3.2, GLM-5) runs SGLang's dsa backend with ``decode`` as its decode
+sub-backend (sparse_settings). start_refused starts one that our backend must stop at start-up, and
+reports how it ended.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ NEW_TOKENS = 32
 PAGE_SIZE = 64  # the servers' (sglang_server.py); engines take theirs from engine_args, SGLang's default (1) without
 THROUGHPUT = dict(batch=32, context=2048, new_tokens=128)
 REFUSAL_TIMEOUT_S = 300  # start-up to the backend's factory: config, dummy weights, memory pools
+DSA_PAGE_SIZE = 64  # SGLang's DSA pool and indexer assert it
 
 
 def run_engine(
@@ -37,14 +40,16 @@ def run_engine(
     graphs: bool,
     greedy_only: bool = False,
     engine_args: dict | None = None,
+    sparse: bool = False,
 ) -> dict:
     """One engine (this process): greedy tokens with top-2 logprobs, then decode tokens/s.
     ``engine_args``: further sglang.Engine arguments (a refused family's ``load_format``, a page size:
-    without one the engine runs SGLang's default page of 1)."""
+    without one the engine runs SGLang's default page of 1). ``sparse``: a DSA model (sparse_settings)."""
     import sglang
     import torch
 
-    engine = sglang.Engine(**{**engine_settings(model, decode, kv, graphs), **(engine_args or {})})
+    settings = sparse_settings if sparse else engine_settings
+    engine = sglang.Engine(**{**settings(model, decode, kv, graphs), **(engine_args or {})})
     try:
         greedy = {"temperature": 0.0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
         outs = engine.generate(input_ids=prompts, sampling_params=greedy, return_logprob=True, top_logprobs_num=2)
@@ -82,6 +87,16 @@ def engine_settings(model: str, decode: str, kv: str, graphs: bool) -> dict:
     )
 
 
+def sparse_settings(model: str, decode: str, kv: str, graphs: bool) -> dict:
+    """sglang.Engine arguments of one engine of a DSA model: SGLang's dsa backend with ``decode`` as its
+    decode sub-backend (``--dsa-decode-backend``; ``mla_backend`` for ours), its prefill sub-backend
+    SGLang's default (on SM90 flashmla_sparse for a bf16 cache, flashmla_kv for fp8: the same for every
+    engine of a run), page 64; otherwise engine_settings'."""
+    dense = engine_settings(model, decode, kv, graphs)
+    del dense["prefill_attention_backend"], dense["decode_attention_backend"]
+    return {**dense, "attention_backend": "dsa", "dsa_decode_backend": decode, "page_size": DSA_PAGE_SIZE}
+
+
 def decode_throughput(engine, prompts: list[list[int]], new_tokens: int, repeats: int = 3) -> float:
     """Decode tokens/s of an ``sglang.Engine``, measured as under vLLM (mla_backend.tools.demo's
     paired_decode_rate; the radix cache is off, so each run recomputes the prefill that cancels out)."""
@@ -98,19 +113,26 @@ def decode_throughput(engine, prompts: list[list[int]], new_tokens: int, repeats
 
 STAND_INS = Path(__file__).with_name("stand_ins")  # stand_ins/<package>/<package>/
 STAND_IN_PACKAGES = ("flashinfer", "deep_gemm")
+# A sparse engine's indexer scores with mla_backend's plugin where deep_gemm cannot be found
+# (mla_backend/sglang/dsa.py's indexer_without_deep_gemm asks find_spec): the stand-in would be found and
+# leave SGLang's indexer calling kernels it lacks. The plugin's shim also takes the stand-in's place where
+# SGLang 0.5.17's DSA backend module imports deep_gemm; nothing else on a DSA model's path imports it
+# without a guard.
+SPARSE_STAND_IN_PACKAGES = ("flashinfer",)
 
 
-def stand_in_env(environ: dict[str, str]) -> dict[str, str]:
+def stand_in_env(environ: dict[str, str], packages: tuple[str, ...] = STAND_IN_PACKAGES) -> dict[str, str]:
     """Variables an engine process needs where FlashInfer or DeepGEMM is not installed (the lent GPU's
-    image): each absent package's stand-in on its path, and SGLang told not to use it (its JIT DeepGEMM
-    imports deep_gemm's submodules wherever deep_gemm imports); none where both are installed."""
+    image): each absent package of ``packages``' stand-in on its path, and SGLang told not to use an absent
+    one (its JIT DeepGEMM imports deep_gemm's submodules wherever deep_gemm imports); none where all are
+    installed."""
     import importlib.util
 
     absent = [name for name in STAND_IN_PACKAGES if importlib.util.find_spec(name) is None]
     if not absent:
         return {}
     env = {"PYTHONPATH": environ.get("PYTHONPATH", "")}
-    for name in reversed(absent):
+    for name in reversed([name for name in absent if name in packages]):
         env["PYTHONPATH"] = path_with(STAND_INS / name, env)
     if "flashinfer" in absent:
         env["SGLANG_IS_FLASHINFER_AVAILABLE"] = "false"
@@ -119,11 +141,11 @@ def stand_in_env(environ: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def engine_env(extra: dict[str, str]) -> dict[str, str]:
+def engine_env(extra: dict[str, str], packages: tuple[str, ...] = STAND_IN_PACKAGES) -> dict[str, str]:
     """An engine process's environment: ours with ``extra`` (whose PYTHONPATH, where given, already
-    holds ours), then the stand-ins ahead of that path where FlashInfer or DeepGEMM is absent."""
+    holds ours), then the stand-ins of ``packages`` ahead of that path where FlashInfer or DeepGEMM is absent."""
     env = {**os.environ, **extra}
-    return {**env, **stand_in_env(env)}
+    return {**env, **stand_in_env(env, packages)}
 
 
 def run_isolated(
@@ -136,11 +158,14 @@ def run_isolated(
     greedy_only: bool = False,
     env: dict | None = None,
     engine_args: dict | None = None,
+    sparse: bool = False,
 ) -> dict:
     """run_engine in a process of its own, its stderr appended to ``log``; {"error": ...} where it failed.
-    ``engine_args``: further sglang.Engine arguments (a parallel layout)."""
+    ``engine_args``: further sglang.Engine arguments (a parallel layout); ``sparse``: a DSA model, served
+    by SGLang's dsa backend with ``decode`` its decode sub-backend, without the DeepGEMM stand-in."""
     spec = {"model": model, "prompts": prompts, "decode": decode, "kv": kv, "graphs": graphs}
-    spec["engine_args"] = engine_args
+    spec |= {"engine_args": engine_args, "sparse": sparse}
+    packages = SPARSE_STAND_IN_PACKAGES if sparse else STAND_IN_PACKAGES
     with open(log, "a") as sink:
         done = subprocess.run(
             [sys.executable, __file__],
@@ -148,7 +173,7 @@ def run_isolated(
             stdout=subprocess.PIPE,
             stderr=sink,
             text=True,
-            env=engine_env(env or {}),
+            env=engine_env(env or {}, packages),
         )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -224,5 +249,6 @@ if __name__ == "__main__":
         spec["graphs"],
         spec["greedy_only"],
         spec.get("engine_args"),
+        spec.get("sparse", False),
     )
     print(json.dumps(run), flush=True)
