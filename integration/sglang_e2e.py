@@ -26,7 +26,8 @@ With --dp-attention N every engine, ours and the references, runs SGLang's data-
 N GPUs (``tp_size`` = ``dp_size`` = N, ``enable_dp_attention``): each rank decodes all heads of its own
 requests, ranks without requests run idle steps, and the check must have run on every rank.
 Refused families (--refusals: all of them; or named in --families): an engine on dummy weights must stop
-at start-up with our message and leave no process behind (judges/sglang_refusal.py).
+at start-up with our message and leave no process behind (judges/sglang_refusal.py). The sparse families
+(DeepSeek-V3.2, GLM-5) are integration/sglang_sparse_e2e.py's: SGLang serves them on our sparse decode.
 Each engine runs in a process of its own (integration/engines/sglang_engine.py). One row per (model,
 layout, KV dtype, part); exit status 1 if a part fails.
 """
@@ -98,11 +99,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def plan(args: argparse.Namespace) -> tuple[list[tuple[Family, str]], list[Family]]:
-    """The (family, layout) pairs whose parts run, and the families started to be refused."""
+    """The (family, layout) pairs whose parts run, and the families started to be refused. A sparse
+    family named stops the run: SGLang serves it through its dsa backend with our sparse decode, which
+    integration/sglang_sparse_e2e.py runs."""
     chosen = pick_served(args.families, args.layouts == "all") if args.families else []
-    refused = [
-        f for f in FAMILIES if f.expect in ("refused", "sparse") and (args.refusals or any(f is c for c, _ in chosen))
-    ]
+    sparse = sorted({f.name for f, _ in chosen if f.expect == "sparse"})
+    if sparse:
+        raise SystemExit(f"{sparse}: sparse (DSA) models, served by --dsa-decode-backend mla_backend: run them with "
+                         "integration/sglang_sparse_e2e.py")  # fmt: skip
+    refused = [f for f in FAMILIES if f.expect == "refused" and (args.refusals or any(f is c for c, _ in chosen))]
     return [(f, layout) for f, layout in chosen if f.expect == "bundled"], refused
 
 

@@ -29,7 +29,7 @@ from integration.models.sglang_checkpoint import SGLANG_MODULES, refusal, refusa
 
 BUNDLED = ["DeepSeek-V3 / R1", "DeepSeek-V2-Lite", "Moonlight", "Kimi-K2 / K2.5 (text)", "GLM-4.7-Flash"]
 BUNDLED += ["LongCat-Flash", "Kimi-Linear", "Mistral Large 3", "Kimi-VL", "Kimi-K2.5 / K2.6"]
-REFUSED = ["MiniCPM3", "DeepSeek-V3.2", "GLM-5"]
+REFUSED = ["MiniCPM3"]  # the sparse families are sglang_sparse_e2e.py's
 
 
 def planned(*argv: str) -> tuple[list[str], list[str]]:
@@ -59,10 +59,19 @@ def test_all_runs_every_family_sglang_serves_on_our_kernels_and_refuses_none():
 
 
 def test_named_layouts_run_and_named_refused_families_are_started():
-    runs, refused = planned("--families", "Kimi-K2@64,DeepSeek-V3.2,glm-4.7")
-    assert runs == ["Kimi-K2 / K2.5 (text)@64", "GLM-4.7-Flash@20"] and refused == ["DeepSeek-V3.2"]
+    runs, refused = planned("--families", "Kimi-K2@64,MiniCPM3,glm-4.7")
+    assert runs == ["Kimi-K2 / K2.5 (text)@64", "GLM-4.7-Flash@20"] and refused == ["MiniCPM3"]
     assert planned("--refusals") == ([], REFUSED)
     assert planned("--families", "Moonlight", "--refusals") == (["Moonlight@16"], REFUSED)
+
+
+def test_sparse_families_are_served_and_handed_to_the_sparse_run():
+    """SGLang serves DeepSeek-V3.2 and GLM-5 through its dsa backend with our sparse decode: naming one
+    here is an error that names sglang_sparse_e2e.py, and --refusals starts none of them."""
+    for names in ("DeepSeek-V3.2", "GLM-4.7-Flash,GLM-5@64"):
+        with pytest.raises(SystemExit, match="sglang_sparse_e2e.py"):
+            planned("--families", names)
+    assert not {f.name for f in FAMILIES if f.expect == "sparse"} & set(planned("--refusals")[1])
 
 
 def test_unknown_families_and_ones_sglang_does_not_run_stop_the_run(monkeypatch):
@@ -117,14 +126,14 @@ def run_main(monkeypatch, *argv):
 
 def test_the_runner_gives_one_row_per_model_layout_kv_and_part_and_keeps_the_json(monkeypatch, tmp_path, capsys):
     runs = fake_engines(monkeypatch, tmp_path)
-    argv = ["--families", "GLM-4.7-Flash,Kimi-K2@64,DeepSeek-V3.2", "--references", "triton", "--out", str(tmp_path)]
+    argv = ["--families", "GLM-4.7-Flash,Kimi-K2@64,MiniCPM3", "--references", "triton", "--out", str(tmp_path)]
     assert run_main(monkeypatch, *argv, "--page-sizes", "64") == 0
     rows = json.loads((tmp_path / "sglang_zoo.json").read_text())
     ours = [(r["model"], r["kv"], r["part"], r["status"]) for r in rows if r["status"] != "ref"]
     parts = ["check", "selftest x1.05", "tokens graphs", "tokens eager"]
     models = ["GLM-4.7-Flash TP1 (20 heads), page 64", "Kimi-K2 / K2.5 (text) TP1 (64 heads), page 64"]
     want = [(m, kv, p, "PASS") for m in models for kv in ("fp8_e4m3", "auto") for p in parts]
-    assert ours == [("DeepSeek-V3.2 TP8 (16 heads)", "auto", "refused", "PASS"), *want]
+    assert ours == [("MiniCPM3 TP1 (40 heads)", "auto", "refused", "PASS"), *want]
     references = {"reference triton", "reference triton, fp8 query", "reference triton, fp8 query, eager"}
     assert {r["part"] for r in rows if r["status"] == "ref"} == references
     assert all(model.endswith(("GLM-4.7-Flash_h20", "Kimi-K2-Instruct_h64")) for model, *_ in runs)

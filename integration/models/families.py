@@ -12,7 +12,9 @@ heads gives the backend the shapes a TP rank gets.
 - ``fallback``: `auto` hands decode to vLLM's Triton MLA kernel (MLA shapes the kernels do not take:
   Mistral Small 4's 256 + 64 latent); an explicit ``backend`` stops start-up with the reason;
 - ``sparse``: DeepSeek Sparse Attention (an indexer picks each token's top-k keys): vLLM runs it on our
-  sparse kernels (sparse_e2e.py); SGLang's plugin refuses it with ``refusal``;
+  sparse kernels (sparse_e2e.py), SGLang through its dsa backend with ``--dsa-decode-backend mla_backend``
+  (sglang_sparse_e2e.py); SGLang's dense flag (``--decode-attention-backend mla_backend``) refuses it with
+  ``refusal``;
 - ``refused``: start-up stops with our reason;
 - ``own``: vLLM runs the model's own attention whatever the flag says; mla_backend is never called.
 """
