@@ -13,6 +13,10 @@
 #     sizes, default 1,64: 1 is SGLang's default, its engines start without one); SGL_FAMILIES
 #     of the zoo, SGL_LAYOUTS first|all, SGL_REFUSALS=1 for the families SGLang must refuse, SGL_DP=2 for
 #     data-parallel attention on two GPUs, SGL_SPEC=k to draft k tokens with the tiny model's MTP layer)
+#   | sglang_sparse (integration/sglang_sparse_e2e.py, carried as sglang is: DeepSeek-V3.2 and GLM-5 on
+#     SGLang's dsa backend with --dsa-decode-backend mla_backend against its flashmla_sparse / flashmla_kv;
+#     SGL_FAMILIES (default DeepSeek-V3.2,GLM-5; Name@heads), SGL_KV (default auto,fp8_e4m3), SGL_PARTS of
+#     tokens,check,selftest; five engines per family and KV dtype: one of each a call, or DETACH=1)
 #   | sglang_faults (integration/sglang_fault_check.py, carried as sglang is, with the bundle's server
 #     part from dev/sglang_server_extras.sh: SGL_KV one of fp8_e4m3 and auto, FAULT_PARTS of
 #     preemption,aborts,radix, SELFTEST=1)
@@ -187,6 +191,8 @@ for part in ${PART//,/ }; do
       run python3 integration/sglang_e2e.py "${models[@]}" ${SGL_REFUSALS:+--refusals} --kv "${SGL_KV:-fp8_e4m3,auto}" \
         --dp-attention "${SGL_DP:-1}" --spec-tokens "${SGL_SPEC:-0}" --page-sizes "${SGL_PAGES:-1,64}" \
         --references "${SGL_REFS:-triton}" --parts "${SGL_PARTS:-tokens,check,selftest}" --out "$OUT/sglang" ;;
+    sglang_sparse) run python3 integration/sglang_sparse_e2e.py --families "${SGL_FAMILIES:-DeepSeek-V3.2,GLM-5}" \
+      --kv "${SGL_KV:-auto,fp8_e4m3}" --parts "${SGL_PARTS:-tokens,check,selftest}" --out "$OUT/sglang_sparse" ;;
     sglang_faults) run python3 integration/sglang_fault_check.py --heads "$HEADS" --kv "${SGL_KV:-fp8_e4m3}" \
       --parts "${FAULT_PARTS:-preemption,aborts,radix}" ${SELFTEST:+--selftest} --out "$OUT/sglang_faults" ;;
     realdims) run python3 integration/real_dims.py --heads "$HEADS" --kv "$KV" --out "$OUT" ;;

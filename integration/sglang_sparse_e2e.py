@@ -1,0 +1,217 @@
+"""DeepSeek-V3.2 and GLM-5 end to end on SGLang (GPU): SGLang's dsa backend with mla_backend's sparse
+kernels as its decode sub-backend (``--dsa-decode-backend mla_backend``; mla_backend/sglang/dsa.py)
+against SGLang's own sparse decode on the same indexer, prefill and pool.
+
+    python integration/sglang_sparse_e2e.py --families DeepSeek-V3.2,GLM-5 --kv auto,fp8_e4m3 \
+        --parts tokens,check,selftest --out results/sglang_sparse
+
+Per family (the zoo's seeded checkpoint as SGLang reads it, models/sglang_checkpoint.py; Name@heads picks
+a layout) and KV dtype (``auto``: bf16 on SM90; ``fp8_e4m3``: SGLang's fp8_ds_mla rows of 656 bytes),
+every engine through ``sglang.Engine`` in a process of its own (engines/sglang_engine.py, ``sparse``),
+page 64, its prefill sub-backend SGLang's default (flashmla_sparse for bf16, flashmla_kv for fp8 on
+SM90), prompts from models/prompts.make_sparse_prompts (longer than the top-k of 2048, so the indexer
+chooses in prefill and decode, and shorter):
+- tokens: ours with CUDA graphs against SGLang's decode with graphs, under the tie rule
+  (judges/tokens.py): flashmla_sparse for bf16, flashmla_kv for fp8 (FlashMLA's fp8 kernel); no second
+  SGLang sparse decode runs on the lent H200 (fa3 and tilelang are not in its bundle, trtllm and
+  flashinfer_sparse_mla are SM100/SM120), so the second reference is the same decode run eager: where its
+  two runs part, the step is a tie. With fp8, where the rule breaks against FlashMLA's fp8 kernel, ours
+  must stay with the bf16 reference (flashmla_sparse on a bf16 cache) about as many steps as
+  flashmla_kv does (not significantly fewer), as sparse_e2e.py judges vLLM's. Decode tokens/s of both.
+- check: ours eager, every decode call of ours recomputed in float64 from SGLang's pool and the rows our
+  subclass was handed, and each call's lists against a float64 top-k of the indexer scorer's own inputs
+  (engines/sglang_sparse_check.py; judges/sparse_check.py); where DeepGEMM is not installed the indexer
+  must have scored with mla_backend's functions.
+- selftest: the check with our outputs x settings.SELFTEST_CORRUPTION; it must fail.
+
+Every engine runs with SGLang's dense one-shot prefill off (SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD=0):
+SGLang runs it with FA3 on SM90, which the bundle lacks; prefill stays sparse MLA. At fp8 with 64 or 128
+heads on SM90, mla_backend's ``auto`` hands decode to SGLang's flashmla_kv (route rule 6), so ours runs
+with MLA_BACKEND=xqa there (our kernels). One row per (family, KV dtype, part), printed last; JSON rows in
+``--out``/sglang_sparse.json; exit status 1 if a part fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from functools import partial
+from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # the checkout's integration, after the wheel
+from integration.engines.sglang_decode_check import clear_summary  # noqa: E402
+from integration.engines.sglang_engine import run_isolated  # noqa: E402
+from integration.engines.sglang_sparse_check import plugin_env, read_summary  # noqa: E402
+from integration.judges.sparse_check import judge_sparse_check, judge_sparse_selftest  # noqa: E402
+from integration.judges.tokens import agreement, significantly_fewer_steps, steps_per_prompt  # noqa: E402
+from integration.models.families import Family, pick  # noqa: E402
+from integration.models.prompts import make_sparse_prompts  # noqa: E402
+from integration.models.sglang_checkpoint import save_sglang_checkpoint  # noqa: E402
+from integration.settings import SELFTEST_CORRUPTION  # noqa: E402
+from integration.sglang_e2e import add_row, describe  # noqa: E402
+from mla_backend.route import SPARSE_FLASHMLA_HEADS  # noqa: E402
+
+OURS = "mla_backend"
+REFERENCES = {"auto": "flashmla_sparse", "fp8_e4m3": "flashmla_kv"}  # SGLang's DSA decode per KV dtype
+PARTS = ("tokens", "check", "selftest")
+ENGINE_ENV = {"SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": "0"}  # no FA3 one-shot prefill (docstring)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--families", default="DeepSeek-V3.2,GLM-5", help="sparse zoo families (Name@heads)")
+    parser.add_argument("--kv", default="auto,fp8_e4m3", help=f"KV dtypes among {sorted(REFERENCES)}")
+    parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--out", type=Path, default=Path("results/sglang_sparse"))
+    args = parser.parse_args(argv)
+    args.kv, args.parts = args.kv.split(","), args.parts.split(",")
+    if unknown := [kv for kv in args.kv if kv not in REFERENCES]:
+        parser.error(f"--kv: {unknown} (SGLang's DSA caches: {sorted(REFERENCES)})")
+    if unknown := [part for part in args.parts if part not in PARTS]:
+        parser.error(f"--parts: {unknown} (parts: {PARTS})")
+    return args
+
+
+def plan(args: argparse.Namespace) -> list[tuple[Family, str]]:
+    """The (family, layout) pairs to run; a family that is not sparse stops the run."""
+    chosen = pick(args.families, every_layout=False)
+    dense = sorted({f.name for f, _ in chosen if f.expect != "sparse"})
+    if dense:
+        raise SystemExit(f"{dense} are not sparse: integration/sglang_e2e.py runs them")
+    return chosen
+
+
+def ours_env(heads: int, kv: str) -> dict[str, str]:
+    """Our engines' settings: the bundled kernels where auto would hand decode to SGLang's FlashMLA."""
+    return {"MLA_BACKEND": "xqa"} if kv.startswith("fp8") and heads in SPARSE_FLASHMLA_HEADS else {}
+
+
+class Runs:
+    """One model's engines (run_isolated, sparse), each run at most once: the references are shared by
+    the KV dtypes' parts (the fp8 verdict reads the bf16 reference)."""
+
+    def __init__(self, model: str, prompts: list, heads: int, work: Path, log: Path):
+        self.model, self.prompts, self.heads, self.work, self.log = model, prompts, heads, work, log
+        self.done: dict[tuple, dict] = {}
+
+    def engine(self, decode: str, kv: str, graphs: bool, greedy_only: bool = False, env: dict | None = None):
+        key = (decode, kv, graphs, greedy_only, json.dumps(env, sort_keys=True))
+        if key not in self.done:
+            ours = ours_env(self.heads, kv) if decode == OURS else {}
+            settings = {**ENGINE_ENV, **ours, **(env or {})}
+            self.done[key] = run_isolated(
+                self.model, self.prompts, decode, kv, graphs, self.log, greedy_only, settings, sparse=True
+            )
+        return self.done[key]
+
+    def reference(self, kv: str, graphs: bool = True) -> dict:
+        return self.engine(REFERENCES[kv], kv, graphs, greedy_only=not graphs)
+
+    def checked(self, kv: str, corruption: float) -> tuple[dict | None, str]:
+        """Ours eager with every decode call checked: (the check's summary, note); None where none came."""
+        summary = self.work / f"sparse_check_{kv}_x{corruption}.json"
+        clear_summary(summary)
+        env = plugin_env(self.work / "sparse_check_plugin", corruption, summary, kv)
+        run = self.engine(OURS, kv, False, greedy_only=True, env=env)
+        if "error" in run:
+            return None, run["error"]
+        checked = read_summary(summary)
+        return checked, "" if checked is not None else "no decode call of ours was checked"
+
+
+def scorer_expected() -> str | None:
+    """Whose decode scorer SGLang's indexer must use: mla_backend's where DeepGEMM is not installed."""
+    return "mla_backend" if importlib.util.find_spec("deep_gemm") is None else None
+
+
+def judge_check(summary: dict, selftest: bool) -> tuple[bool, str]:
+    if selftest:
+        return judge_sparse_selftest(summary)
+    ok, note = judge_sparse_check(summary)
+    wanted = scorer_expected()
+    if wanted is not None and summary["indexer_scorer"] != wanted:
+        return False, f"the indexer scored with {summary['indexer_scorer']!r}, not {wanted}'s; {note}"
+    return ok, f"{note}; scorer {summary['indexer_scorer']}"
+
+
+def tokens(runs: Runs, kv: str, row) -> None:
+    """Ours with graphs against SGLang's decode with graphs under the tie rule (its eager run's partings
+    are ties too); with fp8 calibrated on the bf16 reference where the rule breaks."""
+    ref, again = runs.reference(kv), runs.reference(kv, graphs=False)
+    name = REFERENCES[kv]
+    row(f"reference {name}", "ref", describe(ref), decode=name, graphs=True, **ref)
+    row(f"reference {name}, eager", "ref", describe(again), decode=name, graphs=False, **again)
+    ours = runs.engine(OURS, kv, True)
+    if "error" in ours or "error" in ref:
+        row("tokens graphs", "FAIL", ours.get("error") or f"no reference: {ref['error']}", decode=OURS)
+        return
+    repeats = [again["tokens"]] if "error" not in again else []
+    verdict = agreement(ours["tokens"], ref["tokens"], ref["gaps"], *repeats)
+    note = (
+        f"{describe(ours)}; {verdict['identical']}/{len(ours['tokens'])} identical to {name}, divergences "
+        f"(prompt, step, first tie) {verdict['divergent']}"
+    )
+    if not verdict["ok"] and kv.startswith("fp8"):
+        verdict["ok"], more = fp8_calibrated(runs, ours, ref)
+        note += f"; {more}"
+    row("tokens graphs", "PASS" if verdict["ok"] else "FAIL", note, decode=OURS, graphs=True, **ours, verdict=verdict)
+
+
+def fp8_calibrated(runs: Runs, ours: dict, ref: dict) -> tuple[bool, str]:
+    """Where ours breaks the tie rule against FlashMLA's fp8 kernel: ours must stay with the bf16
+    reference not significantly fewer steps than that kernel does."""
+    bf16 = runs.reference("auto")
+    if "error" in bf16:
+        return False, f"no bf16 reference to calibrate on: {bf16['error']}"
+    ours_steps, peer_steps = (steps_per_prompt(r["tokens"], bf16["tokens"]) for r in (ours, ref))
+    ok = not significantly_fewer_steps(ours_steps, peer_steps)
+    steps = f"ours {sum(ours_steps)}, {REFERENCES['fp8_e4m3']} {sum(peer_steps)}"
+    return ok, f"steps with the bf16 {REFERENCES['auto']}: {steps}"
+
+
+def run_family(family: Family, layout: str, args: argparse.Namespace, rows: list) -> None:
+    heads = family.heads[layout]
+    name = f"{family.published}_h{heads}"
+    model = save_sglang_checkpoint(family, args.out / "models" / name, layout)
+    prompts = make_sparse_prompts(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
+    work = args.out / name
+    work.mkdir(parents=True, exist_ok=True)
+    runs = Runs(str(model), prompts, heads, work, args.out / "engines.log")
+    label = f"{family.name} {layout} ({heads} heads)"
+    for kv in args.kv:
+        row = partial(add_row, rows, label, kv)
+        if ours_env(heads, kv):
+            row("route", "ref", "our kernels forced (MLA_BACKEND=xqa): auto hands this layout to SGLang's flashmla_kv")
+        for part, corruption in (("check", 1.0), ("selftest", SELFTEST_CORRUPTION)):
+            if part not in args.parts:
+                continue
+            summary, why = runs.checked(kv, corruption)
+            title = part if part == "check" else f"selftest x{corruption}"
+            if summary is None:
+                row(title, "FAIL", why)
+                continue
+            ok, note = judge_check(summary, selftest=part == "selftest")
+            row(title, "PASS" if ok else "FAIL", note, check=summary)
+        if "tokens" in args.parts:
+            tokens(runs, kv, row)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    summary = args.out / "sglang_sparse.json"
+    for family, layout in plan(args):
+        run_family(family, layout, args, rows)
+        summary.write_text(json.dumps(rows, indent=1))  # a run cut at its time limit keeps the families done
+    summary.write_text(json.dumps(rows, indent=1))
+    print(f"\n{len(rows)} rows ({summary}):")
+    for r in rows:
+        print(f"{r['status']:9} {r['model']:44} {r['kv']:9} {r['part']:26} {r['note'][:200]}")
+    return 1 if any(r["status"] == "FAIL" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
