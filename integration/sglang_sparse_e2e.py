@@ -25,9 +25,8 @@ chooses in prefill and decode, and shorter):
 - selftest: the check with our outputs x settings.SELFTEST_CORRUPTION; it must fail.
 
 Every engine runs with SGLang's dense one-shot prefill off (SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD=0):
-SGLang runs it with FA3 on SM90, which the bundle lacks; prefill stays sparse MLA. At fp8 with 64 or 128
-heads on SM90, mla_backend's ``auto`` hands decode to SGLang's flashmla_kv (route rule 6), so ours runs
-with MLA_BACKEND=xqa there (our kernels). One row per (family, KV dtype, part), printed last; JSON rows in
+SGLang runs it with FA3 on SM90, which the bundle lacks; prefill stays sparse MLA. One row per (family,
+KV dtype, part), printed last; JSON rows in
 ``--out``/sglang_sparse.json; exit status 1 if a part fails.
 """
 
@@ -51,7 +50,6 @@ from integration.models.prompts import make_sparse_prompts  # noqa: E402
 from integration.models.sglang_checkpoint import save_sglang_checkpoint  # noqa: E402
 from integration.settings import SELFTEST_CORRUPTION  # noqa: E402
 from integration.sglang_e2e import add_row, describe  # noqa: E402
-from mla_backend.route import SPARSE_FLASHMLA_HEADS  # noqa: E402
 
 OURS = "mla_backend"
 REFERENCES = {"auto": "flashmla_sparse", "fp8_e4m3": "flashmla_kv"}  # SGLang's DSA decode per KV dtype
@@ -83,11 +81,6 @@ def plan(args: argparse.Namespace) -> list[tuple[Family, str]]:
     return chosen
 
 
-def ours_env(heads: int, kv: str) -> dict[str, str]:
-    """Our engines' settings: the bundled kernels where auto would hand decode to SGLang's FlashMLA."""
-    return {"MLA_BACKEND": "xqa"} if kv.startswith("fp8") and heads in SPARSE_FLASHMLA_HEADS else {}
-
-
 class Runs:
     """One model's engines (run_isolated, sparse), each run at most once: the references are shared by
     the KV dtypes' parts (the fp8 verdict reads the bf16 reference)."""
@@ -99,8 +92,7 @@ class Runs:
     def engine(self, decode: str, kv: str, graphs: bool, greedy_only: bool = False, env: dict | None = None):
         key = (decode, kv, graphs, greedy_only, json.dumps(env, sort_keys=True))
         if key not in self.done:
-            ours = ours_env(self.heads, kv) if decode == OURS else {}
-            settings = {**ENGINE_ENV, **ours, **(env or {})}
+            settings = {**ENGINE_ENV, **(env or {})}
             self.done[key] = run_isolated(
                 self.model, self.prompts, decode, kv, graphs, self.log, greedy_only, settings, sparse=True
             )
@@ -182,8 +174,6 @@ def run_family(family: Family, layout: str, args: argparse.Namespace, rows: list
     label = f"{family.name} {layout} ({heads} heads)"
     for kv in args.kv:
         row = partial(add_row, rows, label, kv)
-        if ours_env(heads, kv):
-            row("route", "ref", "our kernels forced (MLA_BACKEND=xqa): auto hands this layout to SGLang's flashmla_kv")
         for part, corruption in (("check", 1.0), ("selftest", SELFTEST_CORRUPTION)):
             if part not in args.parts:
                 continue

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from mla_backend.config import BackendUnavailableError
 from mla_backend.sglang import NAME, dsa, register
 
 # CI runs them in its SGLang venvs (-m sglang); elsewhere skipped rather than failing on SGLang's imports.
@@ -233,15 +234,13 @@ def test_glm_on_sm12x_with_fp8_is_checked_on_its_prefill_side_while_the_decode_i
     assert getattr(module, dsa.SM120_CHECK) is check
 
 
-@pytest.mark.parametrize(
-    "capability, heads, fp8, offered, handed",
-    [((9, 0), 64, True, True, True), ((9, 0), 16, True, True, False), ((9, 0), 64, False, True, False),
-     ((9, 0), 128, True, False, False), ((12, 0), 64, True, True, False)],
-)  # fmt: skip
-def test_sm90_fp8_at_64_and_128_heads_goes_to_sglang_s_flashmla(monkeypatch, capability, heads, fp8, offered, handed):
-    """Route rule 6 as for vLLM: SGLang's flashmla_kv where FlashMLA's sparse decode is measured faster."""
-    monkeypatch.setattr(dsa, "flashmla_offered", lambda: (offered, None if offered else "no sgl_kernel"))
-    backend = SimpleNamespace(device_capability=capability, num_q_heads=heads, dsa_kv_cache_store_fp8=fp8)
-    backend.dsa_decode_impl = NAME
-    assert dsa.handed_to_flashmla(backend, dsa.MLABackendConfig()) is handed
-    assert backend.dsa_decode_impl == ("flashmla_kv" if handed else NAME)
+@pytest.mark.parametrize("capability", [(8, 9), (9, 0), (12, 0)])
+def test_the_route_is_the_bundled_kernels_on_every_served_gpu(capability):
+    """Route rule 6 for SGLang: our kernels wherever they are built (SM90 and fp8 pools included)."""
+    route = dsa.announce_route(SimpleNamespace(device_capability=capability), dsa.MLABackendConfig())
+    assert route.kernel == "bundled" and route.arch is not None
+
+
+def test_a_gpu_the_kernels_are_not_built_for_stops_start_up_with_the_served_list():
+    with pytest.raises(BackendUnavailableError, match="needs compute capability"):
+        dsa.announce_route(SimpleNamespace(device_capability=(8, 0)), dsa.MLABackendConfig())

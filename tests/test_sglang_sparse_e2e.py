@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -59,27 +58,6 @@ def test_unknown_kv_dtypes_and_parts_are_errors(argv, capsys):
 def test_a_dense_family_is_sglang_e2e_s():
     with pytest.raises(SystemExit, match="sglang_e2e.py"):
         planned("--families", "GLM-5,GLM-4.7-Flash")
-
-
-@pytest.mark.parametrize("heads", [8, 16, 64, 128])
-@pytest.mark.parametrize("kv", ["auto", "fp8_e4m3"])
-def test_ours_runs_our_kernels_exactly_where_auto_would_hand_decode_to_sglang_s_flashmla(heads, kv, monkeypatch):
-    """The route (mla_backend/sglang/dsa.py, rule 6) decides on SM90 with FlashMLA offered; where it would
-    hand the layout to flashmla_kv, our engines get the setting under which it does not."""
-    from mla_backend.sglang import dsa
-
-    def handed(env: dict) -> bool:
-        for name in ("MLA_BACKEND",):
-            monkeypatch.delenv(name, raising=False)
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
-        backend = SimpleNamespace(device_capability=(9, 0), num_q_heads=heads, dsa_kv_cache_store_fp8=kv != "auto")
-        monkeypatch.setattr(dsa, "flashmla_offered", lambda: (True, None))
-        return dsa.handed_to_flashmla(backend, dsa.MLABackendConfig.from_sources())
-
-    forced = e2e.ours_env(heads, kv)
-    assert bool(forced) == handed({})
-    assert not handed(forced)
 
 
 # -- the recorder and the judges on a real call ------------------------------------------------------------

@@ -27,7 +27,7 @@ import typing
 import torch
 
 from ..config import MLABackendConfig
-from ..route import sparse_route
+from ..route import Route, sparse_route
 from ..sparse import sparse_mla_decode
 from . import NAME
 
@@ -35,7 +35,6 @@ logger = logging.getLogger("mla_backend")
 
 DSA_MODULE = "sglang.srt.layers.attention.dsa_backend"
 SM120_MODULE, SM120_CHECK = "sglang.kernels.ops.attention.flash_mla_sm120", "_validate_flashinfer_sparse_mla_backend"
-SGLANG_FLASHMLA = "flashmla_kv"  # SGLang's FlashMLA sparse decode over its fp8 pool
 CLASS_NAME = "DeepseekSparseAttnBackend"
 WORKSPACE_BYTES = 64 << 20  # split partials; the split plan fits what it gets
 LATENT, ROPE = 512, 64
@@ -113,8 +112,7 @@ def make_subclass(base: type, module) -> type:
             if self.mla_serves:
                 refuse_unserved(self, model_runner)
                 self.mla_config = MLABackendConfig.from_sources()
-                self.mla_serves = not handed_to_flashmla(self, self.mla_config)
-            if self.mla_serves:
+                announce_route(self, self.mla_config)
                 self.mla_workspace = shared_workspace(torch.device(model_runner.device))
 
         def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, q_rope=None, k_rope=None,
@@ -238,26 +236,11 @@ def glm_sm12x_check_of_the_prefill_side():
         setattr(module, SM120_CHECK, check)
 
 
-def handed_to_flashmla(backend, config: MLABackendConfig) -> bool:
-    """Route rule 6 for SGLang: on SM90 under ``auto``, an fp8 pool at the head counts FlashMLA's sparse
-    decode is measured faster at goes to SGLang's own ``flashmla_kv`` (decided before SGLang reads the
-    sub-backend for its metadata). True where it did."""
-    capability = config.capability(tuple(backend.device_capability))
-    route = sparse_route(config, capability, backend.num_q_heads, backend.dsa_kv_cache_store_fp8, flashmla_offered())
+def announce_route(backend, config: MLABackendConfig) -> Route:
+    """Route rule 6 for SGLang's DSA decode: the bundled kernels (logged), or a start-up error saying why not."""
+    route = sparse_route(config, config.capability(tuple(backend.device_capability)))
     logger.info("mla_backend: SGLang DSA decode route: %s", route.describe())
-    if route.kernel != "flashmla":
-        return False
-    backend.dsa_decode_impl = SGLANG_FLASHMLA
-    return True
-
-
-def flashmla_offered() -> tuple[bool, str | None]:
-    """Whether SGLang's kernel package has FlashMLA's sparse decode (its flashmla_kv sub-backend's)."""
-    try:
-        from sgl_kernel.flash_mla import flash_mla_with_kvcache  # noqa: F401
-    except ImportError as err:
-        return False, f"sgl_kernel.flash_mla is not importable ({err})"
-    return True, None
+    return route
 
 
 @functools.cache
