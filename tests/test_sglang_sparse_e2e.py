@@ -172,7 +172,8 @@ def fake_engines(monkeypatch, check_out_scale=1.0, fp8_tokens=None):
         tokens = [[7, 8, 9, 10]] * len(prompts)
         if fp8_tokens is not None and decode == e2e.OURS and kv == "fp8_e4m3":
             tokens = fp8_tokens
-        return {"tokens": tokens, "gaps": [[1.0] * 4] * len(prompts), "tokens_per_s": 1e3}
+        greedy = {"tokens": tokens, "gaps": [[1.0] * 4] * len(prompts)}
+        return greedy if greedy_only else {**greedy, "tokens_per_s": 1e3}  # as sglang_engine.run_engine
 
     monkeypatch.setattr(e2e, "run_isolated", run_isolated)
     monkeypatch.setattr(e2e, "save_sglang_checkpoint", fake_checkpoint)
@@ -206,6 +207,7 @@ def test_the_runner_gives_a_row_per_family_kv_and_part_and_keeps_the_json(monkey
     )
     assert len(runs) == 2 * 2 * 5
     assert "scorer mla_backend" in next(r["note"] for r in rows if r["part"] == "check")
+    assert next(r["note"] for r in rows if r["part"].endswith(", eager")) == "greedy tokens only"
     assert f"{len(rows)} rows" in capsys.readouterr().out
 
 
