@@ -182,10 +182,7 @@ def engine_layout(args: argparse.Namespace, page_size: int = 1) -> dict | None:
 
 
 def describe(run: dict) -> str:
-    """A run's note: its error, its decode tokens/s, or that it ran the greedy prompts alone."""
-    if "error" in run:
-        return run["error"]
-    return f"{run['tokens_per_s']:.0f} decode tok/s" if "tokens_per_s" in run else "greedy tokens only"
+    return run.get("error") or f"{run['tokens_per_s']:.0f} decode tok/s"
 
 
 def tokens(

@@ -154,14 +154,18 @@ def test_the_summary_file_is_the_scheduler_s_and_two_are_a_problem(tmp_path):
 # -- the runner with its engines stood in ------------------------------------------------------------------
 
 
-def fake_engines(monkeypatch, check_out_scale=1.0, fp8_tokens=None):
-    """Every engine returns the same greedy tokens (``fp8_tokens`` for ours with fp8 where given); a
-    checked engine's scheduler writes the recorder's summary of a real call, its output scaled by
-    ``check_out_scale`` and the run's corruption."""
+def fake_engines(monkeypatch, check_out_scale=1.0, fp8_tokens=None, bf16_tokens=None, alone_tokens=None):
+    """Every engine returns the same greedy tokens (``fp8_tokens``/``bf16_tokens`` for ours with that
+    cache where given; a reference's prompts alone ``alone_tokens`` where given); a checked engine's
+    scheduler writes the recorder's summary of a real call, its output scaled by ``check_out_scale`` and
+    the run's corruption."""
     runs: list = []
 
-    def run_isolated(model, prompts, decode, kv, graphs, log, greedy_only=False, env=None, sparse=False):
+    def run_isolated(
+        model, prompts, decode, kv, graphs, log, greedy_only=False, env=None, sparse=False, also_alone=False
+    ):
         assert sparse and env["SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD"] == "0"
+        assert also_alone == (decode in e2e.REFERENCES.values())  # each reference also runs its prompts alone
         runs.append((decode, kv, graphs, env.get("MLA_BACKEND")))
         if sglang_sparse_check.ENV in env:
             settings = json.loads(env[sglang_sparse_check.ENV])
@@ -170,9 +174,12 @@ def fake_engines(monkeypatch, check_out_scale=1.0, fp8_tokens=None):
             summary["indexer_scorer"] = "mla_backend"
             process_summary(Path(settings["summary"]), 4000).write_text(json.dumps(summary))
         tokens = [[7, 8, 9, 10]] * len(prompts)
-        if fp8_tokens is not None and decode == e2e.OURS and kv == "fp8_e4m3":
-            tokens = fp8_tokens
+        ours_tokens = {"fp8_e4m3": fp8_tokens, "auto": bf16_tokens}[kv]
+        if ours_tokens is not None and decode == e2e.OURS:
+            tokens = ours_tokens
         greedy = {"tokens": tokens, "gaps": [[1.0] * 4] * len(prompts)}
+        if also_alone:
+            greedy["alone_tokens"] = alone_tokens or tokens
         return greedy if greedy_only else {**greedy, "tokens_per_s": 1e3}  # as sglang_engine.run_engine
 
     monkeypatch.setattr(e2e, "run_isolated", run_isolated)
@@ -196,18 +203,14 @@ def test_the_runner_gives_a_row_per_family_kv_and_part_and_keeps_the_json(monkey
     parts = ["check", "selftest x1.05", "tokens graphs"]
     assert ours == [(m, kv, p, "PASS") for m in models for kv in ("auto", "fp8_e4m3") for p in parts]
     refs = {(r["kv"], r["part"]) for r in rows if r["status"] == "ref"}
-    assert refs == {
-        (kv, f"reference {e2e.REFERENCES[kv]}{eager}") for kv in e2e.REFERENCES for eager in ("", ", eager")
-    }
-    # per model and cache: ours checked twice (eager) and with graphs, the reference with graphs and eager
-    assert sorted(runs[:5]) == sorted(
+    assert refs == {(kv, f"reference {e2e.REFERENCES[kv]}") for kv in e2e.REFERENCES}
+    # per model and cache: ours checked twice (eager) and with graphs, the reference with graphs
+    assert sorted(runs[:4]) == sorted(
         [("mla_backend", "auto", False, None)] * 2
-        + [("flashmla_sparse", "auto", True, None), ("flashmla_sparse", "auto", False, None)]
-        + [("mla_backend", "auto", True, None)]
+        + [("flashmla_sparse", "auto", True, None), ("mla_backend", "auto", True, None)]
     )
-    assert len(runs) == 2 * 2 * 5
+    assert len(runs) == 2 * 2 * 4
     assert "scorer mla_backend" in next(r["note"] for r in rows if r["part"] == "check")
-    assert next(r["note"] for r in rows if r["part"].endswith(", eager")) == "greedy tokens only"
     assert f"{len(rows)} rows" in capsys.readouterr().out
 
 
@@ -236,6 +239,45 @@ def test_fp8_tokens_off_the_rule_pass_only_staying_with_the_bf16_reference_as_lo
     assert e2e.main(argv) == 1  # flashmla_kv stays all four steps, ours three
     rows = [r for r in json.loads((tmp_path / "sglang_sparse.json").read_text()) if r["status"] != "ref"]
     assert "ours 12, flashmla_kv 16" in rows[0]["note"]
+
+
+def test_where_the_reference_s_lone_run_parts_from_its_batch_is_a_tie(monkeypatch, tmp_path):
+    """Ours parting from the reference at step 1 (gaps all wide) fails, unless the reference's own run
+    of that prompt alone parts there too (its indexer picked by the batch's rounding)."""
+    argv = ["--families", "GLM-5", "--kv", "auto", "--parts", "tokens", "--out", str(tmp_path)]
+    ours = [[7, 5, 5, 5]] + [[7, 8, 9, 10]] * 3
+    fake_engines(monkeypatch, bf16_tokens=ours)
+    assert e2e.main(argv) == 1
+    fake_engines(monkeypatch, bf16_tokens=ours, alone_tokens=[[7, 6, 6, 6]] + [[7, 8, 9, 10]] * 3)
+    assert e2e.main(argv) == 0
+    fake_engines(monkeypatch, bf16_tokens=ours, alone_tokens=[[7, 8, 9, 10]] * 3 + [[7, 6, 6, 6]])
+    assert e2e.main(argv) == 1  # a tie on another prompt does not excuse this one
+
+
+def test_the_engine_script_runs_each_prompt_alone_after_the_batch(tmp_path):
+    """run_engine with ``also_alone``: the batch's tokens, then each prompt in a generate call of its own."""
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / "__init__.py").write_text(
+        "class Engine:\n"
+        "    def __init__(self, **settings): pass\n"
+        "    def shutdown(self): pass\n"
+        "    def generate(self, input_ids, sampling_params, **kwargs):\n"
+        "        step = {'output_top_logprobs': [[(-0.1, 1), (-2.0, 2)]] * 2}\n"
+        "        return [{'output_ids': [len(input_ids), p[0]], 'meta_info': step} for p in input_ids]\n"
+    )
+    spec = {"model": "m", "prompts": [[11], [12]], "decode": "flashmla_sparse", "kv": "auto", "graphs": True}
+    done = subprocess.run(
+        [sys.executable, sglang_engine.__file__],
+        input=json.dumps({**spec, "greedy_only": True, "sparse": True, "also_alone": True}),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert done.returncode == 0, done.stderr[-800:]
+    run = json.loads(done.stdout.splitlines()[-1])
+    assert run["tokens"] == [[2, 11], [2, 12]] and run["alone_tokens"] == [[1, 11], [1, 12]]
+    assert run["gaps"] == [[1.9, 1.9]] * 2
 
 
 def test_the_engine_script_starts_a_sparse_engine_on_sglang_s_dsa_backend(tmp_path):

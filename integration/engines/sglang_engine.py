@@ -41,10 +41,13 @@ def run_engine(
     greedy_only: bool = False,
     engine_args: dict | None = None,
     sparse: bool = False,
+    also_alone: bool = False,
 ) -> dict:
     """One engine (this process): greedy tokens with top-2 logprobs, then decode tokens/s.
     ``engine_args``: further sglang.Engine arguments (a refused family's ``load_format``, a page size:
-    without one the engine runs SGLang's default page of 1). ``sparse``: a DSA model (sparse_settings)."""
+    without one the engine runs SGLang's default page of 1). ``sparse``: a DSA model (sparse_settings).
+    ``also_alone``: then each prompt again in a batch of its own (``alone_tokens``): where the two part,
+    the engine's own tokens hang on the batch's rounding (a tie for the tie rule)."""
     import sglang
     import torch
 
@@ -55,8 +58,12 @@ def run_engine(
         outs = engine.generate(input_ids=prompts, sampling_params=greedy, return_logprob=True, top_logprobs_num=2)
         tokens = [o["output_ids"] for o in outs]
         gaps = [[step[0][0] - step[1][0] for step in o["meta_info"]["output_top_logprobs"]] for o in outs]
+        greedy_run = {"tokens": tokens, "gaps": gaps}
+        if also_alone:
+            alone = [engine.generate(input_ids=[p], sampling_params=greedy)[0] for p in prompts]
+            greedy_run["alone_tokens"] = [o["output_ids"] for o in alone]
         if greedy_only:
-            return {"tokens": tokens, "gaps": gaps}
+            return greedy_run
         gen = torch.Generator().manual_seed(7)
         batch = [
             torch.randint(0, 2048, (THROUGHPUT["context"],), generator=gen).tolist() for _ in range(THROUGHPUT["batch"])
@@ -64,7 +71,7 @@ def run_engine(
         rate = decode_throughput(engine, batch, THROUGHPUT["new_tokens"])
     finally:
         engine.shutdown()
-    return {"tokens": tokens, "gaps": gaps, "tokens_per_s": rate}
+    return {**greedy_run, "tokens_per_s": rate}
 
 
 def engine_settings(model: str, decode: str, kv: str, graphs: bool) -> dict:
@@ -159,12 +166,14 @@ def run_isolated(
     env: dict | None = None,
     engine_args: dict | None = None,
     sparse: bool = False,
+    also_alone: bool = False,
 ) -> dict:
     """run_engine in a process of its own, its stderr appended to ``log``; {"error": ...} where it failed.
     ``engine_args``: further sglang.Engine arguments (a parallel layout); ``sparse``: a DSA model, served
-    by SGLang's dsa backend with ``decode`` its decode sub-backend, without the DeepGEMM stand-in."""
+    by SGLang's dsa backend with ``decode`` its decode sub-backend, without the DeepGEMM stand-in;
+    ``also_alone``: run_engine's."""
     spec = {"model": model, "prompts": prompts, "decode": decode, "kv": kv, "graphs": graphs}
-    spec |= {"engine_args": engine_args, "sparse": sparse}
+    spec |= {"engine_args": engine_args, "sparse": sparse, "also_alone": also_alone}
     packages = SPARSE_STAND_IN_PACKAGES if sparse else STAND_IN_PACKAGES
     with open(log, "a") as sink:
         done = subprocess.run(
@@ -250,5 +259,6 @@ if __name__ == "__main__":
         spec["greedy_only"],
         spec.get("engine_args"),
         spec.get("sparse", False),
+        spec.get("also_alone", False),
     )
     print(json.dumps(run), flush=True)
