@@ -6,7 +6,9 @@ from __future__ import annotations
 import torch
 
 from integration.judges.sparse_check import (
+    TIE_RELATIVE,
     SparseCall,
+    boundary_near_ties,
     check_sparse_call,
     indexer_logits64,
     paged_index_keys,
@@ -79,6 +81,22 @@ def test_indexer_logits_and_the_top_k_judge():
     assert topk_problems(short, logits, [3], k) == []  # a row shorter than k keeps all of it
 
 
+def test_boundary_near_ties_counts_rows_whose_k_th_and_next_scores_lie_within_a_tie():
+    """Of the rows longer than k, those whose k-th best and next best logits are within TIE_RELATIVE of
+    the row's largest |logit|; a row that keeps all of its keys selects nothing."""
+    k = 3
+    logits = torch.tensor(
+        [
+            [10.0, 9.0, 8.0, 8.0 - TIE_RELATIVE * 5, 1.0],  # the 4th within a tie of the 3rd
+            [10.0, 9.0, 8.0, 8.0 - TIE_RELATIVE * 20, 1.0],  # a clear choice
+            [10.0, 10.0, 10.0, 10.0, 10.0],  # every key tied, but the row keeps all 3 it has
+        ],
+        dtype=torch.float64,
+    )
+    assert boundary_near_ties(logits, [5, 5, 3], k) == (2, 1)
+    assert boundary_near_ties(logits, [5, 5, 5], k) == (3, 2)
+
+
 def checker_with(calls: dict, checks: list[dict], topk_checks: list[dict]):
     from integration.engines.vllm_sparse_checker import SparseChecker
 
@@ -90,6 +108,7 @@ def checker_with(calls: dict, checks: list[dict], topk_checks: list[dict]):
 
 
 GOOD_CALL = {"kind": "mixed", "tokens": 700, "rows": 2800, "out_error": 3e-3, "lse_ok": True}
+GOOD_TOPK = {"rows": 4, "problems": [], "selecting": 2, "ties": 1}
 
 
 def test_a_graph_captured_run_s_summary_needs_no_eager_decode_step_but_an_eager_one_does():
@@ -102,7 +121,7 @@ def test_a_graph_captured_run_s_summary_needs_no_eager_decode_step_but_an_eager_
     assert judge_sparse_check(graphs)[0] and not judge_sparse_selftest(graphs)[0]
     eager_unjudged = checker_with({"mixed": 1, "decode": 5}, [GOOD_CALL], []).summary()
     assert not judge_sparse_check(eager_unjudged)[0]
-    judged = checker_with({"mixed": 1, "decode": 5}, [GOOD_CALL], [{"rows": 4, "problems": []}]).summary()
+    judged = checker_with({"mixed": 1, "decode": 5}, [GOOD_CALL], [GOOD_TOPK]).summary()
     assert judge_sparse_check(judged)[0]
     assert not checker_with({}, [], []).summary()["ok"]
     corrupt = checker_with({"mixed": 1}, [{**GOOD_CALL, "out_error": 5e-2}], []).summary()
@@ -117,7 +136,7 @@ def test_the_ranks_sparse_summaries_merge_into_one(tmp_path):
     from integration.engines.vllm_worker_check import merged_summary
     from integration.judges.sparse_check import judge_sparse_check
 
-    good = checker_with({"mixed": 2, "decode": 3}, [GOOD_CALL], [{"rows": 4, "problems": []}]).summary()
+    good = checker_with({"mixed": 2, "decode": 3}, [GOOD_CALL], [GOOD_TOPK]).summary()
     bad = checker_with({"mixed": 1}, [{**GOOD_CALL, "out_error": 9e-3}], []).summary()
     (tmp_path / "rank0.json").write_text(json.dumps(good))
     assert judge_sparse_check(merged_summary(tmp_path))[0]
@@ -125,6 +144,7 @@ def test_the_ranks_sparse_summaries_merge_into_one(tmp_path):
     merged = merged_summary(tmp_path)
     assert merged["ranks"] == 2 and merged["calls"] == {"mixed": 3, "decode": 3}
     assert merged["worst_row_error"] == 9e-3 and merged["checked_rows"] == 5600
+    assert (merged["topk_selecting_rows"], merged["topk_boundary_ties"]) == (2, 1)
     assert not judge_sparse_check(merged)[0]
 
 

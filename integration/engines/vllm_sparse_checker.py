@@ -20,6 +20,7 @@ import torch
 
 from integration.judges.sparse_check import (
     SparseCall,
+    boundary_near_ties,
     check_sparse_call,
     indexer_logits64,
     paged_index_keys,
@@ -138,7 +139,8 @@ class SparseChecker:
         if kind == "decode" and len(scored) == 1 and scored[0][0].shape[0] == tokens:
             logits, lengths = scored[0]
             problems = topk_problems(topk, logits, lengths, topk.shape[1])
-            self.topk_checks.append({"rows": tokens, "problems": problems[:3]})
+            selecting, ties = boundary_near_ties(logits, lengths, topk.shape[1])
+            self.topk_checks.append({"rows": tokens, "problems": problems[:3], "selecting": selecting, "ties": ties})
         if sum(self.calls.values()) > self.max_calls and kind == "decode":
             return  # every mixed call is checked (few); decode calls up to max_calls
         call = SparseCall(
@@ -179,6 +181,8 @@ class SparseChecker:
             "tolerance": tolerance,
             "indexer_scorer": self.scorer,
             "topk_checked_rows": sum(c["rows"] for c in self.topk_checks),
+            "topk_selecting_rows": sum(c["selecting"] for c in self.topk_checks),
+            "topk_boundary_ties": sum(c["ties"] for c in self.topk_checks),
             "topk_failures": [c["problems"] for c in topk_bad][:3],
             "problems": sorted(self.problems),
         }

@@ -121,7 +121,14 @@ def merged_sparse_summary(parts: list[dict]) -> dict:
     error kept."""
     calls = sum((Counter(p["calls"]) for p in parts), Counter())
     errors = [p["worst_row_error"] for p in parts if p["worst_row_error"] is not None]
-    added = ("checked_calls", "checked_rows", "mixed_calls_checked", "topk_checked_rows")
+    added = (
+        "checked_calls",
+        "checked_rows",
+        "mixed_calls_checked",
+        "topk_checked_rows",
+        "topk_selecting_rows",
+        "topk_boundary_ties",
+    )
     return {
         "ranks": len(parts),
         "ok": bool(parts) and all(p["ok"] for p in parts),

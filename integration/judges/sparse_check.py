@@ -143,6 +143,22 @@ def topk_problems(chosen: torch.Tensor, logits: torch.Tensor, lengths: list[int]
     return problems
 
 
+def boundary_near_ties(logits: torch.Tensor, lengths: list[int], k: int) -> tuple[int, int]:
+    """(rows that select, being longer than k; of them, rows whose k-th and next-best logits lie within a
+    tie's width). There the indexer's choice rests on rounding: a run whose upstream layers round a
+    little differently (another batch, another attention kernel) may keep a key this run dropped, and in
+    a peaked row one key can carry much of the attention."""
+    selecting = ties = 0
+    for row, length in enumerate(lengths):
+        if length <= k:
+            continue
+        scores = logits[row, :length]
+        top = torch.topk(scores, k + 1).values
+        selecting += 1
+        ties += int(top[-2] - top[-1] <= TIE_RELATIVE * scores.abs().max())
+    return selecting, ties
+
+
 def judge_sparse_check(summary: dict) -> tuple[bool, str]:
     """The sparse calls a run checked in float64: some rows checked, every one within the tolerance,
     the indexer's lists of every judged decode step a top-k, no checker problem."""
@@ -150,7 +166,9 @@ def judge_sparse_check(summary: dict) -> tuple[bool, str]:
     note = (
         f"sparse calls max rel err {'-' if worst is None else f'{worst:.1e}'} (tol {summary['tolerance']:.0e}; "
         f"{summary['checked_calls']} calls, {summary['mixed_calls_checked']} mixed, {summary['checked_rows']} rows); "
-        f"indexer top-k {summary['topk_checked_rows']} rows, failures {summary['topk_failures']}; "
+        f"indexer top-k {summary['topk_checked_rows']} rows, failures {summary['topk_failures']}, "
+        f"near-ties at the k-th {summary['topk_boundary_ties']} of {summary['topk_selecting_rows']} rows "
+        "that select; "
         f"problems {summary['problems']}"
     )
     return bool(summary["ok"]), note
