@@ -47,6 +47,7 @@ from integration.engines.sglang_decode_check import clear_summary, plugin_env, r
 from integration.engines.sglang_engine import run_isolated, start_refused  # noqa: E402
 from integration.engines.sglang_quantized_query import plugin_env as quantized_query_env  # noqa: E402
 from integration.judges.decode_verdict import judge_sglang_check  # noqa: E402
+from integration.judges.engine_rows import add_row, describe, report  # noqa: E402
 from integration.judges.sglang_refusal import judge_refusal  # noqa: E402
 from integration.judges.tokens import agreement, calibrated_agreement  # noqa: E402
 from integration.models.families import FAMILIES, Family  # noqa: E402
@@ -111,12 +112,6 @@ def plan(args: argparse.Namespace) -> tuple[list[tuple[Family, str]], list[Famil
     return [(f, layout) for f, layout in chosen if f.expect == "bundled"], refused
 
 
-def add_row(rows: list, model: str, kv: str, part: str, status: str, note: str, **details) -> None:
-    """One row of the table (PASS, FAIL, UNREACHED, or ref for a reference's run), printed as it comes."""
-    rows.append({"model": model, "kv": kv, "part": part, "status": status, "note": note, **details})
-    print(f"{status:9} {model:44} {kv:9} {part:26} {note}", flush=True)
-
-
 def run_checked(
     model: str, prompts: list, kv: str, corruption: float, work: Path, log: Path, layout_args: dict | None = None
 ) -> tuple[bool | None, str]:
@@ -179,10 +174,6 @@ def engine_layout(args: argparse.Namespace, page_size: int = 1) -> dict | None:
     """The further sglang.Engine arguments every engine of the run at ``page_size`` takes (None: none)."""
     layout = {**(parallel_args(args.dp_attention) or {}), **(speculative_args(args.spec_tokens) or {})}
     return {**layout, **page_args(page_size)} or None
-
-
-def describe(run: dict) -> str:
-    return run.get("error") or f"{run['tokens_per_s']:.0f} decode tok/s"
 
 
 def tokens(
@@ -301,11 +292,7 @@ def main() -> int:
             str(model), f"{family.name} {layout} ({family.heads[layout]} heads)", args, args.out / name, log, rows
         )
         summary.write_text(json.dumps(rows, indent=1))  # a run cut at its time limit keeps the families done
-    summary.write_text(json.dumps(rows, indent=1))
-    print(f"\n{len(rows)} rows ({summary}):")
-    for r in rows:
-        print(f"{r['status']:9} {r['model']:44} {r['kv']:9} {r['part']:26} {r['note'][:160]}")
-    return 1 if any(r["status"] == "FAIL" for r in rows) else 0
+    return report(rows, summary)
 
 
 if __name__ == "__main__":

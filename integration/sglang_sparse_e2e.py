@@ -45,13 +45,13 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # the checkout's inte
 from integration.engines.sglang_decode_check import clear_summary  # noqa: E402
 from integration.engines.sglang_engine import run_isolated  # noqa: E402
 from integration.engines.sglang_sparse_check import plugin_env, read_summary  # noqa: E402
+from integration.judges.engine_rows import add_row, describe, report  # noqa: E402
 from integration.judges.sparse_check import judge_sparse_check, judge_sparse_selftest  # noqa: E402
 from integration.judges.tokens import agreement, significantly_fewer_steps, steps_per_prompt  # noqa: E402
 from integration.models.families import Family, pick  # noqa: E402
 from integration.models.prompts import make_sparse_prompts  # noqa: E402
 from integration.models.sglang_checkpoint import save_sglang_checkpoint  # noqa: E402
 from integration.settings import SELFTEST_CORRUPTION  # noqa: E402
-from integration.sglang_e2e import add_row, describe  # noqa: E402
 
 OURS = "mla_backend"
 REFERENCES = {"auto": "flashmla_sparse", "fp8_e4m3": "flashmla_kv"}  # SGLang's DSA decode per KV dtype
@@ -200,11 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     for family, layout in plan(args):
         run_family(family, layout, args, rows)
         summary.write_text(json.dumps(rows, indent=1))  # a run cut at its time limit keeps the families done
-    summary.write_text(json.dumps(rows, indent=1))
-    print(f"\n{len(rows)} rows ({summary}):")
-    for r in rows:
-        print(f"{r['status']:9} {r['model']:44} {r['kv']:9} {r['part']:26} {r['note'][:200]}")
-    return 1 if any(r["status"] == "FAIL" for r in rows) else 0
+    return report(rows, summary, note_width=200)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ CHECKS = [
     "fault_check",
     "sglang_fault_check",
     "sparse_e2e",
+    "sglang_sparse_e2e",
 ]
 
 

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from sglang_fakes import keep_indexer_modules
 
 from mla_backend.config import BackendUnavailableError
 from mla_backend.sglang import NAME, dsa, register
@@ -199,13 +200,7 @@ def test_the_indexer_scores_with_mla_backend_where_deep_gemm_is_missing(monkeypa
     monkeypatch.setattr(importlib.util, "find_spec", without_deep_gemm)
     resolvers = importlib.import_module(dsa.RESOLVERS_MODULE)
     touched = [resolvers, importlib.import_module(dsa.INDEXER_MODULE), importlib.import_module(dsa.DSA_MODULE)]
-    for module in touched:  # undone after the test
-        for name in (*dsa.RESOLVERS, "deep_gemm"):
-            if hasattr(module, name):
-                monkeypatch.setattr(module, name, getattr(module, name))
-            else:
-                monkeypatch.setattr(module, name, None, raising=False)
-                monkeypatch.delattr(module, name)
+    keep_indexer_modules(monkeypatch)
     assert dsa.indexer_without_deep_gemm()
     assert "deep_gemm" not in sys.modules or sys.modules["deep_gemm"] is not deep_gemm_shim
     if hasattr(resolvers, "resolve_fp8_paged_mqa_logits_fn"):  # 0.5.23

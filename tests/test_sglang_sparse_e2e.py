@@ -22,6 +22,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the integration package, from the checkout
+from sglang_fakes import keep_indexer_modules, run_engine_script  # noqa: E402
+
 from integration import sglang_sparse_e2e as e2e  # noqa: E402
 from integration.engines import sglang_engine, sglang_sparse_check  # noqa: E402
 from integration.engines.sglang_decode_check import process_summary  # noqa: E402
@@ -256,8 +258,7 @@ def test_where_the_reference_s_lone_run_parts_from_its_batch_is_a_tie(monkeypatc
 
 def test_the_engine_script_runs_each_prompt_alone_after_the_batch(tmp_path):
     """run_engine with ``also_alone``: the batch's tokens, then each prompt in a generate call of its own."""
-    (tmp_path / "sglang").mkdir()
-    (tmp_path / "sglang" / "__init__.py").write_text(
+    engine = (
         "class Engine:\n"
         "    def __init__(self, **settings): pass\n"
         "    def shutdown(self): pass\n"
@@ -266,16 +267,7 @@ def test_the_engine_script_runs_each_prompt_alone_after_the_batch(tmp_path):
         "        return [{'output_ids': [len(input_ids), p[0]], 'meta_info': step} for p in input_ids]\n"
     )
     spec = {"model": "m", "prompts": [[11], [12]], "decode": "flashmla_sparse", "kv": "auto", "graphs": True}
-    done = subprocess.run(
-        [sys.executable, sglang_engine.__file__],
-        input=json.dumps({**spec, "greedy_only": True, "sparse": True, "also_alone": True}),
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
-    )
-    assert done.returncode == 0, done.stderr[-800:]
-    run = json.loads(done.stdout.splitlines()[-1])
+    run = run_engine_script(tmp_path, {**spec, "greedy_only": True, "sparse": True, "also_alone": True}, engine)
     assert run["tokens"] == [[2, 11], [2, 12]] and run["alone_tokens"] == [[1, 11], [1, 12]]
     assert run["gaps"] == [[1.9, 1.9]] * 2
 
@@ -283,21 +275,8 @@ def test_the_engine_script_runs_each_prompt_alone_after_the_batch(tmp_path):
 def test_the_engine_script_starts_a_sparse_engine_on_sglang_s_dsa_backend(tmp_path):
     """run_isolated's script with ``sparse``: SGLang's dsa backend, our decode as its sub-backend, page 64,
     SGLang's prefill default (no dense backend named)."""
-    (tmp_path / "sglang").mkdir()
-    printer = "import json, sys\nclass Engine:\n    def __init__(self, **settings):\n"
-    printer += "        print(json.dumps(settings, default=str))\n        sys.exit(0)\n"
-    (tmp_path / "sglang" / "__init__.py").write_text(printer)
     spec = {"model": "m", "prompts": [[1]], "decode": "mla_backend", "kv": "fp8_e4m3", "graphs": True}
-    done = subprocess.run(
-        [sys.executable, sglang_engine.__file__],
-        input=json.dumps({**spec, "greedy_only": True, "sparse": True}),
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
-    )
-    assert done.returncode == 0, done.stderr[-800:]
-    settings = json.loads(done.stdout.splitlines()[-1])
+    settings = run_engine_script(tmp_path, {**spec, "greedy_only": True, "sparse": True})
     assert (settings["attention_backend"], settings["dsa_decode_backend"], settings["page_size"]) == (
         "dsa",
         "mla_backend",
@@ -398,14 +377,7 @@ def test_the_recorder_reaches_sglang_s_scorer_and_our_subclass_where_our_plugin_
     register()
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "deep_gemm" else find_spec(n, *a))
-    modules = [importlib.import_module(m) for m in (dsa.RESOLVERS_MODULE, dsa.INDEXER_MODULE, dsa.DSA_MODULE)]
-    for module in modules:  # all undone after the test
-        for name in (*dsa.RESOLVERS, "deep_gemm"):
-            if hasattr(module, name):
-                monkeypatch.setattr(module, name, getattr(module, name))
-            else:
-                monkeypatch.setattr(module, name, None, raising=False)
-                monkeypatch.delattr(module, name)
+    keep_indexer_modules(monkeypatch)
     monkeypatch.setattr(deep_gemm_shim, "fp8_paged_mqa_logits", deep_gemm_shim.fp8_paged_mqa_logits)
     assert dsa.indexer_without_deep_gemm()
     subclass = dsa.ensure_subclass()
@@ -416,7 +388,7 @@ def test_the_recorder_reaches_sglang_s_scorer_and_our_subclass_where_our_plugin_
     original = subclass.mla_attend
     sglang_sparse_check.install()  # the subclass is built already: wrapped at once
     assert subclass.mla_attend is not original and dsa.make_subclass.__name__ == "make_checked_subclass"
-    indexer_module = modules[1]
+    indexer_module = importlib.import_module(dsa.INDEXER_MODULE)
     if hasattr(indexer_module, sglang_sparse_check.RESOLVER):  # 0.5.23
         scorer = getattr(indexer_module, sglang_sparse_check.RESOLVER)()
     else:

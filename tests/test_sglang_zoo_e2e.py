@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from sglang_fakes import run_engine_script
 from sglang_release import PUBLISH_AS_SCHEDULER, server_args_fields, server_args_like
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -352,31 +353,14 @@ def test_start_refused_reports_a_hang_a_process_left_behind_and_serving_and_kill
 
 
 # A stand-in sglang whose Engine prints the settings it was given and ends the process.
-SETTINGS_PRINTER = "import json, sys\nclass Engine:\n    def __init__(self, **settings):\n"
-SETTINGS_PRINTER += "        print(json.dumps(settings, default=str))\n        sys.exit(0)\n"
-
-
 def test_the_engine_script_run_from_elsewhere_builds_its_settings_with_the_checkout_s_integration(tmp_path):
     """run_isolated runs sglang_engine.py as a script (python path/to/sglang_engine.py) with no checkout
     on PYTHONPATH: its settings, which read the model's config through integration, must still build."""
-    from integration.engines import sglang_engine
-
-    (tmp_path / "sglang").mkdir()
-    (tmp_path / "sglang" / "__init__.py").write_text(SETTINGS_PRINTER)
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "kimi_vl", "vision_config": {}}))
     spec = {"model": str(model), "prompts": [[1]], "decode": "mla_backend", "kv": "auto", "graphs": True}
-    done = subprocess.run(
-        [sys.executable, sglang_engine.__file__],
-        input=json.dumps({**spec, "greedy_only": True}),
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
-    )
-    assert done.returncode == 0, done.stderr[-800:]
-    settings = json.loads(done.stdout.splitlines()[-1])
+    settings = run_engine_script(tmp_path, {**spec, "greedy_only": True})
     assert settings["model_path"] == str(model) and settings["enable_multimodal"] is False
 
 

@@ -118,16 +118,7 @@ class SGLangSparseChecker(SparseChecker):
             self.problems.add(f"SGLang's decode scorer is not reachable (deep_gemm is {holder!r})")
             return
         self.scorer = "mla_backend" if paged is indexer.fp8_paged_mqa_logits else getattr(paged, "__module__", "?")
-        checker = self
-
-        def paged_logits(q, kv_cache, weights, context_lens, block_table, *args, **kwargs):
-            logits = paged(q, kv_cache, weights, context_lens, block_table, *args, **kwargs)
-            try:
-                checker.score(q, kv_cache, weights, context_lens, block_table)
-            except Exception as err:
-                checker.problems.add(repr(err)[:300])
-            return logits
-
+        paged_logits = self.scoring_through(paged)
         if resolver is not None:
             setattr(module, RESOLVER, lambda: paged_logits)
         else:

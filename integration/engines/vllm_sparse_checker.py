@@ -78,16 +78,7 @@ class SparseChecker:
             self.problems.add("vLLM's decode scorer of the indexer is not set after start-up")
             return
         self.scorer = "mla_backend" if paged is indexer.fp8_fp4_paged_mqa_logits else getattr(paged, "__module__", "?")
-        checker = self
-
-        def paged_logits(q, kv_cache, weights, context_lens, block_table, *args, **kwargs):
-            logits = paged(q, kv_cache, weights, context_lens, block_table, *args, **kwargs)
-            try:
-                checker.score(q, kv_cache, weights, context_lens, block_table)
-            except Exception as err:
-                checker.problems.add(repr(err)[:300])
-            return logits
-
+        paged_logits = self.scoring_through(paged)
         self._restore.append((deep_gemm, name, paged))
         setattr(deep_gemm, name, paged_logits)
 
@@ -103,6 +94,20 @@ class SparseChecker:
 
     def after_step(self) -> None:
         """vllm_worker_check's hook after each engine step: every call is judged as it comes."""
+
+    def scoring_through(self, paged):
+        """The decode scorer ``paged`` wrapped so that each call's inputs are also scored here (a failure
+        here is the run's problem, never the engine's)."""
+
+        def paged_logits(q, kv_cache, weights, context_lens, block_table, *args, **kwargs):
+            logits = paged(q, kv_cache, weights, context_lens, block_table, *args, **kwargs)
+            try:
+                self.score(q, kv_cache, weights, context_lens, block_table)
+            except Exception as err:
+                self.problems.add(repr(err)[:300])
+            return logits
+
+        return paged_logits
 
     def score(self, q, kv_cache, weights, context_lens, block_table) -> None:
         """The float64 logits of a decode scorer call, row (b, j) for draft token j of request b (one row
