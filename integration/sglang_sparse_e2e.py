@@ -23,7 +23,9 @@ chooses in prefill and decode, and shorter):
 - check: ours eager, every decode call of ours recomputed in float64 from SGLang's pool and the rows our
   subclass was handed, and each call's lists against a float64 top-k of the indexer scorer's own inputs
   (engines/sglang_sparse_check.py; judges/sparse_check.py); where DeepGEMM is not installed the indexer
-  must have scored with mla_backend's functions.
+  must have scored with mla_backend's functions. With tokens, that run's tokens are judged as the graph
+  run's are: a run whose every call is right to float64 and that still parts early points at the
+  indexer's choice, not the kernel.
 - selftest: the check with our outputs x settings.SELFTEST_CORRUPTION; it must fail.
 
 Every engine runs with SGLang's dense one-shot prefill off (SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD=0):
@@ -90,6 +92,7 @@ class Runs:
     def __init__(self, model: str, prompts: list, heads: int, work: Path, log: Path):
         self.model, self.prompts, self.heads, self.work, self.log = model, prompts, heads, work, log
         self.done: dict[tuple, dict] = {}
+        self.checked_runs: dict[str, dict] = {}  # per KV dtype, the check's eager run (uncorrupted)
 
     def engine(
         self, decode: str, kv: str, graphs: bool, greedy_only: bool = False, env: dict | None = None, alone=False
@@ -113,6 +116,8 @@ class Runs:
         clear_summary(summary)
         env = plugin_env(self.work / "sparse_check_plugin", corruption, summary, kv)
         run = self.engine(OURS, kv, False, greedy_only=True, env=env)
+        if corruption == 1.0:
+            self.checked_runs[kv] = run
         if "error" in run:
             return None, run["error"]
         checked = read_summary(summary)
@@ -135,24 +140,31 @@ def judge_check(summary: dict, selftest: bool) -> tuple[bool, str]:
 
 
 def tokens(runs: Runs, kv: str, row) -> None:
-    """Ours with graphs against SGLang's decode with graphs under the tie rule (where its batch and lone
-    runs part is a tie too); with fp8 calibrated on the bf16 reference where the rule breaks."""
+    """Ours with graphs, and the checked eager run where the check ran, against SGLang's decode with
+    graphs under the tie rule (where its batch and lone runs part is a tie too); with fp8 calibrated on
+    the bf16 reference where the rule breaks."""
     ref = runs.reference(kv)
     name = REFERENCES[kv]
     row(f"reference {name}", "ref", describe(ref), decode=name, graphs=True, **ref)
-    ours = runs.engine(OURS, kv, True)
-    if "error" in ours or "error" in ref:
-        row("tokens graphs", "FAIL", ours.get("error") or f"no reference: {ref['error']}", decode=OURS)
-        return
-    verdict = agreement(ours["tokens"], ref["tokens"], ref["gaps"], ref["alone_tokens"])
-    note = (
-        f"{describe(ours)}; {verdict['identical']}/{len(ours['tokens'])} identical to {name}, divergences "
-        f"(prompt, step, first tie) {verdict['divergent']}"
-    )
-    if not verdict["ok"] and kv.startswith("fp8"):
-        verdict["ok"], more = fp8_calibrated(runs, ours, ref)
-        note += f"; {more}"
-    row("tokens graphs", "PASS" if verdict["ok"] else "FAIL", note, decode=OURS, graphs=True, **ours, verdict=verdict)
+    judged = [("tokens graphs", runs.engine(OURS, kv, True), True)]
+    if (checked := runs.checked_runs.get(kv)) is not None:
+        judged.append(("tokens eager, checked run", checked, False))
+    for title, ours, graphs in judged:
+        if "error" in ours or "error" in ref:
+            row(title, "FAIL", ours.get("error") or f"no reference: {ref['error']}", decode=OURS)
+            continue
+        verdict = agreement(ours["tokens"], ref["tokens"], ref["gaps"], ref["alone_tokens"])
+        note = (
+            f"{verdict['identical']}/{len(ours['tokens'])} identical to {name}, divergences "
+            f"(prompt, step, first tie) {verdict['divergent']}"
+        )
+        if not verdict["ok"] and kv.startswith("fp8"):
+            verdict["ok"], more = fp8_calibrated(runs, ours, ref)
+            note += f"; {more}"
+        if "tokens_per_s" in ours:
+            note = f"{describe(ours)}; {note}"
+        status = "PASS" if verdict["ok"] else "FAIL"
+        row(title, status, note, decode=OURS, graphs=graphs, **ours, verdict=verdict)
 
 
 def fp8_calibrated(runs: Runs, ours: dict, ref: dict) -> tuple[bool, str]:

@@ -202,7 +202,7 @@ def test_the_runner_gives_a_row_per_family_kv_and_part_and_keeps_the_json(monkey
     rows = json.loads((tmp_path / "sglang_sparse.json").read_text())
     ours = [(r["model"], r["kv"], r["part"], r["status"]) for r in rows if r["status"] != "ref"]
     models = ["DeepSeek-V3.2 TP8 (16 heads)", "GLM-5 TP8 (8 heads)"]
-    parts = ["check", "selftest x1.05", "tokens graphs"]
+    parts = ["check", "selftest x1.05", "tokens graphs", "tokens eager, checked run"]
     assert ours == [(m, kv, p, "PASS") for m in models for kv in ("auto", "fp8_e4m3") for p in parts]
     refs = {(r["kv"], r["part"]) for r in rows if r["status"] == "ref"}
     assert refs == {(kv, f"reference {e2e.REFERENCES[kv]}") for kv in e2e.REFERENCES}
@@ -254,6 +254,18 @@ def test_where_the_reference_s_lone_run_parts_from_its_batch_is_a_tie(monkeypatc
     assert e2e.main(argv) == 0
     fake_engines(monkeypatch, bf16_tokens=ours, alone_tokens=[[7, 8, 9, 10]] * 3 + [[7, 6, 6, 6]])
     assert e2e.main(argv) == 1  # a tie on another prompt does not excuse this one
+
+
+def test_the_checked_eager_run_s_tokens_are_judged_too(monkeypatch, tmp_path):
+    """With the check and tokens, the checked run's tokens get a row of their own under the same rule:
+    calls right to float64 in a run that parts early (the fake: ours parts at step 1, eager and graphs)."""
+    argv = ["--families", "GLM-5", "--kv", "auto", "--parts", "check,tokens", "--out", str(tmp_path)]
+    fake_engines(monkeypatch, bf16_tokens=[[7, 5, 5, 5]] + [[7, 8, 9, 10]] * 3)
+    assert e2e.main(argv) == 1
+    rows = {r["part"]: r for r in json.loads((tmp_path / "sglang_sparse.json").read_text())}
+    assert rows["check"]["status"] == "PASS" and rows["tokens graphs"]["status"] == "FAIL"
+    eager = rows["tokens eager, checked run"]
+    assert eager["status"] == "FAIL" and not eager["graphs"] and "(0, 1, 4)" in eager["note"]
 
 
 def test_the_engine_script_runs_each_prompt_alone_after_the_batch(tmp_path):
