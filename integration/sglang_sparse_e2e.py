@@ -89,8 +89,8 @@ class Runs:
     """One model's engines (run_isolated, sparse), each run at most once: the references are shared by
     the KV dtypes' parts (the fp8 verdict reads the bf16 reference)."""
 
-    def __init__(self, model: str, prompts: list, heads: int, work: Path, log: Path):
-        self.model, self.prompts, self.heads, self.work, self.log = model, prompts, heads, work, log
+    def __init__(self, model: str, prompts: list, work: Path, log: Path):
+        self.model, self.prompts, self.work, self.log = model, prompts, work, log
         self.done: dict[tuple, dict] = {}
         self.checked_runs: dict[str, dict] = {}  # per KV dtype, the check's eager run (uncorrupted)
 
@@ -186,7 +186,7 @@ def run_family(family: Family, layout: str, args: argparse.Namespace, rows: list
     prompts = make_sparse_prompts(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
     work = args.out / name
     work.mkdir(parents=True, exist_ok=True)
-    runs = Runs(str(model), prompts, heads, work, args.out / "engines.log")
+    runs = Runs(str(model), prompts, work, args.out / "engines.log")
     label = f"{family.name} {layout} ({heads} heads)"
     for kv in args.kv:
         row = partial(add_row, rows, label, kv)

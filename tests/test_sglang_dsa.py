@@ -16,6 +16,7 @@ import torch
 from sglang_fakes import keep_indexer_modules
 
 from mla_backend.config import BackendUnavailableError
+from mla_backend.reference import sparse_mla_reference
 from mla_backend.sglang import NAME, dsa, register
 
 # CI runs them in its SGLang venvs (-m sglang); elsewhere skipped rather than failing on SGLang's imports.
@@ -94,19 +95,9 @@ def index_map(page_table, topk_indices, page_size=1, **unused):
 
 
 def close_to_float64(out, query, cache, slots):
-    want = attention64(query, cache.view(SLOTS, 576), slots, SCALING)
+    """Token t over cache rows slots[t] (entries < 0 skipped), in float64."""
+    want, _ = sparse_mla_reference(query, cache.view(SLOTS, 576), slots, SCALING)
     torch.testing.assert_close(out.double(), want, atol=4e-3, rtol=1e-2)
-
-
-def attention64(query, rows, slots, scale):
-    """float64: token t over rows[slots[t]] (entries < 0 skipped)."""
-    out = torch.zeros(query.shape[0], query.shape[1], 512, dtype=torch.float64)
-    for t in range(query.shape[0]):
-        chosen = [int(s) for s in slots[t] if s >= 0]
-        keys = rows[chosen].double()
-        logits = query[t].double() @ keys.T * scale
-        out[t] = torch.softmax(logits, -1) @ keys[:, :512]
-    return out
 
 
 def decode_case(seed=0):

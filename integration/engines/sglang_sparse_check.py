@@ -30,7 +30,7 @@ import torch
 from integration.engines.entry_point_dir import entry_point_dir, path_with
 from integration.engines.sglang_decode_check import process_summary, written_summaries
 from integration.engines.vllm_sparse_checker import SparseChecker
-from integration.judges.sparse_check import boundary_near_ties, check_sparse_slots, topk_problems
+from integration.judges.sparse_check import check_sparse_slots
 
 ENV = "MLA_E2E_SPARSE_CHECK"  # {"corruption": float, "summary": path, "kv": "auto" | "fp8_e4m3"}
 ENTRY_POINT = "integration.engines.sglang_sparse_check:install"
@@ -137,10 +137,7 @@ class SGLangSparseChecker(SparseChecker):
         self.calls["decode"] += 1
         if len(scored) == 1 and scored[0][0].shape[0] == tokens:
             logits, lengths = scored[0]
-            positions = positions_of_slots(slots[:tokens], tables[0], lengths)
-            problems = topk_problems(positions, logits, lengths, slots.shape[1])
-            selecting, ties = boundary_near_ties(logits, lengths, slots.shape[1])
-            self.topk_checks.append({"rows": tokens, "problems": problems[:3], "selecting": selecting, "ties": ties})
+            self.check_topk(positions_of_slots(slots[:tokens], tables[0], lengths), logits, lengths)
         if len(self.checks) >= self.max_calls:
             return
         rows = kv_cache.view(torch.uint8) if kv_cache.dtype == torch.float8_e4m3fn else kv_cache

@@ -109,6 +109,16 @@ class SparseChecker:
 
         return paged_logits
 
+    def check_topk(self, chosen: torch.Tensor, logits: torch.Tensor, lengths: list[int]) -> None:
+        """A decode step's lists ``chosen`` [R, K] (positions in each row's request, -1 for none) against
+        the logits its scorer call gave: a top-k up to ties, and the rows whose choice rests on a near-tie."""
+        k = chosen.shape[1]
+        problems = topk_problems(chosen, logits, lengths, k)
+        selecting, ties = boundary_near_ties(logits, lengths, k)
+        self.topk_checks.append(
+            {"rows": chosen.shape[0], "problems": problems[:3], "selecting": selecting, "ties": ties}
+        )
+
     def score(self, q, kv_cache, weights, context_lens, block_table) -> None:
         """The float64 logits of a decode scorer call, row (b, j) for draft token j of request b (one row
         a request without drafts), scoring positions [0, end): end = context_lens[b, j] for vLLM's 2-D
@@ -143,9 +153,7 @@ class SparseChecker:
         topk = impl.topk_indices_buffer[:tokens]
         if kind == "decode" and len(scored) == 1 and scored[0][0].shape[0] == tokens:
             logits, lengths = scored[0]
-            problems = topk_problems(topk, logits, lengths, topk.shape[1])
-            selecting, ties = boundary_near_ties(logits, lengths, topk.shape[1])
-            self.topk_checks.append({"rows": tokens, "problems": problems[:3], "selecting": selecting, "ties": ties})
+            self.check_topk(topk, logits, lengths)
         if sum(self.calls.values()) > self.max_calls and kind == "decode":
             return  # every mixed call is checked (few); decode calls up to max_calls
         call = SparseCall(

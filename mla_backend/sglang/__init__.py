@@ -21,6 +21,7 @@ no per-backend configuration).
 from __future__ import annotations
 
 NAME = "mla_backend"
+WORKSPACE_BYTES = 64 << 20  # a backend's split-KV partials (dense and DSA); the split plan fits what it gets
 
 
 def register() -> None:

@@ -30,11 +30,10 @@ from ..decode import mla_decode
 from ..launcher import DecodePlan
 from ..route import DecodeShape, Engine, Route, resolve_route
 from ..step_plan import plan_buffer, plan_decode
-from . import NAME, compat
+from . import NAME, WORKSPACE_BYTES, compat
 
 logger = logging.getLogger("mla_backend")
 
-WORKSPACE_BYTES = 64 << 20  # split-KV partials; the split plan fits what it gets
 FP8_MAX = 448.0
 
 

@@ -26,18 +26,18 @@ import typing
 
 import torch
 
+from .. import shapes
 from ..config import MLABackendConfig
 from ..route import Route, sparse_route
 from ..sparse import sparse_mla_decode
-from . import NAME
+from . import NAME, WORKSPACE_BYTES
 
 logger = logging.getLogger("mla_backend")
 
 DSA_MODULE = "sglang.srt.layers.attention.dsa_backend"
 SM120_MODULE, SM120_CHECK = "sglang.kernels.ops.attention.flash_mla_sm120", "_validate_flashinfer_sparse_mla_backend"
 CLASS_NAME = "DeepseekSparseAttnBackend"
-WORKSPACE_BYTES = 64 << 20  # split partials; the split plan fits what it gets
-LATENT, ROPE = 512, 64
+LATENT, ROPE = shapes.KV_LORA_RANK, shapes.ROPE_DIM
 
 
 def add_decode_choice() -> None:
@@ -195,7 +195,7 @@ def refuse_unserved(backend, model_runner) -> None:
     model = model_runner.model_config
     problems = []
     if (model.kv_lora_rank, model.qk_rope_head_dim) != (LATENT, ROPE):
-        problems.append(f"a latent of {model.kv_lora_rank} + {model.qk_rope_head_dim} (served: 512 + 64)")
+        problems.append(f"a latent of {model.kv_lora_rank} + {model.qk_rope_head_dim} (served: {LATENT} + {ROPE})")
     if getattr(backend, "hisparse_coordinator", None) is not None:
         problems.append("HiSparse")
     if getattr(backend, "dsa_prefill_impl", None) == NAME:
@@ -244,13 +244,9 @@ def announce_route(backend, config: MLABackendConfig) -> Route:
 
 
 @functools.cache
-def _workspace(device: torch.device) -> torch.Tensor:
-    return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-
-
 def shared_workspace(device: torch.device) -> torch.Tensor:
     """One workspace a device, shared by the target's and the drafter's backends (one stream)."""
-    return _workspace(device)
+    return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
 
 INDEXER_MODULE = "sglang.srt.layers.attention.dsa.dsa_indexer"
@@ -281,8 +277,8 @@ def indexer_without_deep_gemm() -> bool:
     except ImportError:
         return False
     if hasattr(resolvers, "resolve_fp8_paged_mqa_logits_fn"):  # 0.5.23
-        for module_name in (RESOLVERS_MODULE, INDEXER_MODULE, DSA_MODULE):
-            module = sys.modules.get(module_name) if module_name != RESOLVERS_MODULE else resolvers
+        for module_name in (RESOLVERS_MODULE, INDEXER_MODULE, DSA_MODULE):  # those imported by now
+            module = sys.modules.get(module_name)
             for name, ours in RESOLVERS.items():
                 if module is not None and hasattr(module, name):
                     setattr(module, name, ours(shim))
