@@ -110,6 +110,19 @@ def divergence_gaps(verdict: dict, ref_gaps: list, our_gaps: list) -> list:
     return [(i, k, round(ref_gaps[i][k], 3), round(our_gaps[i][k], 3)) for i, k, _ in verdict["divergent"]]
 
 
+def drafting_reference(ref: dict, plain: dict, peer: dict) -> tuple[list, list]:
+    """(gaps, other runs) to judge a drafting run against FLASHMLA_SPARSE's drafting run ``ref``: vLLM's
+    own runs of the same prompts, its plain run and FLASH_ATTN_MLA_SPARSE's (``peer``, bf16 only; {}
+    where absent), are the reference run again another way, so a near tie any of them measured is a tie
+    (closest_gaps) and where one parts from ``ref`` vLLM is undecided (agreement's other runs).
+    Verifying drafts rounds otherwise than decoding one token: one step's gap moves by several bf16
+    logit steps between vLLM's plain and drafting runs (0.0 and 0.125 nats, GLM-5 on the H200)."""
+    from integration.judges.tokens import closest_gaps
+
+    runs = [run for run in (plain, peer) if "tokens" in run]
+    return closest_gaps(ref["gaps"], *(run["gaps"] for run in runs)), [run["tokens"] for run in runs]
+
+
 def judge_family(family, model: str, kvs: list[str], selftest: bool, draft_tokens: int, rows: list) -> bool:
     from integration.judges.tokens import (
         agreed_steps,
@@ -141,6 +154,7 @@ def judge_family(family, model: str, kvs: list[str], selftest: bool, draft_token
             continue
         calibrated = kv == "auto" and "tokens" in peer
         others = [peer["tokens"]] if calibrated else []
+        others_named = {"peer": peer["tokens"]} if calibrated else {}
         # a near tie either of vLLM's backends measured is a tie (judges/tokens.py's closest_gaps)
         gaps = closest_gaps(ref["gaps"], peer["gaps"]) if calibrated else ref["gaps"]
         verdict = agreement(ours["tokens"], ref["tokens"], gaps, *others)
@@ -154,7 +168,10 @@ def judge_family(family, model: str, kvs: list[str], selftest: bool, draft_token
             "peer_steps_agreed": agreed_steps(others[0], ref["tokens"]) if others else None,
             "eager_tokens_ok": eager["ok"],
             "eager_gaps_at_divergence": divergence_gaps(eager, gaps, checked["gaps"]),
+            # where ours eager and ours with graphs part: the same kernels launched otherwise
+            "eager_vs_graphs_steps": steps_per_prompt(checked["tokens"], ours["tokens"]),
             "check": checked["check"],
+            "tokens": {"ours": ours["tokens"], "ref": ref["tokens"], "checked": checked["tokens"], **others_named},
         }
         bf16 = refs.get("auto")
         if kv != "auto" and bf16 is not None and "tokens" in bf16:
@@ -187,13 +204,16 @@ def judge_family(family, model: str, kvs: list[str], selftest: bool, draft_token
             row["errors"] = errors
             ok = False
         else:
-            verdict = agreement(ours["tokens"], ref["tokens"], ref["gaps"])
+            plain = refs[kv]
+            gaps, others = drafting_reference(ref, plain, peer if kv == "auto" else {})
+            verdict = agreement(ours["tokens"], ref["tokens"], gaps, *others)
             row |= {
                 "tokens_ok": verdict["ok"],
                 "steps_agreed": agreed_steps(ours["tokens"], ref["tokens"]),
-                "gaps_at_divergence": divergence_gaps(verdict, ref["gaps"], ours["gaps"]),
+                "divergent": verdict["divergent"],
+                "gaps_at_divergence": divergence_gaps(verdict, gaps, ours["gaps"]),
+                "tokens": {"ours": ours["tokens"], "ref": ref["tokens"], "checked": checked["tokens"]},
             }
-            plain = refs[kv]
             if not verdict["ok"] and "tokens" in plain:
                 # Verifying drafts (q_len 1 + k) rounds otherwise than decoding one token: each drafting
                 # run leaves FLASHMLA_SPARSE's plain run at some near tie; ours must not leave it

@@ -27,6 +27,7 @@ from integration.judges.tokens import (  # noqa: E402
 )
 from integration.judges.vllm_run import judge, rule_calibration, runs_of  # noqa: E402
 from integration.run_e2e import mtp_specs, parallel_specs  # noqa: E402
+from integration.sparse_e2e import drafting_reference  # noqa: E402
 from mla_backend.inputs import make_paged_problem  # noqa: E402
 from mla_backend.reference import ROW_ERROR_TOLERANCE  # noqa: E402
 
@@ -75,6 +76,21 @@ def test_a_near_tie_measured_by_either_reference_backend_is_a_tie():
     assert not agreement([[1, 2, 9, 9], [5, 6, 7, 8]], REF, first)["ok"]
     assert agreement([[1, 2, 9, 9], [5, 6, 7, 8]], REF, gaps)["ok"]
     assert not agreement([[1, 9, 9, 9], [5, 6, 7, 8]], REF, gaps)["ok"]  # one step before it: fails
+
+
+def test_a_drafting_run_is_judged_with_vllms_plain_and_peer_runs_as_the_reference_again():
+    """GLM-5 with MTP k=2 on the H200: FLASHMLA_SPARSE's drafting run measured 0.125 nats where its plain
+    run measured 0.0; the step is a tie by the plain run's gap, and a step where the peer parts from the
+    drafting reference is one too. A failed run (no tokens) is left out."""
+    drafting = {"tokens": REF, "gaps": WIDE}
+    plain = {"tokens": REF, "gaps": [[1.0, 1.0, 0.0, 1.0], [1.0] * 4]}
+    peer = {"tokens": [[1, 2, 3, 4], [5, 7, 7, 8]], "gaps": WIDE}
+    gaps, others = drafting_reference(drafting, plain, peer)
+    assert agreement([[1, 2, 9, 9], [5, 6, 9, 8]], REF, gaps, *others)["ok"]
+    assert not agreement([[1, 9, 9, 9], [5, 6, 7, 8]], REF, gaps, *others)["ok"]  # before the tie: fails
+    alone = drafting_reference(drafting, {"error": "start-up failed"}, {})
+    assert alone == (WIDE, [])
+    assert not agreement([[1, 2, 9, 9], [5, 6, 7, 8]], REF, *alone[:1])["ok"]
 
 
 def test_closest_gaps_keeps_the_longer_run_and_needs_one_with_gaps():
