@@ -24,7 +24,8 @@
 #     REFUSALS=1; split on nvidia-h100-x2: ZOO_TP, ZOO_DCP; each engine in a process of its own, which
 #     vLLM 0.26's Model Runner V2 needs; IN_PROCESS=1 runs them all in one, on Model Runner V1)
 #   | sparse (integration/sparse_e2e.py: DeepSeek-V3.2 and GLM-5 on our sparse backend and indexer against
-#     FLASHMLA_SPARSE: FAMILIES, SPARSE_KV of auto,fp8_ds_mla, DRAFT_TOKENS (0: none), SELFTEST=1)
+#     FLASHMLA_SPARSE: FAMILIES, SPARSE_KV of auto,fp8_ds_mla, DRAFT_TOKENS (0: none), SELFTEST=1,
+#     REF_CHECK=1: vLLM's sparse backends' calls in float64 too)
 #   | serve (FAMILY: a sparse family instead of DeepSeek-V3) | mtp | parallel | correctness | enginebest | enginebest_parallel | realdims | variants | inputs | placement
 #   | faults (integration/fault_check.py: FAULT_PARTS of preemption,aborts,prefix,long,soak; BACKEND, SOAK_S, SELFTEST=1;
 #     FAMILY a sparse family (DeepSeek-V3.2, GLM-5: parts preemption,aborts,prefix, KV=auto);
@@ -184,7 +185,8 @@ for part in ${PART//,/ }; do
       --parts "${ZOO_PARTS:-plain}" --draft-tokens "${DRAFT_TOKENS:-1,3}" --tp "${ZOO_TP:-2}" --dcp "${ZOO_DCP:-1,2}" \
       ${SELFTEST:+--selftest} ${REFUSALS:+--refusals} ${IN_PROCESS:+--in-process} --out "$OUT" ;;
     sparse) run python3 integration/sparse_e2e.py --families "${FAMILIES:-DeepSeek-V3.2,GLM-5}" \
-      --kv "${SPARSE_KV:-auto,fp8_ds_mla}" --draft-tokens "${DRAFT_TOKENS:-0}" ${SELFTEST:+--selftest} --out "$OUT" ;;
+      --kv "${SPARSE_KV:-auto,fp8_ds_mla}" --draft-tokens "${DRAFT_TOKENS:-0}" ${SELFTEST:+--selftest} \
+      ${REF_CHECK:+--check-references} --out "$OUT" ;;
     sglang)
       models=(--heads "$HEADS")
       [ -n "${SGL_FAMILIES:-}" ] && models=(--families "$SGL_FAMILIES" --layouts "${SGL_LAYOUTS:-first}")

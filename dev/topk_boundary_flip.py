@@ -7,7 +7,8 @@ to bf16 as the engines' kernels store it. Two candidates, per step:
 - swap: at the step's query row, in one layer, the indexer's k-th kept key dropped for the next-best
   one (the choice a run with other upstream rounding could make where the two scores nearly tie:
   ``margin`` is their difference over the row's largest |score|, ``near`` the keys within
-  judges/sparse_check.TIE_RELATIVE of the k-th);
+  judges/sparse_check.TIE_RELATIVE of the k-th); ``--swap-rank 0`` drops the best key instead, a
+  control that must move the logits;
 - rounding: every attention output (every row, every layer) times (1 + 2^-20 e), e Gaussian, before
   its bf16 rounding: another kernel's fp32 summation order, which moves a few outputs by one bf16
   step; DRAWS draws, each a run of two correct kernels' worth of difference.
@@ -38,6 +39,7 @@ class Hooks:
 
     def __init__(self):
         self.swap_layer: int | None = None
+        self.swap_rank = -1  # which kept key the swap drops: -1 the k-th (the boundary), 0 the best (a control)
         self.scores: dict[int, torch.Tensor] = {}
         self.noise: torch.Generator | None = None
 
@@ -46,7 +48,7 @@ class Hooks:
         self.scores[layer] = scores[0, -1].clone()
         kept = picked[..., :k].clone()
         if layer == self.swap_layer and picked.shape[-1] > k:
-            kept[0, -1, k - 1] = picked[0, -1, k]
+            kept[0, -1, self.swap_rank % k] = picked[0, -1, k]
         return kept.to(torch.int32)
 
     def round_output(self, out: torch.Tensor) -> torch.Tensor:
@@ -102,6 +104,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--draws", type=int, default=16)
     parser.add_argument("--swap-steps", default="1", help="steps whose boundary swaps are measured")
+    parser.add_argument("--swap-rank", type=int, default=-1, help="0: drop the best key instead (a control)")
     parser.add_argument("--models", type=Path, default=Path("/tmp/topk_flip_models"))
     args = parser.parse_args()
 
@@ -110,6 +113,7 @@ def main() -> None:
     family, path = save_sparse_checkpoint(args.family, args.models)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64, attn_implementation="eager").eval()
     hooks = Hooks()
+    hooks.swap_rank = args.swap_rank
     install(model, hooks)
     k, layers = model.config.index_topk, len(model.model.layers)
     prompts = make_sparse_prompts(model.config.vocab_size)
@@ -127,7 +131,7 @@ def main() -> None:
             draws.append(step_log_probs(model, tokens[:-1], args.steps))
         hooks.noise = None
         print(f"prompt {p} ({len(prompts[p])} tokens) | step | top-2 gap | rounding: |d gap| median, max; flips")
-        for s in range(args.steps):
+        for s in range(args.steps if draws else 0):
             moved = [abs((gap(d[s]) - gap(base[s])).item()) for d in draws]
             flips = sum(int(d[s].argmax() != chosen[s]) for d in draws)
             spread = f"{statistics.median(moved):.3f}, {max(moved):.3f}"

@@ -27,7 +27,7 @@ from integration.judges.tokens import (  # noqa: E402
 )
 from integration.judges.vllm_run import judge, rule_calibration, runs_of  # noqa: E402
 from integration.run_e2e import mtp_specs, parallel_specs  # noqa: E402
-from integration.sparse_e2e import drafting_reference  # noqa: E402
+from integration.sparse_e2e import drafting_reference, peer_calibrated  # noqa: E402
 from mla_backend.inputs import make_paged_problem  # noqa: E402
 from mla_backend.reference import ROW_ERROR_TOLERANCE  # noqa: E402
 
@@ -91,6 +91,21 @@ def test_a_drafting_run_is_judged_with_vllms_plain_and_peer_runs_as_the_referenc
     alone = drafting_reference(drafting, {"error": "start-up failed"}, {})
     assert alone == (WIDE, [])
     assert not agreement([[1, 2, 9, 9], [5, 6, 7, 8]], REF, *alone[:1])["ok"]
+
+
+def test_a_bf16_sparse_run_is_held_to_the_peers_steps_only_where_the_peer_breaks_the_rule():
+    """GLM-5 on the H200: FLASH_ATTN_MLA_SPARSE parted from FLASHMLA_SPARSE at a 0.41-nat step; ours,
+    parting before any tie, then passes by the steps it keeps, unless significantly fewer."""
+    ref = {"tokens": [[1, 2, 3, 4]] * 4, "gaps": [[1.0] * 4] * 4}
+    ours = [[1, 9, 9, 9], [1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4]]
+    verdict = agreement(ours, ref["tokens"], ref["gaps"])
+    assert not verdict["ok"]
+    breaking = {"tokens": [[1, 2, 3, 4], [1, 2, 9, 9], [1, 2, 3, 9], [1, 2, 3, 4]]}
+    assert peer_calibrated(verdict, ours, ref, breaking)
+    keeping = {"tokens": ref["tokens"]}  # the peer holds the rule: the rule judges
+    assert not peer_calibrated(verdict, ours, ref, keeping)
+    worse = [[9] * 4, [1, 9, 9, 9], [9] * 4, [1, 9, 9, 9]]  # parts at once everywhere: significantly fewer
+    assert not peer_calibrated(agreement(worse, ref["tokens"], ref["gaps"]), worse, ref, breaking)
 
 
 def test_closest_gaps_keeps_the_longer_run_and_needs_one_with_gaps():

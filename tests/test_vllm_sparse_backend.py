@@ -263,3 +263,27 @@ def test_the_worker_check_wraps_the_sparse_impl_for_a_sparse_server(tmp_path):
     finally:
         checker.__exit__(None, None, None)
     assert MLASparseImpl.forward_mqa is original
+
+
+def test_the_sparse_checker_wraps_a_reference_backends_impl_and_ours_stays():
+    """sparse_e2e --check-references: the checker on vLLM's own sparse impl (its forward_mqa wrapped and
+    restored, ours untouched; the summary names whose calls it judged); a backend it cannot wrap is
+    refused up front. (FLASH_ATTN_MLA_SPARSE's module imports vLLM's FlashAttention extension, which a
+    CPU install lacks: wrapped the same way on the GPU.)"""
+    backend = "FLASHMLA_SPARSE"
+    import importlib
+    import sys
+    from pathlib import Path
+
+    sys.path.append(str(Path(__file__).resolve().parents[1]))
+    from integration.engines.vllm_sparse_checker import IMPLS, SparseChecker
+
+    module, name = IMPLS[backend]
+    impl = getattr(importlib.import_module(module), name)
+    original, ours = impl.forward_mqa, MLASparseImpl.forward_mqa
+    with SparseChecker(torch.bfloat16, backend=backend) as checker:
+        assert impl.forward_mqa is not original and MLASparseImpl.forward_mqa is ours
+        assert checker.summary()["backend"] == backend
+    assert impl.forward_mqa is original
+    with pytest.raises(ValueError, match="TRITON_MLA"):
+        SparseChecker(torch.bfloat16, backend="TRITON_MLA")

@@ -3,7 +3,8 @@
 through vllm_worker_check.py). Calls it sees are the eager ones: all of an eager engine's, and a
 graph-captured engine's mixed (prefill) batches; replayed decode steps never reach Python.
 
-Wraps, for one engine run: our sparse impl's ``forward_mqa`` (every call after ``arm()``: its query,
+Wraps, for one engine run: a sparse impl's ``forward_mqa`` (ours, or one of vLLM's SM90 pair named by
+``backend``, whose calls take the same metadata; every call after ``arm()``: its query,
 the top-k lists the indexer left in the shared buffer, each token's request, the block table, the
 cache as it is at the call, the output) and, from ``arm()``, the indexer's decode scorer as vLLM's
 DeepGEMM wrapper holds it (the plugin's where DeepGEMM is missing), whose fp8 inputs are recomputed
@@ -14,6 +15,7 @@ preceded them in the same layer.
 
 from __future__ import annotations
 
+import importlib
 from collections import Counter
 
 import torch
@@ -28,9 +30,27 @@ from integration.judges.sparse_check import (
 )
 from mla_backend.reference import ROW_ERROR_TOLERANCE
 
+# The sparse impls a checker wraps, by attention backend: ours, and vLLM's two SM90 sparse backends (the
+# references, checked as ours is to tell where two runs part which of them is off).
+IMPLS = {
+    "CUSTOM": ("mla_backend.vllm.sparse_backend", "MLASparseImpl"),
+    "FLASHMLA_SPARSE": ("vllm.v1.attention.backends.mla.flashmla_sparse", "FlashMLASparseImpl"),
+    "FLASH_ATTN_MLA_SPARSE": ("vllm.v1.attention.backends.mla.flashattn_mla_sparse", "FlashAttnMLASparseImpl"),
+}
+
 
 class SparseChecker:
-    def __init__(self, kv_dtype: torch.dtype, max_calls: int = 24, max_topk_checks: int = 24, corrupt=None):
+    def __init__(
+        self,
+        kv_dtype: torch.dtype,
+        max_calls: int = 24,
+        max_topk_checks: int = 24,
+        corrupt=None,
+        backend: str = "CUSTOM",
+    ):
+        if backend not in IMPLS:
+            raise ValueError(f"no sparse impl to check for backend {backend!r}; one of {sorted(IMPLS)}")
+        self.backend = backend
         self.kv_dtype = kv_dtype
         self.max_calls = max_calls
         self.max_topk_checks = max_topk_checks
@@ -45,10 +65,10 @@ class SparseChecker:
         self.scorer = ""  # whose decode logits the indexer used: mla_backend's or DeepGEMM's
 
     def __enter__(self):
-        from mla_backend.vllm.sparse_backend import MLASparseImpl
-
+        module, name = IMPLS[self.backend]
+        impl_class = getattr(importlib.import_module(module), name)
         checker = self
-        forward = MLASparseImpl.forward_mqa
+        forward = impl_class.forward_mqa
 
         def forward_mqa(impl, q, kv_cache, metadata, layer):
             out, lse = forward(impl, q, kv_cache, metadata, layer)
@@ -60,8 +80,8 @@ class SparseChecker:
                 checker.problems.add(repr(err)[:300])
             return out, lse
 
-        self._restore = [(MLASparseImpl, "forward_mqa", forward)]
-        MLASparseImpl.forward_mqa = forward_mqa
+        self._restore = [(impl_class, "forward_mqa", forward)]
+        impl_class.forward_mqa = forward_mqa
         return self
 
     def wrap_scorer(self) -> None:
@@ -191,7 +211,12 @@ class SparseChecker:
             "checked_rows": rows,
             "mixed_calls_checked": sum(c["kind"] == "mixed" for c in self.checks),
             "worst_row_error": worst,
+            "worst_row_error_by_kind": {
+                kind: max(c["out_error"] for c in self.checks if c["kind"] == kind)
+                for kind in sorted({c["kind"] for c in self.checks})
+            },
             "tolerance": tolerance,
+            "backend": self.backend,
             "indexer_scorer": self.scorer,
             "topk_checked_rows": sum(c["rows"] for c in self.topk_checks),
             "topk_selecting_rows": sum(c["selecting"] for c in self.topk_checks),
