@@ -36,8 +36,8 @@
 #   | bench | routes | tokenbench (page 64 against one slot id a token and FlashInfer's ragged ids)
 #   | sparsebench (sparse decode, top-k 2048 over fp8_ds_mla, against vLLM's FlashMLA sparse decode)
 #   | deepgemm (dev/indexer_vs_deepgemm.py: our indexer logits against DeepGEMM's and float64; carry
-#     .gpu-deepgemm (bash dev/make_deepgemm_part.sh) beside .gpu: DeepGEMM is then installed into the site, and every vLLM part on that
-#     machine scores the DSA indexer with it)
+#     .gpu-deepgemm (bash dev/make_deepgemm_part.sh) beside .gpu: DeepGEMM is then installed into the
+#     site, and every vLLM part on that machine scores the DSA indexer with it)
 #   | profile (Nsight Compute on ours and FlashMLA at SHAPE="heads batch seq [q_len]", FP8, and on the
 #     wheel in .gpu/ab/ as ours_base where carried: two builds of ours side by side; reports in $OUT)
 #   | ab (our times, dev/time_ours.py, alternating the wheel in .gpu/ab/ (base) and .gpu/dist/, 3 rounds)

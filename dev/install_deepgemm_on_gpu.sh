@@ -8,8 +8,9 @@
 #
 # The bundle (bash dev/make_deepgemm_part.sh, on a CPU machine) is DeepGEMM 2.5.0 as vendored in the
 # vllm-0.26.0 wheel, as top-level `deep_gemm` (vLLM imports that before its own third_party copy), with
-# the CPython 3.12 extension only (torch 2.11, CUDA 13). Its kernels are JIT-compiled on first use with $CUDA_HOME/bin/nvcc, so the env file sets CUDA_HOME
-# to a real toolkit (not the dir of a wrapper script like /usr/local/bin/nvcc) and a cache under /tmp.
+# the CPython 3.12 extension only (torch 2.11, CUDA 13). Its kernels are JIT-compiled on first use with
+# $CUDA_HOME/bin/nvcc, so the env file sets CUDA_HOME to a real toolkit (not the dir of a wrapper script
+# like /usr/local/bin/nvcc) and a cache under /tmp.
 # Set VLLM_USE_DEEP_GEMM=0 to keep vLLM's FP8 GEMMs/MoE off DeepGEMM: the indexer uses it regardless.
 set -euo pipefail
 B=${1:-$(cd "$(dirname "$0")/.." && pwd)/.gpu-deepgemm}

@@ -37,9 +37,9 @@ class Hooks:
     """The indexer's top-k (records each layer's last-row scores; swaps one layer's last-row boundary
     pair when asked) and the attention output's bf16 rounding (perturbed when a generator is set)."""
 
-    def __init__(self):
+    def __init__(self, swap_rank: int = -1):
         self.swap_layer: int | None = None
-        self.swap_rank = -1  # which kept key the swap drops: -1 the k-th (the boundary), 0 the best (a control)
+        self.swap_rank = swap_rank  # which kept key the swap drops: -1 the k-th (the boundary), 0 the best
         self.scores: dict[int, torch.Tensor] = {}
         self.noise: torch.Generator | None = None
 
@@ -112,8 +112,7 @@ def main() -> None:
 
     family, path = save_sparse_checkpoint(args.family, args.models)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64, attn_implementation="eager").eval()
-    hooks = Hooks()
-    hooks.swap_rank = args.swap_rank
+    hooks = Hooks(args.swap_rank)
     install(model, hooks)
     k, layers = model.config.index_topk, len(model.model.layers)
     prompts = make_sparse_prompts(model.config.vocab_size)

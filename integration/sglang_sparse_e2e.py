@@ -51,7 +51,7 @@ from integration.judges.engine_rows import add_row, describe, report  # noqa: E4
 from integration.judges.sparse_check import judge_sparse_check, judge_sparse_selftest  # noqa: E402
 from integration.judges.tokens import agreement, significantly_fewer_steps, steps_per_prompt  # noqa: E402
 from integration.models.families import Family, pick  # noqa: E402
-from integration.models.prompts import make_sparse_prompts  # noqa: E402
+from integration.models.prompts import checkpoint_sparse_prompts  # noqa: E402
 from integration.models.sglang_checkpoint import save_sglang_checkpoint  # noqa: E402
 from integration.settings import SELFTEST_CORRUPTION  # noqa: E402
 
@@ -183,7 +183,7 @@ def run_family(family: Family, layout: str, args: argparse.Namespace, rows: list
     heads = family.heads[layout]
     name = f"{family.published}_h{heads}"
     model = save_sglang_checkpoint(family, args.out / "models" / name, layout)
-    prompts = make_sparse_prompts(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
+    prompts = checkpoint_sparse_prompts(model)
     work = args.out / name
     work.mkdir(parents=True, exist_ok=True)
     runs = Runs(str(model), prompts, work, args.out / "engines.log")

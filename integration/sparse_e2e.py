@@ -9,7 +9,7 @@ Per family (the zoo's seeded checkpoint from its published config, one MTP layer
   FLASH_ATTN_MLA_SPARSE too: where vLLM's two sparse backends part, the step is a tie;
 - ours, full CUDA graphs: greedy tokens under the tie rule (judges/tokens.py); with bf16, where
   FLASH_ATTN_MLA_SPARSE itself breaks the rule against FLASHMLA_SPARSE, ours must stay with the
-  reference about as many steps as it does (peer_calibrated); with fp8_ds_mla, where the
+  reference about as many steps as it does (peer_calibration); with fp8_ds_mla, where the
   rule breaks against FlashMLA's FP8 kernel (it rounds P to e4m3), ours must stay with FLASHMLA_SPARSE's
   bf16 run about as many steps as FlashMLA's FP8 run does (not significantly fewer);
 - ours, eager, checked (engines/vllm_sparse_checker.py): every mixed (prefill) call and the first decode
@@ -131,18 +131,28 @@ def drafting_reference(ref: dict, plain: dict, peer: dict) -> tuple[list, list]:
     return closest_gaps(ref["gaps"], *(run["gaps"] for run in runs)), [run["tokens"] for run in runs]
 
 
-def peer_calibrated(verdict: dict, tokens: list, ref: dict, peer: dict) -> bool:
-    """A bf16 run's verdict against FLASHMLA_SPARSE (``ref``), calibrated on FLASH_ATTN_MLA_SPARSE
-    (``peer``) as judges/vllm_run.rule_calibration calibrates the dense runs: where vLLM's second sparse
-    backend itself breaks the tie rule by the reference's gaps alone (GLM-5's seeded checkpoint: the two
-    part at 0.41 nats, H200), the rule is no bar on this model, and ours passes by staying with the
-    reference not significantly fewer steps than that backend does."""
-    from integration.judges.tokens import agreement, significantly_fewer_steps, steps_per_prompt
+def peer_calibration(ref: dict, peer: dict) -> list[int] | None:
+    """Where vLLM's second sparse backend (``peer``, FLASH_ATTN_MLA_SPARSE) itself breaks the tie rule
+    against FLASHMLA_SPARSE (``ref``) by the reference's gaps alone (GLM-5's seeded checkpoint: the two
+    part at 0.41 nats, H200), the rule is no bar on this model: the per-prompt steps the peer keeps
+    with the reference, which a bf16 run of ours is held to instead (peer_calibrated), as
+    judges/vllm_run.rule_calibration calibrates the dense runs. None where the peer keeps the rule."""
+    from integration.judges.tokens import agreement, steps_per_prompt
 
-    if verdict["ok"] or agreement(peer["tokens"], ref["tokens"], ref["gaps"])["ok"]:
+    if agreement(peer["tokens"], ref["tokens"], ref["gaps"])["ok"]:
+        return None
+    return steps_per_prompt(peer["tokens"], ref["tokens"])
+
+
+def peer_calibrated(verdict: dict, tokens: list, ref_tokens: list, peer_steps: list[int] | None) -> bool:
+    """A run's tie-rule verdict against the reference, or where it breaks and the peer breaks the rule
+    too (``peer_steps`` from peer_calibration), ours staying with the reference not significantly fewer
+    steps than the peer does."""
+    from integration.judges.tokens import significantly_fewer_steps, steps_per_prompt
+
+    if verdict["ok"] or peer_steps is None:
         return verdict["ok"]
-    peer_steps = steps_per_prompt(peer["tokens"], ref["tokens"])
-    return not significantly_fewer_steps(steps_per_prompt(tokens, ref["tokens"]), peer_steps)
+    return not significantly_fewer_steps(steps_per_prompt(tokens, ref_tokens), peer_steps)
 
 
 def judge_family(family, model: str, kvs: list[str], selftest: bool, draft_tokens: int, rows: list) -> bool:
@@ -153,9 +163,9 @@ def judge_family(family, model: str, kvs: list[str], selftest: bool, draft_token
         significantly_fewer_steps,
         steps_per_prompt,
     )
-    from integration.models.prompts import make_sparse_prompts
+    from integration.models.prompts import checkpoint_sparse_prompts
 
-    token_prompts = make_sparse_prompts(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
+    token_prompts = checkpoint_sparse_prompts(model)
     ok = True
     refs = {kv: isolated(engine_args(model, REFERENCE, kv, True), token_prompts, False, None) for kv in kvs}
     # vLLM's second sparse backend on SM90 (bf16 KV only): where it and FLASHMLA_SPARSE part, vLLM is undecided.
@@ -196,9 +206,10 @@ def judge_family(family, model: str, kvs: list[str], selftest: bool, draft_token
             "tokens": {"ours": ours["tokens"], "ref": ref["tokens"], "checked": checked["tokens"], **others_named},
         }
         if calibrated:
-            row["peer_breaks_rule"] = not agreement(peer["tokens"], ref["tokens"], ref["gaps"])["ok"]
-            row["tokens_ok"] = peer_calibrated(verdict, ours["tokens"], ref, peer)
-            row["eager_tokens_ok"] = peer_calibrated(eager, checked["tokens"], ref, peer)
+            peer_steps = peer_calibration(ref, peer)
+            row["peer_breaks_rule"] = peer_steps is not None
+            row["tokens_ok"] = peer_calibrated(verdict, ours["tokens"], ref["tokens"], peer_steps)
+            row["eager_tokens_ok"] = peer_calibrated(eager, checked["tokens"], ref["tokens"], peer_steps)
         bf16 = refs.get("auto")
         if kv != "auto" and bf16 is not None and "tokens" in bf16:
             # FP8 against vLLM's own FP8 (its kernel rounds P to e4m3): where the tie rule breaks, ours
@@ -259,9 +270,9 @@ def check_references(family, model: str, kvs: list[str], rows: list) -> None:
     """vLLM's sparse backends, eager, their calls checked in float64 as ours are (the same checker on
     their impls): where ours and a reference part before a tie, which of them is off. A row each, for
     the record: a reference over the bar is a finding about vLLM, not a failure of ours."""
-    from integration.models.prompts import make_sparse_prompts
+    from integration.models.prompts import checkpoint_sparse_prompts
 
-    token_prompts = make_sparse_prompts(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
+    token_prompts = checkpoint_sparse_prompts(model)
     for backend, kv in [(REFERENCE, kv) for kv in kvs] + ([(PEER, "auto")] if "auto" in kvs else []):
         run = isolated(engine_args(model, backend, kv, False), token_prompts, True, None, backend)
         rows.append({"run": f"{family.name} {kv} {backend} checked", "informative": True, **run})

@@ -27,7 +27,7 @@ from integration.judges.tokens import (  # noqa: E402
 )
 from integration.judges.vllm_run import judge, rule_calibration, runs_of  # noqa: E402
 from integration.run_e2e import mtp_specs, parallel_specs  # noqa: E402
-from integration.sparse_e2e import drafting_reference, peer_calibrated  # noqa: E402
+from integration.sparse_e2e import drafting_reference, peer_calibrated, peer_calibration  # noqa: E402
 from mla_backend.inputs import make_paged_problem  # noqa: E402
 from mla_backend.reference import ROW_ERROR_TOLERANCE  # noqa: E402
 
@@ -100,12 +100,14 @@ def test_a_bf16_sparse_run_is_held_to_the_peers_steps_only_where_the_peer_breaks
     ours = [[1, 9, 9, 9], [1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4]]
     verdict = agreement(ours, ref["tokens"], ref["gaps"])
     assert not verdict["ok"]
-    breaking = {"tokens": [[1, 2, 3, 4], [1, 2, 9, 9], [1, 2, 3, 9], [1, 2, 3, 4]]}
-    assert peer_calibrated(verdict, ours, ref, breaking)
-    keeping = {"tokens": ref["tokens"]}  # the peer holds the rule: the rule judges
-    assert not peer_calibrated(verdict, ours, ref, keeping)
+    breaking = peer_calibration(ref, {"tokens": [[1, 2, 3, 4], [1, 2, 9, 9], [1, 2, 3, 9], [1, 2, 3, 4]]})
+    assert breaking == [4, 2, 3, 4]
+    assert peer_calibrated(verdict, ours, ref["tokens"], breaking)
+    keeping = peer_calibration(ref, {"tokens": ref["tokens"]})  # the peer holds the rule: the rule judges
+    assert keeping is None
+    assert not peer_calibrated(verdict, ours, ref["tokens"], keeping)
     worse = [[9] * 4, [1, 9, 9, 9], [9] * 4, [1, 9, 9, 9]]  # parts at once everywhere: significantly fewer
-    assert not peer_calibrated(agreement(worse, ref["tokens"], ref["gaps"]), worse, ref, breaking)
+    assert not peer_calibrated(agreement(worse, ref["tokens"], ref["gaps"]), worse, ref["tokens"], breaking)
 
 
 def test_closest_gaps_keeps_the_longer_run_and_needs_one_with_gaps():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 RANDOM_PROMPT_LENGTHS = [1, 5, 33, 100, 257, 511, 780, 1000]
@@ -32,3 +35,8 @@ def make_sparse_prompts(vocab: int, seed: int = 0) -> list[list[int]]:
     """Random prompts of SPARSE_PROMPT_LENGTHS tokens (ids 2 and up: no BOS or EOS)."""
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(2, vocab, (n,), generator=generator).tolist() for n in SPARSE_PROMPT_LENGTHS]
+
+
+def checkpoint_sparse_prompts(model: str | Path, seed: int = 0) -> list[list[int]]:
+    """make_sparse_prompts over the vocabulary of the checkpoint at ``model`` (its config.json)."""
+    return make_sparse_prompts(json.loads((Path(model) / "config.json").read_text())["vocab_size"], seed)
