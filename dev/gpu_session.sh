@@ -16,7 +16,8 @@
 #   | sglang_sparse (integration/sglang_sparse_e2e.py, carried as sglang is: DeepSeek-V3.2 and GLM-5 on
 #     SGLang's dsa backend with --dsa-decode-backend mla_backend against its flashmla_sparse / flashmla_kv;
 #     SGL_FAMILIES (default DeepSeek-V3.2,GLM-5; Name@heads), SGL_KV (default auto,fp8_e4m3), SGL_PARTS of
-#     tokens,check,selftest; four engines per family and KV dtype, about 80 s each: LIMIT, or DETACH=1)
+#     tokens,check,selftest,serve (serve: sglang.launch_server, needs the bundle's server part from
+#     dev/sglang_server_extras.sh); four engines per family and KV dtype, about 80 s each: LIMIT, or DETACH=1)
 #   | sglang_faults (integration/sglang_fault_check.py, carried as sglang is, with the bundle's server
 #     part from dev/sglang_server_extras.sh: SGL_KV one of fp8_e4m3 and auto, FAULT_PARTS of
 #     preemption,aborts,radix, SELFTEST=1)

@@ -3,7 +3,7 @@ kernels as its decode sub-backend (``--dsa-decode-backend mla_backend``; mla_bac
 against SGLang's own sparse decode on the same indexer, prefill and pool.
 
     python integration/sglang_sparse_e2e.py --families DeepSeek-V3.2,GLM-5 --kv auto,fp8_e4m3 \
-        --parts tokens,check,selftest --out results/sglang_sparse
+        --parts tokens,check,selftest,serve --out results/sglang_sparse
 
 Per family (the zoo's seeded checkpoint as SGLang reads it, models/sglang_checkpoint.py; Name@heads picks
 a layout) and KV dtype (``auto``: bf16 on SM90; ``fp8_e4m3``: SGLang's fp8_ds_mla rows of 656 bytes),
@@ -27,6 +27,14 @@ chooses in prefill and decode, and shorter):
   run's are: a run whose every call is right to float64 and that still parts early points at the
   indexer's choice, not the kernel.
 - selftest: the check with our outputs x settings.SELFTEST_CORRUPTION; it must fail.
+- serve (asked for by name): ``python -m sglang.launch_server`` of ours as a user starts it, SGLang's radix
+  cache on (engines/sglang_sparse_server.py), through /generate: the prompts in a batch, then SERVE_COPIES
+  streams of each at once (reading their prompts from the radix cache). With CUDA graphs: every answer
+  complete and under the tie rule against SGLang's decode (as tokens), every request and token counted
+  by /metrics, decode through the graphs, the log clean and a stop by SIGINT; eager on the same traffic
+  with every decode call of ours checked in float64 (the check's judge); with selftest, an eager server
+  with our outputs x SELFTEST_CORRUPTION, whose check must fail, and the count judged with a request
+  taken off it.
 
 Every engine runs with SGLang's dense one-shot prefill off (SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD=0):
 SGLang runs it with FA3 on SM90, which the bundle lacks; prefill stays sparse MLA. One row per (family,
@@ -45,9 +53,13 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # the checkout's integration, after the wheel
 from integration.engines.sglang_decode_check import clear_summary  # noqa: E402
-from integration.engines.sglang_engine import run_isolated  # noqa: E402
+from integration.engines.sglang_engine import NEW_TOKENS, run_isolated  # noqa: E402
 from integration.engines.sglang_sparse_check import plugin_env, read_summary  # noqa: E402
+from integration.engines.sglang_sparse_server import serve as serve_model  # noqa: E402
+from integration.judges import sglang_served  # noqa: E402
 from integration.judges.engine_rows import add_row, describe, report  # noqa: E402
+from integration.judges.faults import judge_completions  # noqa: E402
+from integration.judges.sglang_faults import judge_log  # noqa: E402
 from integration.judges.sparse_check import judge_sparse_check, judge_sparse_selftest  # noqa: E402
 from integration.judges.tokens import agreement, significantly_fewer_steps, steps_per_prompt  # noqa: E402
 from integration.models.families import Family, pick  # noqa: E402
@@ -57,7 +69,9 @@ from integration.settings import SELFTEST_CORRUPTION  # noqa: E402
 
 OURS = "mla_backend"
 REFERENCES = {"auto": "flashmla_sparse", "fp8_e4m3": "flashmla_kv"}  # SGLang's DSA decode per KV dtype
-PARTS = ("tokens", "check", "selftest")
+PARTS = ("tokens", "check", "selftest", "serve")
+DEFAULT_PARTS = PARTS[:3]  # serve starts three servers per family and cache: asked for by name
+SERVE_COPIES = 8  # streams per prompt in the serve part's second wave
 ENGINE_ENV = {"SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": "0"}  # no FA3 one-shot prefill (docstring)
 
 
@@ -65,7 +79,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--families", default="DeepSeek-V3.2,GLM-5", help="sparse zoo families (Name@heads)")
     parser.add_argument("--kv", default="auto,fp8_e4m3", help=f"KV dtypes among {sorted(REFERENCES)}")
-    parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--parts", default=",".join(DEFAULT_PARTS), help=f"of {','.join(PARTS)}")
     parser.add_argument("--out", type=Path, default=Path("results/sglang_sparse"))
     args = parser.parse_args(argv)
     args.kv, args.parts = args.kv.split(","), args.parts.split(",")
@@ -123,6 +137,23 @@ class Runs:
         checked = read_summary(summary)
         return checked, "" if checked is not None else "no decode call of ours was checked"
 
+    def served(self, kv: str, graphs: bool, corruption: float | None = None) -> tuple[dict, dict | None]:
+        """Ours under ``sglang.launch_server`` (engines/sglang_sparse_server.py), with graphs or eager;
+        ``corruption``: eager with every decode call checked in float64, our outputs times it (its
+        traffic the batch alone where it is not 1, the selftest). The server's run and the check's
+        summary (None where none was installed or none came)."""
+        env, summary = dict(ENGINE_ENV), None
+        name = f"serve_{kv}_" + ("graphs" if graphs else "eager") + ("" if corruption is None else f"_x{corruption}")
+        if corruption is not None:
+            summary = self.work / f"{name}_check.json"
+            clear_summary(summary)
+            env |= plugin_env(self.work / "sparse_check_plugin", corruption, summary, kv)
+        copies = SERVE_COPIES if corruption in (None, 1.0) else 0
+        run = serve_model(
+            self.model, self.prompts, OURS, kv, self.work / f"{name}.log", graphs=graphs, copies=copies, env=env
+        )
+        return run, None if summary is None else read_summary(summary)
+
 
 def scorer_expected() -> str | None:
     """Whose decode scorer SGLang's indexer must use: mla_backend's where DeepGEMM is not installed."""
@@ -153,30 +184,96 @@ def tokens(runs: Runs, kv: str, row) -> None:
         if "error" in ours or "error" in ref:
             row(title, "FAIL", ours.get("error") or f"no reference: {ref['error']}", decode=OURS)
             continue
-        verdict = agreement(ours["tokens"], ref["tokens"], ref["gaps"], ref["alone_tokens"])
-        note = (
-            f"{verdict['identical']}/{len(ours['tokens'])} identical to {name}, divergences "
-            f"(prompt, step, first tie) {verdict['divergent']}"
-        )
-        if not verdict["ok"] and kv.startswith("fp8"):
-            verdict["ok"], more = fp8_calibrated(runs, ours, ref)
-            note += f"; {more}"
+        verdict, note = judge_tokens(runs, kv, ours["tokens"])
         if "tokens_per_s" in ours:
             note = f"{describe(ours)}; {note}"
         status = "PASS" if verdict["ok"] else "FAIL"
         row(title, status, note, decode=OURS, graphs=graphs, **ours, verdict=verdict)
 
 
-def fp8_calibrated(runs: Runs, ours: dict, ref: dict) -> tuple[bool, str]:
-    """Where ours breaks the tie rule against FlashMLA's fp8 kernel: ours must stay with the bf16
-    reference not significantly fewer steps than that kernel does."""
+def judge_tokens(runs: Runs, kv: str, ours: list[list[int]], copies: int = 1) -> tuple[dict, str]:
+    """Ours (the reference's prompts ``copies`` times over) against SGLang's decode for ``kv`` under the
+    tie rule, its lone runs a source of ties; with fp8 calibrated on the bf16 reference where the rule
+    breaks. The verdict (agreement's, ``ok`` the final word) and its note."""
+    ref = runs.reference(kv)
+    verdict = agreement(ours, ref["tokens"] * copies, ref["gaps"] * copies, ref["alone_tokens"] * copies)
+    note = (
+        f"{verdict['identical']}/{len(ours)} identical to {REFERENCES[kv]}, divergences "
+        f"(prompt, step, first tie) {verdict['divergent']}"
+    )
+    if not verdict["ok"] and kv.startswith("fp8"):
+        verdict["ok"], more = fp8_calibrated(runs, ours, ref["tokens"] * copies, copies)
+        note += f"; {more}"
+    return verdict, note
+
+
+def fp8_calibrated(runs: Runs, ours: list[list[int]], ref: list[list[int]], copies: int = 1) -> tuple[bool, str]:
+    """Where ours breaks the tie rule against FlashMLA's fp8 kernel (``ref``): ours must stay with the
+    bf16 reference not significantly fewer steps than that kernel does."""
     bf16 = runs.reference("auto")
     if "error" in bf16:
         return False, f"no bf16 reference to calibrate on: {bf16['error']}"
-    ours_steps, peer_steps = (steps_per_prompt(r["tokens"], bf16["tokens"]) for r in (ours, ref))
+    ours_steps, peer_steps = (steps_per_prompt(tokens, bf16["tokens"] * copies) for tokens in (ours, ref))
     ok = not significantly_fewer_steps(ours_steps, peer_steps)
     steps = f"ours {sum(ours_steps)}, {REFERENCES['fp8_e4m3']} {sum(peer_steps)}"
     return ok, f"steps with the bf16 {REFERENCES['auto']}: {steps}"
+
+
+def serve(runs: Runs, kv: str, row, selftest: bool) -> None:
+    """``python -m sglang.launch_server`` of ours as a user starts it (SGLang's radix cache and scheduler
+    on): with CUDA graphs, the check's prompts in a batch and then SERVE_COPIES streams of each at once,
+    every answer complete and under the tie rule against SGLang's decode (as the tokens part), each
+    request and token counted by /metrics, decode through graphs, the log clean and a stop by SIGINT;
+    eager with every decode call checked in float64 (the check part's judge) on the same traffic; with
+    ``selftest``, an eager server with our outputs x SELFTEST_CORRUPTION, whose check must fail."""
+    ref = runs.reference(kv)
+    if "error" in ref:
+        row("serve", "FAIL", f"no reference: {ref['error']}")
+        return
+    servers = [("graphs", True, None), ("eager, checked", False, 1.0)]
+    if selftest:
+        servers.append((f"eager x{SELFTEST_CORRUPTION}", False, SELFTEST_CORRUPTION))
+    for label, graphs, corruption in servers:
+        run, summary = runs.served(kv, graphs, corruption)
+        title = f"serve {label}"
+        if "error" in run:
+            row(title, "FAIL", run["error"], server=run["server"])
+            continue
+        if corruption not in (None, 1.0):
+            ok, note = judge_check(summary, selftest=True) if summary else (False, "no decode call was checked")
+            row(f"{title}: check", "PASS" if ok else "FAIL", note, check=summary)
+            continue
+        judge_served(runs, kv, partial(row_of, row, title), run, graphs)
+        if corruption == 1.0:
+            ok, note = judge_check(summary, selftest=False) if summary else (False, "no decode call was checked")
+            row(f"{title}: float64", "PASS" if ok else "FAIL", note, check=summary)
+
+
+def row_of(row, title: str, what: str, outcome: tuple[bool, str], **details) -> None:
+    """A row of one server's (``title``) from a judge's (ok, note)."""
+    row(f"{title}: {what}", "PASS" if outcome[0] else "FAIL", outcome[1], **details)
+
+
+def judge_served(runs: Runs, kv: str, row, run: dict, graphs: bool) -> None:
+    """One server's answers, counts, decode mode, log and stop."""
+    batch, streams = [r["tokens"] for r in run["batch"]], [r["tokens"] for r in run["streams"]]
+    for what, tokens, copies in (("batch", batch, 1), (f"{len(streams)} streams", streams, SERVE_COPIES)):
+        complete = judge_completions([len(t) for t in tokens], NEW_TOKENS)
+        verdict, note = judge_tokens(runs, kv, tokens, copies)
+        row(f"{what} tokens", (complete[0] and verdict["ok"], f"{complete[1]}; {note}"), verdict=verdict)
+    cached = sum(r["cached"] for r in run["streams"])
+    before, after = run["metrics"]
+    answered, generated = len(batch) + len(streams), sum(map(len, batch + streams))
+    counted = sglang_served.judge_counted(before, after, answered, generated)
+    row("/metrics", (counted[0], f"{counted[1]}; {cached} prompt tokens of the streams from the radix cache"))
+    row("decode mode", sglang_served.judge_decode_mode(before, after, graphs))
+    server = run["server"]
+    log_ok, log_note = judge_log(run["log"])
+    stop = f"started in {server['start_s']} s, SIGINT: exit {server['exit']}"
+    row("server", (log_ok and server["stopped"], f"{stop}; {log_note}"), server=server)
+    if graphs:  # the selftest of the count: one request lost from it must fail
+        broken = sglang_served.judge_counted(before, sglang_served.one_request_uncounted(after), answered, generated)
+        row("selftest, a request uncounted", (not broken[0], broken[1]))
 
 
 def run_family(family: Family, layout: str, args: argparse.Namespace, rows: list) -> None:
@@ -202,6 +299,8 @@ def run_family(family: Family, layout: str, args: argparse.Namespace, rows: list
             row(title, "PASS" if ok else "FAIL", note, check=summary)
         if "tokens" in args.parts:
             tokens(runs, kv, row)
+        if "serve" in args.parts:
+            serve(runs, kv, row, "selftest" in args.parts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
-"""``python -m sglang.launch_server`` as the SGLang fault check (integration/sglang_fault_check.py) runs
-it: the command line (the seeded DeepSeek-V3, token ids in, page 64, triton prefill, the decode
-backend under test, the serving knobs a part turns), the process environment, start and health, the
+"""``python -m sglang.launch_server`` as the SGLang fault check (integration/sglang_fault_check.py) and the
+sparse check's serve part (sglang_sparse_server.py) run it: the command line (the seeded model, token
+ids in, page 64, triton prefill and the decode backend under test, or SGLang's dsa backend with the
+decode sub-backend under test; the serving knobs a part turns), the process environment, start and health, the
 Prometheus ``/metrics`` read into numbers, an emptied radix cache, and a stop by SIGINT. It passes no
 verdict: integration/judges/ does, on what it returns. A free port and the wait for ``/health`` are
 vllm_server.py's (neither depends on the engine).
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from integration.engines import prometheus
 from integration.engines.child_signals import sigint_at_default
-from integration.engines.sglang_engine import PAGE_SIZE, engine_env
+from integration.engines.sglang_engine import DSA_PAGE_SIZE, PAGE_SIZE, STAND_IN_PACKAGES, engine_env
 
 # SGLang's idle check (managers/scheduler_components/invariant_checker.py) raises on a leaked KV token
 # or request slot instead of warning: the scheduler dies and says why in the log.
@@ -48,6 +49,7 @@ def launch_command(
     chunked_prefill_size: int | None = None,
     schedule_conservativeness: float | None = None,
     host: str = "127.0.0.1",
+    sparse: bool = False,
 ) -> list[str]:
     """The server of ``decode`` (``mla_backend`` or an SGLang backend) on ``model``.
 
@@ -57,13 +59,21 @@ def launch_command(
     how much of each running request's remaining tokens SGLang reserves before admitting more (below 1:
     fewer, so a burst is admitted optimistically and retracted when its decode outgrows the pool).
     Every decode step publishes the pool's gauges (``--decode-log-interval 1``): an idle server then
-    reports its final state at once, not after SGLang's 30-s idle refresh."""
+    reports its final state at once, not after SGLang's 30-s idle refresh. ``sparse``: a DSA model,
+    SGLang's dsa backend with ``decode`` its decode sub-backend and its own prefill sub-backend (as
+    sglang_engine.sparse_settings)."""
+    if sparse:
+        attention = ["--page-size", str(DSA_PAGE_SIZE), "--attention-backend", "dsa", "--dsa-decode-backend", decode]
+    else:
+        attention = [
+            "--page-size", str(PAGE_SIZE),
+            "--prefill-attention-backend", "triton",
+            "--decode-attention-backend", decode,
+        ]  # fmt: skip
     flags = [
         "--model-path", model,
         "--skip-tokenizer-init",
-        "--page-size", str(PAGE_SIZE),
-        "--prefill-attention-backend", "triton",
-        "--decode-attention-backend", decode,
+        *attention,
         "--kv-cache-dtype", kv,
         "--sampling-backend", "pytorch",
         "--grammar-backend", "none",
@@ -86,10 +96,11 @@ def launch_command(
     return [sys.executable, "-m", "sglang.launch_server", *flags]
 
 
-def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: sglang_engine.engine_env's (the FlashInfer and DeepGEMM stand-ins where
-    they are absent) with SGLang's strict idle check and ``extra`` (a test-only plugin's settings and path)."""
-    return engine_env({**STRICT_IDLE_CHECK, **(extra or {})})
+def server_env(extra: dict[str, str] | None = None, packages: tuple[str, ...] = STAND_IN_PACKAGES) -> dict[str, str]:
+    """The server's environment: sglang_engine.engine_env's (the stand-ins of ``packages`` where they are
+    absent; a DSA model's leave DeepGEMM out) with SGLang's strict idle check and ``extra`` (a test-only
+    plugin's settings and path, a setting of SGLang's)."""
+    return engine_env({**STRICT_IDLE_CHECK, **(extra or {})}, packages)
 
 
 def start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:

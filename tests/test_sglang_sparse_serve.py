@@ -1,0 +1,228 @@
+"""The serve part of integration/sglang_sparse_e2e.py (DeepSeek-V3.2 and GLM-5 under
+``sglang.launch_server`` with our sparse decode) on CPU, its servers stood in: servers that behave pass
+every row, and each breakage a real server could show (an answer off the tie rule, a short answer, a
+request /metrics missed, decode outside the graphs, a traceback, no SIGINT exit, no start, a check the
+corruption did not fail) fails the row that sees it. Its metrics judge (judges/sglang_served.py) and,
+under SGLang (-m sglang), the server's command line and the samples those judges read, as SGLang
+parses and writes them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT))  # the integration package, from the checkout
+from sglang_release import PUBLISH_AS_SCHEDULER  # noqa: E402
+from test_sglang_sparse_e2e import dsa_step, fake_engines, recorded  # noqa: E402
+
+from integration import sglang_sparse_e2e as e2e  # noqa: E402
+from integration.engines import sglang_server, sglang_sparse_check  # noqa: E402
+from integration.engines.sglang_decode_check import process_summary  # noqa: E402
+from integration.judges import sglang_served  # noqa: E402
+
+TOKENS = [7, 8, 9, 10]  # what fake_engines' every engine generates
+LABELS = {"engine_type": "unified", "model_name": "/m"}
+
+
+def metrics(requests: float, tokens: float, graph_decodes: float, eager_decodes: float) -> dict[str, float]:
+    """A scrape as engines/sglang_server.parse_metrics keys SGLang's samples (streamed and not apart)."""
+    return {
+        f"{sglang_served.REQUESTS}{{is_streaming=false}}": requests / 2,
+        f"{sglang_served.REQUESTS}{{is_streaming=true}}": requests / 2,
+        f"{sglang_served.GENERATED}{{is_streaming=false}}": tokens,
+        sglang_served.GRAPH_DECODES: graph_decodes,
+        sglang_served.EAGER_DECODES: eager_decodes,
+    }
+
+
+def fake_servers(monkeypatch, breakage: str | None = None) -> list[dict]:
+    """Servers that answer every request with fake_engines' tokens and count what they answered; a
+    checked one writes the recorder's summary of a real call (its output times the corruption).
+    ``breakage`` names what goes wrong on the server with graphs (or, for the selftest, the corrupted
+    server's check)."""
+    started: list[dict] = []
+    monkeypatch.setattr(e2e, "NEW_TOKENS", len(TOKENS))
+
+    def serve(model, prompts, decode, kv, log, *, graphs, copies, env):
+        started.append({"decode": decode, "kv": kv, "graphs": graphs, "copies": copies, "env": env})
+        server = {"command": ["--model-path", model], "start_s": 41.0, "stopped": True, "exit": 0}
+        if breakage == "no start" and graphs:
+            return {"error": "RuntimeError: serve_auto_graphs did not start (exit 1)", "log": "", "server": server}
+        scale = 1.0
+        if sglang_sparse_check.ENV in env:
+            settings = json.loads(env[sglang_sparse_check.ENV])
+            cancelled = breakage == "corruption missed" and settings["corruption"] != 1.0
+            scale = 1.0 if cancelled else settings["corruption"]
+            summary = recorded(dsa_step(kv != "auto"), torch.bfloat16, out_scale=scale)
+            summary["indexer_scorer"] = "mla_backend"
+            process_summary(Path(settings["summary"]), 4100).write_text(json.dumps(summary))
+        answer = {"tokens": TOKENS, "gaps": [1.0] * 4, "finish": {"type": "length"}, "cached": 0, "retractions": 0}
+        batch = [dict(answer) for _ in prompts]
+        streams = [dict(answer, cached=len(p) - 1) for p in prompts * copies]
+        broken = graphs and breakage
+        if broken == "stream off the rule":
+            streams[5] = dict(answer, tokens=[7, 5, 5, 5])
+        if broken == "short answer":
+            batch[2] = dict(answer, tokens=TOKENS[:3])
+        answered = len(batch) + len(streams)
+        tokens = sum(len(r["tokens"]) for r in batch + streams)
+        decodes = (0, 40) if not graphs or broken == "no graphs" else (40, 0)
+        after = metrics(answered - (broken == "uncounted"), tokens, *decodes)
+        log = "[TP0] Scheduler hit an exception: Traceback (most recent call last):" if broken == "traceback" else "ok"
+        if broken == "no SIGINT exit":
+            server = {**server, "stopped": False, "exit": -9}
+        scrapes = [metrics(0, 0, 0, 0), after]
+        return {"batch": batch, "streams": streams, "metrics": scrapes, "log": log, "server": server}
+
+    monkeypatch.setattr(e2e, "serve_model", serve)
+    return started
+
+
+def serve_rows(tmp_path, kv: str = "auto") -> tuple[int, dict[str, dict]]:
+    argv = ["--families", "GLM-5", "--kv", kv, "--parts", "serve,selftest", "--out", str(tmp_path)]
+    status = e2e.main(argv)
+    rows = json.loads((tmp_path / "sglang_sparse.json").read_text())
+    return status, {r["part"]: r for r in rows if r["part"].startswith("serve")}
+
+
+SERVED_ROWS = ["batch tokens", "32 streams tokens", "/metrics", "decode mode", "server"]
+
+
+@pytest.mark.parametrize("kv", sorted(e2e.REFERENCES))
+def test_servers_that_behave_pass_every_row_and_each_starts_as_a_user_starts_it(monkeypatch, tmp_path, kv):
+    fake_engines(monkeypatch)
+    started = fake_servers(monkeypatch)
+    status, rows = serve_rows(tmp_path, kv)
+    graphs = [f"serve graphs: {what}" for what in [*SERVED_ROWS, "selftest, a request uncounted"]]
+    checked = [f"serve eager, checked: {what}" for what in [*SERVED_ROWS, "float64"]]
+    expected = graphs + checked + ["serve eager x1.05: check"]
+    assert list(rows) == expected and all(r["status"] == "PASS" for r in rows.values()), rows
+    assert status == 0  # the check and selftest parts' own rows pass too
+    assert rows["serve graphs: 32 streams tokens"]["note"].startswith("32/32 complete; 32/32 identical")
+    assert "/metrics counted 36 of 36 requests, 144 of 144 tokens" in rows["serve graphs: /metrics"]["note"]
+    served = started[-3:]  # the check and selftest parts' engines are fake_engines'
+    copies = e2e.SERVE_COPIES
+    assert [(s["graphs"], s["copies"]) for s in served] == [(True, copies), (False, copies), (False, 0)]
+    assert all(s["decode"] == e2e.OURS and s["kv"] == kv for s in served)
+    assert all(s["env"]["SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD"] == "0" for s in served)
+    assert sglang_sparse_check.ENV not in served[0]["env"]
+    corruptions = [json.loads(s["env"][sglang_sparse_check.ENV])["corruption"] for s in served[1:]]
+    assert corruptions == [1.0, e2e.SELFTEST_CORRUPTION]
+
+
+@pytest.mark.parametrize(
+    ("breakage", "failing"),
+    [
+        ("stream off the rule", "serve graphs: 32 streams tokens"),
+        ("short answer", "serve graphs: batch tokens"),
+        ("uncounted", "serve graphs: /metrics"),
+        ("no graphs", "serve graphs: decode mode"),
+        ("traceback", "serve graphs: server"),
+        ("no SIGINT exit", "serve graphs: server"),
+        ("no start", "serve graphs"),
+        ("corruption missed", "serve eager x1.05: check"),
+    ],
+)
+def test_each_breakage_fails_the_row_that_sees_it_and_the_run(monkeypatch, tmp_path, breakage, failing):
+    fake_engines(monkeypatch)
+    fake_servers(monkeypatch, breakage)
+    status, rows = serve_rows(tmp_path)
+    assert status == 1
+    assert [part for part, r in rows.items() if r["status"] == "FAIL"] == [failing]
+
+
+def test_the_count_sums_sglang_s_labels_and_the_decode_mode_follows_the_start():
+    before, after = metrics(4, 10, 3, 1), metrics(40, 154, 60, 1)
+    assert sglang_served.counted(before, after, sglang_served.REQUESTS) == 36
+    assert sglang_served.judge_counted(before, after, 36, 144) == (
+        True,
+        "/metrics counted 36 of 36 requests, 144 of 144 tokens",
+    )
+    assert not sglang_served.judge_counted(before, after, 36, 145)[0]
+    assert not sglang_served.judge_counted(before, sglang_served.one_request_uncounted(after), 36, 144)[0]
+    assert sglang_served.judge_decode_mode(before, after, graphs=True)[0]
+    assert not sglang_served.judge_decode_mode(before, after, graphs=False)[0]  # an eager server replayed graphs
+    eager = metrics(40, 154, 3, 30)
+    assert sglang_served.judge_decode_mode(before, eager, graphs=False)[0]
+    assert not sglang_served.judge_decode_mode(before, eager, graphs=True)[0]
+
+
+def test_the_sparse_server_command_names_the_dsa_backend_and_leaves_prefill_to_it():
+    command = sglang_server.launch_command("/m", 30000, "mla_backend", "fp8_e4m3", graphs=True, sparse=True)
+    value = {flag: command[command.index(flag) + 1] for flag in command if flag.startswith("--")}
+    assert value["--attention-backend"] == "dsa" and value["--dsa-decode-backend"] == "mla_backend"
+    assert value["--page-size"] == "64" and value["--kv-cache-dtype"] == "fp8_e4m3"
+    assert "--prefill-attention-backend" not in command and "--decode-attention-backend" not in command
+    assert "--disable-radix-cache" not in command
+
+
+# -- under SGLang ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("graphs", [True, False])
+def test_sglang_parses_the_sparse_server_command_with_our_plugin(graphs):
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+    from test_sglang_fault_check import parsed
+
+    from mla_backend.sglang import register
+
+    register()
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    command = sglang_server.launch_command("/m", 30000, "mla_backend", "auto", graphs=graphs, sparse=True)
+    args = parsed(parser, command)
+    assert (args.attention_backend, args.dsa_decode_backend, args.page_size) == ("dsa", "mla_backend", 64)
+    assert args.prefill_attention_backend is None and args.decode_attention_backend is None
+    assert args.enable_metrics and not args.disable_radix_cache
+    assert (args.cuda_graph_backend_decode == "disabled") == (not graphs)
+
+
+SERVED_PROBE = (
+    PUBLISH_AS_SCHEDULER
+    + """
+import argparse, os, sys, tempfile
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp()  # SGLang's mode: before prometheus_client loads
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector, TokenizerMetricsCollector
+from sglang.srt.server_args import ServerArgs
+from integration.models.families import FAMILIES
+from integration.models.sglang_checkpoint import save_sglang_config
+model = str(save_sglang_config(FAMILIES[0], tempfile.mkdtemp()))
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+args = ServerArgs.from_cli_args(parser.parse_args(["--model-path", model, "--enable-metrics", "--device", "cpu"]))
+publish_as_scheduler(args)
+labels = {"model_name": "/m", "engine_type": "unified", "tp_rank": 0, "pp_rank": 0, "moe_ep_rank": 0}
+scheduler = SchedulerMetricsCollector(labels=labels, server_args=args)
+tokenizer = TokenizerMetricsCollector(server_args=args, labels={"model_name": "/m", "engine_type": "unified"})
+for graph in (True, True, True, False):
+    scheduler.increment_decode_cuda_graph_pass(graph)
+for streaming, new in ((False, 32), (True, 32), (True, 31)):
+    tokenizer.observe_one_finished_request({"model_name": "/m", "engine_type": "unified"}, 2300, new, 2299, 0.5,
+                                           False, is_streaming=streaming)
+registry = CollectorRegistry()
+multiprocess.MultiProcessCollector(registry)
+sys.stdout.write(generate_latest(registry).decode())
+"""
+)
+
+
+@pytest.mark.sglang
+def test_the_samples_the_serve_judges_read_are_those_sglang_writes():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", SERVED_PROBE], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    after = sglang_server.parse_metrics(done.stdout)
+    assert sglang_served.judge_counted({}, after, 3, 95)[0]
+    assert sglang_served.counted({}, after, sglang_served.GRAPH_DECODES) == 3
+    assert sglang_served.counted({}, after, sglang_served.EAGER_DECODES) == 1
