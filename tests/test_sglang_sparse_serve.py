@@ -42,11 +42,11 @@ def metrics(requests: float, tokens: float, graph_decodes: float, eager_decodes:
     }
 
 
-def fake_servers(monkeypatch, breakage: str | None = None) -> list[dict]:
+def fake_servers(monkeypatch, breakage: str | None = None, peer_off: tuple[int, ...] = ()) -> list[dict]:
     """Servers that answer every request with fake_engines' tokens and count what they answered; a
     checked one writes the recorder's summary of a real call (its output times the corruption).
-    ``breakage`` names what goes wrong on the server with graphs (or, for the selftest, the corrupted
-    server's check)."""
+    ``breakage`` names what goes wrong on our server with graphs (or, for the selftest, the corrupted
+    server's check); SGLang's served decode answers the streams ``peer_off`` off the tie rule."""
     started: list[dict] = []
     monkeypatch.setattr(e2e, "NEW_TOKENS", len(TOKENS))
 
@@ -66,9 +66,13 @@ def fake_servers(monkeypatch, breakage: str | None = None) -> list[dict]:
         answer = {"tokens": TOKENS, "gaps": [1.0] * 4, "finish": {"type": "length"}, "cached": 0, "retractions": 0}
         batch = [dict(answer) for _ in prompts]
         streams = [dict(answer, cached=len(p) - 1) for p in prompts * copies]
-        broken = graphs and breakage
+        broken = graphs and decode == e2e.OURS and breakage
         if broken == "stream off the rule":
             streams[5] = dict(answer, tokens=[7, 5, 5, 5])
+        if broken == "every stream off the rule":
+            streams = [dict(answer, tokens=[7, 5, 5, 5]) for _ in streams]
+        if decode != e2e.OURS:
+            streams = [dict(answer, tokens=[7, 8, 5, 5]) if i in peer_off else r for i, r in enumerate(streams)]
         if broken == "short answer":
             batch[2] = dict(answer, tokens=TOKENS[:3])
         answered = len(batch) + len(streams)
@@ -136,6 +140,25 @@ def test_each_breakage_fails_the_row_that_sees_it_and_the_run(monkeypatch, tmp_p
     status, rows = serve_rows(tmp_path)
     assert status == 1
     assert [part for part, r in rows.items() if r["status"] == "FAIL"] == [failing]
+
+
+def test_served_tokens_off_the_rule_pass_where_sglang_s_served_decode_parts_as_early_and_as_often(
+    monkeypatch, tmp_path
+):
+    """Ours parting at step 1 on one stream: SGLang's flashmla_sparse served the same traffic decides.
+    It keeps the rule: ours fails (the breakage test above); it parts on two streams at step 2: ours
+    passes (one step fewer in all is chance); ours parting on every stream: significantly fewer, fails."""
+    fake_engines(monkeypatch)
+    started = fake_servers(monkeypatch, "stream off the rule", peer_off=(3, 9))
+    status, rows = serve_rows(tmp_path)
+    assert status == 0, rows
+    note = rows["serve graphs: 32 streams tokens"]["note"]
+    assert "SGLang's flashmla_sparse served breaks it too" in note and "ours 125 steps agreed, its 124" in note
+    peers = [s for s in started if s["decode"] == "flashmla_sparse"]
+    assert len(peers) == 1 and peers[0]["graphs"] and peers[0]["copies"] == e2e.SERVE_COPIES  # shared by both
+    fake_servers(monkeypatch, "every stream off the rule", peer_off=(3, 9))
+    status, rows = serve_rows(tmp_path)
+    assert status == 1 and "(significantly fewer)" in rows["serve graphs: 32 streams tokens"]["note"]
 
 
 def test_the_count_sums_sglang_s_labels_and_the_decode_mode_follows_the_start():
