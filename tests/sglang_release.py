@@ -67,3 +67,24 @@ def publish_as_scheduler(args):
         from sglang.srt.server_args import set_global_server_args_for_scheduler
         set_global_server_args_for_scheduler(args)
 """
+
+# The start of a script that renders SGLang's metrics collectors as /metrics serves them: prometheus_client in
+# SGLang's multiprocess mode, server arguments published as a scheduler's (0.5.23's collectors read them from
+# there) for a model SGLang resolves them against (the zoo's DeepSeek-V3 config), and the collectors' labels.
+METRICS_PROBE_START = (
+    PUBLISH_AS_SCHEDULER
+    + """
+import argparse, os, sys, tempfile
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp()  # SGLang's mode: before prometheus_client loads
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+from sglang.srt.server_args import ServerArgs
+from integration.models.families import FAMILIES
+from integration.models.sglang_checkpoint import save_sglang_config
+model = str(save_sglang_config(FAMILIES[0], tempfile.mkdtemp()))
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+args = ServerArgs.from_cli_args(parser.parse_args(["--model-path", model, "--enable-metrics", "--device", "cpu"]))
+publish_as_scheduler(args)
+labels = {"model_name": "/m", "engine_type": "unified", "tp_rank": 0, "pp_rank": 0, "moe_ep_rank": 0}
+"""
+)

@@ -27,7 +27,7 @@ sys.path.append(str(ROOT))  # the integration package, from the checkout
 from absent_packages import absent_packages  # noqa: E402
 from http_stand_in import QuietHandler  # noqa: E402
 from server_start import first_line, start_probe_as_background_job  # noqa: E402
-from sglang_release import PUBLISH_AS_SCHEDULER  # noqa: E402
+from sglang_release import METRICS_PROBE_START  # noqa: E402
 
 from integration.engines import sglang_client, sglang_server  # noqa: E402
 from integration.judges import faults, sglang_faults  # noqa: E402
@@ -603,24 +603,10 @@ def test_every_server_starts_with_flags_sglang_takes(sglang_parser):
     assert eager.kv_cache_dtype == "auto" and made["aborts mla_backend"].schedule_conservativeness == 1.0
 
 
-# The server arguments are a scheduler's, published (SGLang 0.5.23's collector reads them from there), for
-# a model SGLang can resolve them against: the zoo's DeepSeek-V3 config.
 METRICS_PROBE = (
-    PUBLISH_AS_SCHEDULER
+    METRICS_PROBE_START
     + """
-import argparse, os, sys, tempfile
-os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp()  # SGLang's mode: before prometheus_client loads
-from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 from sglang.srt.observability.metrics_collector import QueueCount, SchedulerMetricsCollector, SchedulerStats
-from sglang.srt.server_args import ServerArgs
-from integration.models.families import FAMILIES
-from integration.models.sglang_checkpoint import save_sglang_config
-model = str(save_sglang_config(FAMILIES[0], tempfile.mkdtemp()))
-parser = argparse.ArgumentParser()
-ServerArgs.add_cli_args(parser)
-args = ServerArgs.from_cli_args(parser.parse_args(["--model-path", model, "--enable-metrics", "--device", "cpu"]))
-publish_as_scheduler(args)
-labels = {"model_name": "/m", "engine_type": "unified", "tp_rank": 0, "pp_rank": 0, "moe_ep_rank": 0}
 collector = SchedulerMetricsCollector(labels=labels, server_args=args)
 collector.log_stats(SchedulerStats(num_running_reqs=QueueCount(total=2), num_queue_reqs=QueueCount(total=1),
                                    num_used_tokens=128, kv_evictable_tokens=640, num_retracted_reqs=3))

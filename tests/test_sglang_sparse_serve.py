@@ -19,7 +19,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # the integration package, from the checkout
-from sglang_release import PUBLISH_AS_SCHEDULER  # noqa: E402
+from sglang_release import METRICS_PROBE_START  # noqa: E402
 from test_sglang_sparse_e2e import dsa_step, fake_engines, recorded  # noqa: E402
 
 from integration import sglang_sparse_e2e as e2e  # noqa: E402
@@ -211,21 +211,9 @@ def test_sglang_parses_the_sparse_server_command_with_our_plugin(graphs):
 
 
 SERVED_PROBE = (
-    PUBLISH_AS_SCHEDULER
+    METRICS_PROBE_START
     + """
-import argparse, os, sys, tempfile
-os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp()  # SGLang's mode: before prometheus_client loads
-from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector, TokenizerMetricsCollector
-from sglang.srt.server_args import ServerArgs
-from integration.models.families import FAMILIES
-from integration.models.sglang_checkpoint import save_sglang_config
-model = str(save_sglang_config(FAMILIES[0], tempfile.mkdtemp()))
-parser = argparse.ArgumentParser()
-ServerArgs.add_cli_args(parser)
-args = ServerArgs.from_cli_args(parser.parse_args(["--model-path", model, "--enable-metrics", "--device", "cpu"]))
-publish_as_scheduler(args)
-labels = {"model_name": "/m", "engine_type": "unified", "tp_rank": 0, "pp_rank": 0, "moe_ep_rank": 0}
 scheduler = SchedulerMetricsCollector(labels=labels, server_args=args)
 tokenizer = TokenizerMetricsCollector(server_args=args, labels={"model_name": "/m", "engine_type": "unified"})
 for graph in (True, True, True, False):
