@@ -9,7 +9,8 @@ out large, or the comparison could not fail. Time: decode by CUDA-graph replay o
 caches past L2 (median, as dev/indexer_cost.py), prefill (causal rows, ragged K) by CUDA events.
 Run on the GPU after ``bash dev/install_deepgemm_on_gpu.sh && source /tmp/site/env.sh``, from the repo
 root: ``PYTHONPATH=.:tests python3 dev/indexer_vs_deepgemm.py`` (deep_gemm from $PYTHONPATH, else from
-$DEEPGEMM_SITE, default /tmp/site). Exits 1 if a check fails."""
+$DEEPGEMM_SITE, default /tmp/site). ``--keys-major`` adds ours with keys as the tensor-core tile's rows
+(mla_backend.indexer_triton.KEYS_MAJOR) at a few tile sizes, measured the same way. Exits 1 if a check fails."""
 
 import importlib
 import os
@@ -49,6 +50,29 @@ def dg_ragged(q, k, scales, weights, starts, ends):
 
 def our_ragged(q, k, scales, weights, starts, ends):
     return indexer.fp8_fp4_mqa_logits((q, None), (k, scales), weights, starts, ends, clean_logits=False)
+
+
+def keys_major(paged, ragged, row_target, key_block):
+    """Ours with mla_backend.indexer_triton's keys-major tiles of ``row_target`` (token, head) columns by
+    ``key_block`` prefill keys, set for each call (a graph captured around it keeps them)."""
+    from mla_backend import indexer_triton
+
+    def wrap(fn):
+        def call(*args):
+            shipped = indexer_triton.KEYS_MAJOR, indexer_triton.ROW_TARGET, indexer_triton.KEY_BLOCK
+            indexer_triton.KEYS_MAJOR, indexer_triton.ROW_TARGET, indexer_triton.KEY_BLOCK = True, row_target, key_block
+            try:
+                return fn(*args)
+            finally:
+                indexer_triton.KEYS_MAJOR, indexer_triton.ROW_TARGET, indexer_triton.KEY_BLOCK = shipped
+
+        return call
+
+    return wrap(paged), wrap(ragged)
+
+
+IMPLS = {"DeepGEMM": (dg_paged, dg_ragged), "ours": (our_paged, our_ragged)}
+KEYS_MAJOR_TILES = ((128, 64), (256, 64), (128, 128), (256, 128))  # (columns, prefill keys) a program holds
 
 
 def row_error(got, want):
@@ -101,14 +125,14 @@ def accuracy():
     bad = cache.clone()
     bad.view(bad.shape[0], -1)[:, PAGE * DIM :].view(torch.float32)[table[:, 0].long()] *= 2
     meta = deep_gemm.get_paged_mqa_logits_metadata(lens, PAGE, NUM_SMS)
-    for name, fn in (("DeepGEMM", dg_paged), ("ours", our_paged)):
+    for name, (fn, _) in IMPLS.items():
         errors = [row_error(fn(q, c, weights, lens, table, meta, width), want) for c in (cache, bad)]
         out["paged B8 ctx<=8192", name] = tuple(errors)
     q, k, scales, weights, starts, ends = ragged_case()
     want = reference_ragged64(q, k, scales, weights, starts, ends)
     bad = scales.clone()
     bad[:PAGE] *= 2
-    for name, fn in (("DeepGEMM", dg_ragged), ("ours", our_ragged)):
+    for name, (_, fn) in IMPLS.items():
         errors = [row_error(fn(q, k, s, weights, starts, ends), want) for s in (scales, bad)]
         out["ragged 512 x 4096", name] = tuple(errors)
     return out
@@ -154,27 +178,35 @@ def prefill_us(fn, rows, keys):
 
 
 def main() -> int:
+    if "--keys-major" in sys.argv[1:]:
+        for columns, keys in KEYS_MAJOR_TILES:
+            IMPLS[f"km {columns}x{keys}"] = keys_major(our_paged, our_ragged, columns, keys)
     print(f"{torch.cuda.get_device_name()} ({NUM_SMS} SMs) | deep_gemm {deep_gemm.__version__} {deep_gemm.__file__}")
     errors = accuracy()
     failed = [key for key, (clean, bad) in errors.items() if not (clean < TOL and bad > CORRUPT_MIN)]
-    times = []
+    times = []  # (case, bytes read, {impl: us})
     for batch, context in DECODE:
-        dg, ours = decode_us(dg_paged, batch, context), decode_us(our_paged, batch, context)
-        times.append((f"decode B{batch} ctx {context}", dg, ours, batch * context * TOKEN_BYTES))
-        print(f"  {times[-1][0]}: DeepGEMM {dg:.1f} us, ours {ours:.1f} us", flush=True)
+        per_impl = {name: decode_us(paged, batch, context) for name, (paged, _) in IMPLS.items()}
+        times.append((f"decode B{batch} ctx {context}", batch * context * TOKEN_BYTES, per_impl))
+        print(f"  {times[-1][0]}: " + ", ".join(f"{n} {us:.1f} us" for n, us in per_impl.items()), flush=True)
     for rows, keys in PREFILL:
-        dg, ours = prefill_us(dg_ragged, rows, keys), prefill_us(our_ragged, rows, keys)
-        times.append((f"prefill {rows} x {keys}", dg, ours, 0))
-        print(f"  {times[-1][0]}: DeepGEMM {dg:.1f} us, ours {ours:.1f} us", flush=True)
+        per_impl = {name: prefill_us(ragged, rows, keys) for name, (_, ragged) in IMPLS.items()}
+        times.append((f"prefill {rows} x {keys}", 0, per_impl))
+        print(f"  {times[-1][0]}: " + ", ".join(f"{n} {us:.1f} us" for n, us in per_impl.items()), flush=True)
     print(f"\nerror vs float64 (worst row, / row max |logit|; ok < {TOL:g}, corrupted scale must be > {CORRUPT_MIN:g})")
-    print(f"{'case':22} {'impl':9} {'clean':>9} {'corrupted':>10}  verdict")
+    print(f"{'case':22} {'impl':12} {'clean':>9} {'corrupted':>10}  verdict")
     for (case, impl), (clean, bad) in errors.items():
         verdict = "FAIL" if (case, impl) in failed else "ok"
-        print(f"{case:22} {impl:9} {clean:9.2e} {bad:10.2e}  {verdict}")
-    print(f"{'time (per layer)':26} {'DeepGEMM us':>11} {'GB/s':>6} {'ours us':>9} {'GB/s':>6} {'ours/DG':>8}")
-    for name, dg, ours, nbytes in times:
-        rates = (f"{nbytes / dg / 1e3:6.0f}", f"{nbytes / ours / 1e3:6.0f}") if nbytes else ("", "")
-        print(f"{name:26} {dg:11.1f} {rates[0]:>6} {ours:9.1f} {rates[1]:>6} {ours / dg:7.2f}x")
+        print(f"{case:22} {impl:12} {clean:9.2e} {bad:10.2e}  {verdict}")
+    print("\ntime per layer, us (GB/s of the index cache read), and each / DeepGEMM's")
+    print(f"{'case':26} " + " ".join(f"{name:>20}" for name in IMPLS))
+    for name, nbytes, per_impl in times:
+        base = per_impl["DeepGEMM"]
+        cells = [
+            f"{us:.1f}" + (f" ({nbytes / us / 1e3:.0f})" if nbytes else "") + f" {us / base:.2f}x"
+            for us in per_impl.values()
+        ]
+        print(f"{name:26} " + " ".join(f"{cell:>20}" for cell in cells))
     return 1 if failed else 0
 
 

@@ -30,6 +30,10 @@ KEY_BLOCK = 64  # prefill keys a program scores per step
 DOT_OPERANDS = "e4m3"
 ROW_TARGET = 128  # query rows x heads a program holds: one tensor-core tile of rows
 PROGRAMS_PER_SM = 4
+# The tile's orientation: False, (token, head) rows by keys; True, keys by (token, head) columns, where
+# on SM90 (wgmma) the sum over heads stays within a warp instead of crossing warps through shared
+# memory (dev/indexer_tile_layout.py shows which; dev/indexer_vs_deepgemm.py --keys-major times both).
+KEYS_MAJOR = False
 
 
 # Integers that change from call to call are not specialised on (Triton compiles a variant for 1 and for
@@ -58,6 +62,7 @@ def _paged_logits_kernel(
     DIM: tl.constexpr,
     PAGE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # e4m3 operands widened to this before the tensor cores' dot, or None
+    KEYS_MAJOR: tl.constexpr,  # the module's KEYS_MAJOR
 ):
     groups = tl.cdiv(NEXT_N, GROUP)
     b = tl.program_id(0) // groups
@@ -92,8 +97,12 @@ def _paged_logits_kernel(
         # sum_h w * relu(q . k) * scale; fp32 dots: the e4m3 products are exact, only the sums round
         if DOT_DTYPE is not None:
             k = k.to(DOT_DTYPE)
-        dots = tl.maximum(tl.dot(q, tl.trans(k)), 0.0) * weights[:, None]
-        logits = tl.sum(tl.reshape(dots, [SLOTS, HEADS, PAGE]), axis=1) * scale[None, :]
+        if KEYS_MAJOR:
+            dots = tl.maximum(tl.dot(k, tl.trans(q)), 0.0) * weights[None, :]
+            logits = tl.trans(tl.sum(tl.reshape(dots, [PAGE, SLOTS, HEADS]), axis=2) * scale[:, None])
+        else:
+            dots = tl.maximum(tl.dot(q, tl.trans(k)), 0.0) * weights[:, None]
+            logits = tl.sum(tl.reshape(dots, [SLOTS, HEADS, PAGE]), axis=1) * scale[None, :]
         position = block * PAGE + t
         logits = tl.where(position[None, :] < ends[:, None], logits, float("-inf"))
         mask = live[:, None] & (position[None, :] < width)
@@ -119,6 +128,7 @@ def _ragged_logits_kernel(
     DIM: tl.constexpr,
     KEYS: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    KEYS_MAJOR: tl.constexpr,
 ):
     slot = tl.arange(0, SLOTS)
     token = tl.program_id(0) * SLOTS + slot
@@ -147,8 +157,12 @@ def _ragged_logits_kernel(
         scale = tl.load(scale_ptr + position, mask=in_keys, other=0.0)
         if DOT_DTYPE is not None:
             k = k.to(DOT_DTYPE)
-        dots = tl.maximum(tl.dot(q, tl.trans(k)), 0.0) * weights[:, None]
-        logits = tl.sum(tl.reshape(dots, [SLOTS, HEADS, KEYS]), axis=1) * scale[None, :]
+        if KEYS_MAJOR:
+            dots = tl.maximum(tl.dot(k, tl.trans(q)), 0.0) * weights[None, :]
+            logits = tl.trans(tl.sum(tl.reshape(dots, [KEYS, SLOTS, HEADS]), axis=2) * scale[:, None])
+        else:
+            dots = tl.maximum(tl.dot(q, tl.trans(k)), 0.0) * weights[:, None]
+            logits = tl.sum(tl.reshape(dots, [SLOTS, HEADS, KEYS]), axis=1) * scale[None, :]
         inside = (position[None, :] >= starts[:, None]) & (position[None, :] < ends[:, None])
         if COMPRESSED:
             column = position[None, :] - starts[:, None]
@@ -216,6 +230,7 @@ def paged_logits(
         DIM=dim,
         PAGE=page,
         DOT_DTYPE=_dot_dtype(),
+        KEYS_MAJOR=KEYS_MAJOR,
         num_warps=8 if slots * heads >= 128 else 4,
     )
     return out
@@ -260,6 +275,7 @@ def ragged_logits(
         DIM=dim,
         KEYS=KEY_BLOCK,
         DOT_DTYPE=_dot_dtype(),
+        KEYS_MAJOR=KEYS_MAJOR,
         num_warps=8,
     )
     return out

@@ -3,7 +3,8 @@ against the float64 loops of indexer_cases.py, through the public functions of m
 vLLM calls them: decode rows of one and several draft tokens (both context_lens forms), rows that share
 a program with rows of other lengths, ragged prefill ranges in both column layouts, DeepGEMM's
 clean_logits contract (unwritten past a row's reach only when False), a wrong table entry or scale
-caught, and no host read of a length (what lets a captured CUDA graph serve every step).
+caught, and no host read of a length (what lets a captured CUDA graph serve every step); each case with
+the tiles both ways round (KEYS_MAJOR).
 
 Run by test_indexer_triton.py in a child with ``TRITON_INTERPRET=1`` (not collected on its own)."""
 
@@ -34,10 +35,11 @@ from mla_backend import indexer_triton as triton_kernels
 PAGE = 16  # the kernels' smallest page (a tensor-core step); vLLM's index cache uses 64
 
 
-@pytest.fixture(autouse=True)
-def on_the_interpreter(monkeypatch):
+@pytest.fixture(autouse=True, params=[False, True], ids=["rows-major", "keys-major"])
+def on_the_interpreter(monkeypatch, request):
     """mla_backend.indexer sends CPU tensors to its torch loops; here they go to the Triton kernels
-    (interpreted), and unwritten logits read NaN."""
+    (interpreted), and unwritten logits read NaN. Every case runs with both tile orientations."""
+    monkeypatch.setattr(triton_kernels, "KEYS_MAJOR", request.param)
     monkeypatch.setattr(ix, "_triton_serves", lambda q, heads, dim, page=64: triton_kernels.serves(heads, dim, page))
     monkeypatch.setattr(
         triton_kernels, "_empty_like_full", lambda shape, value, dtype, device: torch.full(shape, math.nan, dtype=dtype)

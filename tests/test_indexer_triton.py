@@ -37,7 +37,8 @@ RAGGED = {"COMPRESSED": True, "DIM": 128, "KEYS": 64, "DOT_DTYPE": None}
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["paged", "ragged"])
 @pytest.mark.parametrize("heads", [64, 32])  # DeepSeek-V3.2's index heads, GLM-5's
-def test_the_kernels_compile_to_tensor_core_code_for_every_shipped_architecture(kernel, heads):
+@pytest.mark.parametrize("keys_major", [False, True])
+def test_the_kernels_compile_to_tensor_core_code_for_every_shipped_architecture(kernel, heads, keys_major):
     """Triton (its own ptxas, no GPU) builds both kernels for each compute capability the package
     ships kernels for, with the e4m3 dot on the tensor cores (mma.sync, wgmma or tcgen05)."""
     import re
@@ -50,7 +51,7 @@ def test_the_kernels_compile_to_tensor_core_code_for_every_shipped_architecture(
     from mla_backend.targets import ARCH_BY_CAPABILITY
 
     fn = indexer_triton._paged_logits_kernel if kernel == "paged" else indexer_triton._ragged_logits_kernel
-    constexprs = {**(PAGED if kernel == "paged" else RAGGED), "HEADS": heads}
+    constexprs = {**(PAGED if kernel == "paged" else RAGGED), "HEADS": heads, "KEYS_MAJOR": keys_major}
     if kernel == "ragged":
         constexprs["SLOTS"] = indexer_triton.ROW_TARGET // heads
     signature = {name: POINTERS.get(name, "constexpr" if name in constexprs else "i32") for name in fn.arg_names}
