@@ -38,7 +38,8 @@
 #   | sparsebench (sparse decode, top-k 2048 over fp8_ds_mla, against vLLM's FlashMLA sparse decode)
 #   | deepgemm (dev/indexer_vs_deepgemm.py: our indexer logits against DeepGEMM's and float64; carry
 #     .gpu-deepgemm (bash dev/make_deepgemm_part.sh) beside .gpu: DeepGEMM is then installed into the
-#     site, and every vLLM part on that machine scores the DSA indexer with it)
+#     site, and every vLLM part on that machine scores the DSA indexer with it; KEYS_MAJOR=1 also times
+#     the keys-major tiles of mla_backend.indexer_triton)
 #   | profile (Nsight Compute on ours and FlashMLA at SHAPE="heads batch seq [q_len]", FP8, and on the
 #     wheel in .gpu/ab/ as ours_base where carried: two builds of ours side by side; reports in $OUT)
 #   | ab (our times, dev/time_ours.py, alternating the wheel in .gpu/ab/ (base) and .gpu/dist/, 3 rounds)
@@ -261,7 +262,7 @@ for part in ${PART//,/ }; do
     routes) (cd /tmp && run python3 -m mla_backend bench --route-table --write --out "$OUT/bench") ;;
     tokenbench) (cd /tmp && run python3 -m mla_backend bench --token-indexed) ;;
     sparsebench) (cd /tmp && run python3 -m mla_backend bench --sparse) ;;
-    deepgemm) PYTHONPATH=$REPO:$REPO/tests:$PYTHONPATH run python3 dev/indexer_vs_deepgemm.py ;;
+    deepgemm) PYTHONPATH=$REPO:$REPO/tests:$PYTHONPATH run python3 dev/indexer_vs_deepgemm.py ${KEYS_MAJOR:+--keys-major} ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done

@@ -36,6 +36,20 @@ PROGRAMS_PER_SM = 4
 KEYS_MAJOR = False
 
 
+@triton.jit
+def _head_sum(
+    q, k, weights, scale, SLOTS: tl.constexpr, HEADS: tl.constexpr, KEYS: tl.constexpr, KEYS_MAJOR: tl.constexpr
+):
+    """[SLOTS, KEYS] logits sum_h w * relu(q . k) * scale of q [SLOTS * HEADS, D] (token-major rows),
+    k [KEYS, D], weights [SLOTS * HEADS], scale [KEYS]; fp32 dots: the e4m3 products are exact, only the
+    sums round. KEYS_MAJOR: the dot's tile turned round (keys its rows), the heads summed along its columns."""
+    if KEYS_MAJOR:
+        dots = tl.maximum(tl.dot(k, tl.trans(q)), 0.0) * weights[None, :]
+        return tl.trans(tl.sum(tl.reshape(dots, [KEYS, SLOTS, HEADS]), axis=2) * scale[:, None])
+    dots = tl.maximum(tl.dot(q, tl.trans(k)), 0.0) * weights[:, None]
+    return tl.sum(tl.reshape(dots, [SLOTS, HEADS, KEYS]), axis=1) * scale[None, :]
+
+
 # Integers that change from call to call are not specialised on (Triton compiles a variant for 1 and for
 # multiples of 16): a batch size first seen while serving would otherwise stall on a compile.
 @triton.jit(do_not_specialize=["splits"])
@@ -94,15 +108,9 @@ def _paged_logits_kernel(
         base = page * block_stride
         k = tl.load(values_ptr + base + t[:, None] * DIM + d[None, :])
         scale = tl.load((cache_ptr + base + PAGE * DIM).to(tl.pointer_type(tl.float32)) + t)
-        # sum_h w * relu(q . k) * scale; fp32 dots: the e4m3 products are exact, only the sums round
         if DOT_DTYPE is not None:
             k = k.to(DOT_DTYPE)
-        if KEYS_MAJOR:
-            dots = tl.maximum(tl.dot(k, tl.trans(q)), 0.0) * weights[None, :]
-            logits = tl.trans(tl.sum(tl.reshape(dots, [PAGE, SLOTS, HEADS]), axis=2) * scale[:, None])
-        else:
-            dots = tl.maximum(tl.dot(q, tl.trans(k)), 0.0) * weights[:, None]
-            logits = tl.sum(tl.reshape(dots, [SLOTS, HEADS, PAGE]), axis=1) * scale[None, :]
+        logits = _head_sum(q, k, weights, scale, SLOTS, HEADS, PAGE, KEYS_MAJOR)
         position = block * PAGE + t
         logits = tl.where(position[None, :] < ends[:, None], logits, float("-inf"))
         mask = live[:, None] & (position[None, :] < width)
@@ -157,12 +165,7 @@ def _ragged_logits_kernel(
         scale = tl.load(scale_ptr + position, mask=in_keys, other=0.0)
         if DOT_DTYPE is not None:
             k = k.to(DOT_DTYPE)
-        if KEYS_MAJOR:
-            dots = tl.maximum(tl.dot(k, tl.trans(q)), 0.0) * weights[None, :]
-            logits = tl.trans(tl.sum(tl.reshape(dots, [KEYS, SLOTS, HEADS]), axis=2) * scale[:, None])
-        else:
-            dots = tl.maximum(tl.dot(q, tl.trans(k)), 0.0) * weights[:, None]
-            logits = tl.sum(tl.reshape(dots, [SLOTS, HEADS, KEYS]), axis=1) * scale[None, :]
+        logits = _head_sum(q, k, weights, scale, SLOTS, HEADS, KEYS, KEYS_MAJOR)
         inside = (position[None, :] >= starts[:, None]) & (position[None, :] < ends[:, None])
         if COMPRESSED:
             column = position[None, :] - starts[:, None]
