@@ -258,6 +258,9 @@ def serve(runs: Runs, kv: str, row, selftest: bool) -> None:
         if corruption == 1.0:
             ok, note = judge_check(summary, selftest=False) if summary else (False, "no decode call was checked")
             row(f"{title}: float64", "PASS" if ok else "FAIL", note, check=summary)
+    if (peer := runs.done.get(("served", REFERENCES[kv], kv))) is not None:  # it calibrated a row: kept
+        tokens = {key: [r["tokens"] for r in peer.get(key, [])] for key in ("batch", "streams")}
+        row(f"serve reference {REFERENCES[kv]}", "ref", peer.get("error", "served the same traffic"), tokens=tokens)
 
 
 def row_of(row, title: str, what: str, outcome: tuple[bool, str], **details) -> None:

@@ -156,6 +156,9 @@ def test_served_tokens_off_the_rule_pass_where_sglang_s_served_decode_parts_as_e
     assert "SGLang's flashmla_sparse served breaks it too" in note and "ours 125 steps agreed, its 124" in note
     peers = [s for s in started if s["decode"] == "flashmla_sparse"]
     assert len(peers) == 1 and peers[0]["graphs"] and peers[0]["copies"] == e2e.SERVE_COPIES  # shared by both
+    kept = json.loads((tmp_path / "sglang_sparse.json").read_text())[-1]  # its tokens, for a look afterwards
+    assert kept["part"] == "serve reference flashmla_sparse" and kept["status"] == "ref"
+    assert kept["tokens"]["streams"][3] == [7, 8, 5, 5] and len(kept["tokens"]["batch"]) == 4
     fake_servers(monkeypatch, "every stream off the rule", peer_off=(3, 9))
     status, rows = serve_rows(tmp_path)
     assert status == 1 and "(significantly fewer)" in rows["serve graphs: 32 streams tokens"]["note"]
