@@ -157,13 +157,17 @@ class Runs:
     def served_peer(self, kv: str) -> dict:
         """SGLang's own decode for ``kv`` served with graphs on the serve part's traffic, which calibrates
         the tie rule there (started at most once, where ours breaks the rule)."""
-        key = ("served", REFERENCES[kv], kv)
+        key = self.served_peer_key(kv)
         if key not in self.done:
             log = self.work / f"serve_{kv}_{REFERENCES[kv]}.log"
             self.done[key] = serve_model(
                 self.model, self.prompts, REFERENCES[kv], kv, log, graphs=True, copies=SERVE_COPIES, env=ENGINE_ENV
             )
         return self.done[key]
+
+    @staticmethod
+    def served_peer_key(kv: str) -> tuple:
+        return ("served", REFERENCES[kv], kv)
 
 
 def scorer_expected() -> str | None:
@@ -258,7 +262,7 @@ def serve(runs: Runs, kv: str, row, selftest: bool) -> None:
         if corruption == 1.0:
             ok, note = judge_check(summary, selftest=False) if summary else (False, "no decode call was checked")
             row(f"{title}: float64", "PASS" if ok else "FAIL", note, check=summary)
-    if (peer := runs.done.get(("served", REFERENCES[kv], kv))) is not None:  # it calibrated a row: kept
+    if (peer := runs.done.get(runs.served_peer_key(kv))) is not None:  # it calibrated a row: its tokens kept
         tokens = {key: [r["tokens"] for r in peer.get(key, [])] for key in ("batch", "streams")}
         row(f"serve reference {REFERENCES[kv]}", "ref", peer.get("error", "served the same traffic"), tokens=tokens)
 
@@ -271,8 +275,10 @@ def row_of(row, title: str, what: str, outcome: tuple[bool, str], **details) -> 
 def judge_served(runs: Runs, kv: str, row, run: dict, graphs: bool) -> None:
     """One server's answers, counts, decode mode, log and stop."""
     batch, streams = [r["tokens"] for r in run["batch"]], [r["tokens"] for r in run["streams"]]
-    for what, key, copies in (("batch", "batch", 1), (f"{len(streams)} streams", "streams", SERVE_COPIES)):
-        tokens = [r["tokens"] for r in run[key]]
+    for what, key, tokens, copies in (
+        ("batch", "batch", batch, 1),
+        (f"{len(streams)} streams", "streams", streams, SERVE_COPIES),
+    ):
         complete = judge_completions([len(t) for t in tokens], NEW_TOKENS)
         verdict, note = judge_tokens(runs, kv, tokens, copies)
         if not verdict["ok"]:
