@@ -107,6 +107,7 @@ class Runs:
         self.model, self.prompts, self.work, self.log = model, prompts, work, log
         self.done: dict[tuple, dict] = {}
         self.checked_runs: dict[str, dict] = {}  # per KV dtype, the check's eager run (uncorrupted)
+        self.served_peers: dict[str, dict] = {}  # per KV dtype, SGLang's decode served (served_calibrated)
 
     def engine(
         self, decode: str, kv: str, graphs: bool, greedy_only: bool = False, env: dict | None = None, alone=False
@@ -157,17 +158,12 @@ class Runs:
     def served_peer(self, kv: str) -> dict:
         """SGLang's own decode for ``kv`` served with graphs on the serve part's traffic, which calibrates
         the tie rule there (started at most once, where ours breaks the rule)."""
-        key = self.served_peer_key(kv)
-        if key not in self.done:
+        if kv not in self.served_peers:
             log = self.work / f"serve_{kv}_{REFERENCES[kv]}.log"
-            self.done[key] = serve_model(
+            self.served_peers[kv] = serve_model(
                 self.model, self.prompts, REFERENCES[kv], kv, log, graphs=True, copies=SERVE_COPIES, env=ENGINE_ENV
             )
-        return self.done[key]
-
-    @staticmethod
-    def served_peer_key(kv: str) -> tuple:
-        return ("served", REFERENCES[kv], kv)
+        return self.served_peers[kv]
 
 
 def scorer_expected() -> str | None:
@@ -262,7 +258,7 @@ def serve(runs: Runs, kv: str, row, selftest: bool) -> None:
         if corruption == 1.0:
             ok, note = judge_check(summary, selftest=False) if summary else (False, "no decode call was checked")
             row(f"{title}: float64", "PASS" if ok else "FAIL", note, check=summary)
-    if (peer := runs.done.get(runs.served_peer_key(kv))) is not None:  # it calibrated a row: its tokens kept
+    if (peer := runs.served_peers.get(kv)) is not None:  # it calibrated a row: its tokens kept
         tokens = {key: [r["tokens"] for r in peer.get(key, [])] for key in ("batch", "streams")}
         row(f"serve reference {REFERENCES[kv]}", "ref", peer.get("error", "served the same traffic"), tokens=tokens)
 

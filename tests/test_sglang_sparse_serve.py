@@ -180,6 +180,25 @@ def test_the_count_sums_sglang_s_labels_and_the_decode_mode_follows_the_start():
     assert not sglang_served.judge_decode_mode(before, eager, graphs=True)[0]
 
 
+def test_metrics_are_read_once_the_counters_stop_moving_and_gauges_do_not_hold_it_up():
+    """The serve part reads /metrics only after the tokenizer manager has counted every answered request:
+    a scrape whose counters still moved is not taken; a gauge that changes does not delay the read."""
+    from integration.engines import prometheus
+
+    counts = iter([1, 3, 4, 4, 4])  # requests counted as the scrapes come
+    scrapes = []
+
+    def scrape():
+        scrapes.append({f"{sglang_served.REQUESTS}{{is_streaming=true}}": next(counts), "sglang:gauge": len(scrapes)})
+        return scrapes[-1]
+
+    got = prometheus.wait_until_settled(scrape, timeout_s=5, interval_s=0.001)
+    assert got is scrapes[3] and len(scrapes) == 4
+    moving = iter(range(10**6))
+    last = prometheus.wait_until_settled(lambda: {"x_total": next(moving)}, timeout_s=0.05, interval_s=0.001)
+    assert last["x_total"] > 1  # never settled: the last scrape when the time ran out
+
+
 def test_the_sparse_server_command_names_the_dsa_backend_and_leaves_prefill_to_it():
     command = sglang_server.launch_command("/m", 30000, "mla_backend", "fp8_e4m3", graphs=True, sparse=True)
     value = {flag: command[command.index(flag) + 1] for flag in command if flag.startswith("--")}

@@ -1,6 +1,7 @@
 """A server's Prometheus ``/metrics`` as numbers, for any engine: the exposition parsed into
-``{sample: value}`` for one engine's samples, and a wait until chosen gauges read 0. The engines'
-drivers (vllm_server.py, sglang_server.py) name their prefix and the labels that name the server."""
+``{sample: value}`` for one engine's samples, a wait until chosen gauges read 0, and a wait until the
+counters stop moving. The engines' drivers (vllm_server.py, sglang_server.py) name their prefix and the
+labels that name the server."""
 
 from __future__ import annotations
 
@@ -43,3 +44,24 @@ def wait_until_zero(
         if all(metrics.get(name, 1.0) == 0.0 for name in names) or time.monotonic() > deadline:
             return metrics
         time.sleep(0.5)
+
+
+def counters(metrics: dict[str, float]) -> dict[str, float]:
+    """The counters among parsed samples (prometheus_client names them ``*_total``)."""
+    return {k: v for k, v in metrics.items() if k.endswith("_total") or "_total{" in k}
+
+
+def wait_until_settled(
+    scrape: Callable[[], dict[str, float]], timeout_s: float, interval_s: float = 1.0
+) -> dict[str, float]:
+    """``scrape()`` until its counters read the same in two scrapes ``interval_s`` apart, or the time runs
+    out; the last scrape either way (an engine may count a request after the client has its answer)."""
+    deadline = time.monotonic() + timeout_s
+    last = scrape()
+    while time.monotonic() < deadline:
+        time.sleep(interval_s)
+        now = scrape()
+        if counters(now) == counters(last):
+            return now
+        last = now
+    return last

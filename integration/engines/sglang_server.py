@@ -158,6 +158,12 @@ def wait_until_idle(port: int, names: tuple[str, ...], timeout_s: float) -> dict
     return prometheus.wait_until_zero(lambda: scrape(port), names, timeout_s)
 
 
+def settled(port: int, timeout_s: float) -> dict[str, float]:
+    """/metrics once its counters stop moving (prometheus.wait_until_settled): SGLang's tokenizer manager
+    counts a request as it finishes it, which need not come before the client has its answer."""
+    return prometheus.wait_until_settled(lambda: scrape(port), timeout_s)
+
+
 def flush_cache(port: int) -> bool:
     """Empty the radix cache (``/flush_cache``; SGLang does it only while no request runs)."""
     request = urllib.request.Request(f"http://127.0.0.1:{port}/flush_cache", method="POST")

@@ -14,36 +14,19 @@ from pathlib import Path
 
 from integration.engines import sglang_client as client
 from integration.engines.sglang_engine import NEW_TOKENS, SPARSE_STAND_IN_PACKAGES
-from integration.engines.sglang_server import launch_command, scrape, server_env, start, stop
+from integration.engines.sglang_server import launch_command, server_env, settled, start, stop
 from integration.engines.vllm_server import free_port, running
 
 START_TIMEOUT_S = 300
-SETTLE_S, SETTLE_TIMEOUT_S = 1.0, 15.0
-
-
-def counters(metrics: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in metrics.items() if k.endswith("_total") or "_total{" in k}
-
-
-async def settled_metrics(port: int) -> dict[str, float]:
-    """/metrics once its counters read the same in two scrapes SETTLE_S apart (at most SETTLE_TIMEOUT_S):
-    SGLang's tokenizer manager counts a request as it finishes it, which need not come before the client
-    has its answer."""
-    last = await asyncio.to_thread(scrape, port)
-    for _ in range(int(SETTLE_TIMEOUT_S / SETTLE_S)):
-        await asyncio.sleep(SETTLE_S)
-        now = await asyncio.to_thread(scrape, port)
-        if counters(now) == counters(last):
-            return now
-        last = now
-    return last
+SETTLE_TIMEOUT_S = 15.0
 
 
 async def traffic(port: int, prompts: list[list[int]], copies: int) -> dict:
-    before = await settled_metrics(port)
+    before = await asyncio.to_thread(settled, port, SETTLE_TIMEOUT_S)
     batch = await client.together(port, prompts, NEW_TOKENS)
     streamed = await client.streams(port, prompts * copies, NEW_TOKENS) if copies else []
-    return {"batch": batch, "streams": streamed, "metrics": [before, await settled_metrics(port)]}
+    after = await asyncio.to_thread(settled, port, SETTLE_TIMEOUT_S)
+    return {"batch": batch, "streams": streamed, "metrics": [before, after]}
 
 
 def serve(

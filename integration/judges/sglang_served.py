@@ -12,13 +12,14 @@ GRAPH_DECODES = "sglang:cuda_graph_passes_total{mode=decode_cuda_graph}"
 EAGER_DECODES = "sglang:cuda_graph_passes_total{mode=decode_none}"
 
 
+def samples_of(name: str, metrics: dict[str, float]) -> list[str]:
+    """The keys of ``name``'s samples, under any labels."""
+    return [k for k in metrics if k == name or k.startswith(name + "{")]
+
+
 def counted(before: dict[str, float], after: dict[str, float], name: str) -> float:
     """How much ``name`` rose between two scrapes, summed over its labels."""
-
-    def total(metrics: dict[str, float]) -> float:
-        return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
-
-    return total(after) - total(before)
+    return sum(after[k] for k in samples_of(name, after)) - sum(before[k] for k in samples_of(name, before))
 
 
 def judge_counted(before: dict[str, float], after: dict[str, float], requests: int, tokens: int) -> tuple[bool, str]:
@@ -38,5 +39,5 @@ def judge_decode_mode(before: dict[str, float], after: dict[str, float], graphs:
 
 def one_request_uncounted(after: dict[str, float]) -> dict[str, float]:
     """The last scrape as a server that lost count of one request would give it (for the selftest)."""
-    key = next((k for k in after if k == REQUESTS or k.startswith(REQUESTS + "{")), REQUESTS)
+    key = next(iter(samples_of(REQUESTS, after)), REQUESTS)
     return {**after, key: after.get(key, 0.0) - 1}
