@@ -107,7 +107,7 @@ class Runs:
         self.model, self.prompts, self.work, self.log = model, prompts, work, log
         self.done: dict[tuple, dict] = {}
         self.checked_runs: dict[str, dict] = {}  # per KV dtype, the check's eager run (uncorrupted)
-        self.served_peers: dict[str, dict] = {}  # per KV dtype, SGLang's decode served (served_calibrated)
+        self.served_peers: dict[tuple[str, bool], dict] = {}  # per KV dtype and graphs (served_calibrated)
 
     def engine(
         self, decode: str, kv: str, graphs: bool, greedy_only: bool = False, env: dict | None = None, alone=False
@@ -144,7 +144,7 @@ class Runs:
         traffic the batch alone where it is not 1, the selftest). The server's run and the check's
         summary (None where none was installed or none came)."""
         env, summary = dict(ENGINE_ENV), None
-        name = f"serve_{kv}_" + ("graphs" if graphs else "eager") + ("" if corruption is None else f"_x{corruption}")
+        name = f"serve_{kv}_{mode_name(graphs)}" + ("" if corruption is None else f"_x{corruption}")
         if corruption is not None:
             summary = self.work / f"{name}_check.json"
             clear_summary(summary)
@@ -155,15 +155,20 @@ class Runs:
         )
         return run, None if summary is None else read_summary(summary)
 
-    def served_peer(self, kv: str) -> dict:
-        """SGLang's own decode for ``kv`` served with graphs on the serve part's traffic, which calibrates
-        the tie rule there (started at most once, where ours breaks the rule)."""
-        if kv not in self.served_peers:
-            log = self.work / f"serve_{kv}_{REFERENCES[kv]}.log"
-            self.served_peers[kv] = serve_model(
-                self.model, self.prompts, REFERENCES[kv], kv, log, graphs=True, copies=SERVE_COPIES, env=ENGINE_ENV
+    def served_peer(self, kv: str, graphs: bool) -> dict:
+        """SGLang's own decode for ``kv`` served as ours was (with graphs or eager: a batch's GEMMs and
+        their rounding follow the mode) on the serve part's traffic, which calibrates the tie rule there
+        (started at most once per mode, where ours breaks the rule)."""
+        if (kv, graphs) not in self.served_peers:
+            log = self.work / f"serve_{kv}_{REFERENCES[kv]}_{mode_name(graphs)}.log"
+            self.served_peers[kv, graphs] = serve_model(
+                self.model, self.prompts, REFERENCES[kv], kv, log, graphs=graphs, copies=SERVE_COPIES, env=ENGINE_ENV
             )
-        return self.served_peers[kv]
+        return self.served_peers[kv, graphs]
+
+
+def mode_name(graphs: bool) -> str:
+    return "graphs" if graphs else "eager"
 
 
 def scorer_expected() -> str | None:
@@ -258,9 +263,11 @@ def serve(runs: Runs, kv: str, row, selftest: bool) -> None:
         if corruption == 1.0:
             ok, note = judge_check(summary, selftest=False) if summary else (False, "no decode call was checked")
             row(f"{title}: float64", "PASS" if ok else "FAIL", note, check=summary)
-    if (peer := runs.served_peers.get(kv)) is not None:  # it calibrated a row: its tokens kept
-        tokens = {key: [r["tokens"] for r in peer.get(key, [])] for key in ("batch", "streams")}
-        row(f"serve reference {REFERENCES[kv]}", "ref", peer.get("error", "served the same traffic"), tokens=tokens)
+    for graphs in (True, False):
+        if (peer := runs.served_peers.get((kv, graphs))) is not None:  # it calibrated a row: its tokens kept
+            tokens = {key: [r["tokens"] for r in peer.get(key, [])] for key in ("batch", "streams")}
+            note = peer.get("error", "served the same traffic")
+            row(f"serve reference {REFERENCES[kv]} {mode_name(graphs)}", "ref", note, tokens=tokens)
 
 
 def row_of(row, title: str, what: str, outcome: tuple[bool, str], **details) -> None:
@@ -278,7 +285,7 @@ def judge_served(runs: Runs, kv: str, row, run: dict, graphs: bool) -> None:
         complete = judge_completions([len(t) for t in tokens], NEW_TOKENS)
         verdict, note = judge_tokens(runs, kv, tokens, copies)
         if not verdict["ok"]:
-            verdict["ok"], more = served_calibrated(runs, kv, tokens, key, copies)
+            verdict["ok"], more = served_calibrated(runs, kv, tokens, key, copies, graphs)
             note += f"; {more}"
         outcome = (complete[0] and verdict["ok"], f"{complete[1]}; {note}")
         row(f"{what} tokens", outcome, verdict=verdict, tokens=tokens)
@@ -297,13 +304,16 @@ def judge_served(runs: Runs, kv: str, row, run: dict, graphs: bool) -> None:
         row("selftest, a request uncounted", (not broken[0], broken[1]))
 
 
-def served_calibrated(runs: Runs, kv: str, ours: list[list[int]], key: str, copies: int) -> tuple[bool, str]:
+def served_calibrated(
+    runs: Runs, kv: str, ours: list[list[int]], key: str, copies: int, graphs: bool
+) -> tuple[bool, str]:
     """Where ours breaks the tie rule under the server (its batches are not the offline reference's:
     32 streams of four prompts, their prompts read from the radix cache): SGLang's own decode served
-    with the same traffic must break it too, and ours stay with the reference not significantly fewer
-    steps than that server does (as judges/faults.py calibrates vLLM's and SGLang's fault checks)."""
-    peer = runs.served_peer(kv)
-    name = f"SGLang's {REFERENCES[kv]} served"
+    with the same traffic and mode (``graphs``) must break it too, and ours stay with the reference not
+    significantly fewer steps than that server does (as judges/faults.py calibrates vLLM's and SGLang's
+    fault checks)."""
+    peer = runs.served_peer(kv, graphs)
+    name = f"SGLang's {REFERENCES[kv]} served {mode_name(graphs)}"
     if "error" in peer:
         return False, f"no {name} to calibrate on: {peer['error']}"
     theirs = [r["tokens"] for r in peer[key]]

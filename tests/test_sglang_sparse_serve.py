@@ -42,11 +42,15 @@ def metrics(requests: float, tokens: float, graph_decodes: float, eager_decodes:
     }
 
 
-def fake_servers(monkeypatch, breakage: str | None = None, peer_off: tuple[int, ...] = ()) -> list[dict]:
+def fake_servers(
+    monkeypatch, breakage: str | None = None, peer_off: tuple[int, ...] = (), peer_off_modes=(True, False)
+) -> list[dict]:
     """Servers that answer every request with fake_engines' tokens and count what they answered; a
     checked one writes the recorder's summary of a real call (its output times the corruption).
     ``breakage`` names what goes wrong on our server with graphs (or, for the selftest, the corrupted
-    server's check); SGLang's served decode answers the streams ``peer_off`` off the tie rule."""
+    server's check; "eager stream off the rule": our eager checked server's); SGLang's served decode
+    answers the streams ``peer_off`` off the tie rule where it is served with graphs or eager as
+    ``peer_off_modes`` lists."""
     started: list[dict] = []
     monkeypatch.setattr(e2e, "NEW_TOKENS", len(TOKENS))
 
@@ -71,7 +75,9 @@ def fake_servers(monkeypatch, breakage: str | None = None, peer_off: tuple[int, 
             streams[5] = dict(answer, tokens=[7, 5, 5, 5])
         if broken == "every stream off the rule":
             streams = [dict(answer, tokens=[7, 5, 5, 5]) for _ in streams]
-        if decode != e2e.OURS:
+        if breakage == "eager stream off the rule" and not graphs and decode == e2e.OURS and scale == 1.0:
+            streams[5] = dict(answer, tokens=[7, 5, 5, 5])
+        if decode != e2e.OURS and graphs in peer_off_modes:
             streams = [dict(answer, tokens=[7, 8, 5, 5]) if i in peer_off else r for i, r in enumerate(streams)]
         if broken == "short answer":
             batch[2] = dict(answer, tokens=TOKENS[:3])
@@ -153,15 +159,33 @@ def test_served_tokens_off_the_rule_pass_where_sglang_s_served_decode_parts_as_e
     status, rows = serve_rows(tmp_path)
     assert status == 0, rows
     note = rows["serve graphs: 32 streams tokens"]["note"]
-    assert "SGLang's flashmla_sparse served breaks it too" in note and "ours 125 steps agreed, its 124" in note
+    assert "SGLang's flashmla_sparse served graphs breaks it too" in note and "ours 125 steps agreed, its 124" in note
     peers = [s for s in started if s["decode"] == "flashmla_sparse"]
     assert len(peers) == 1 and peers[0]["graphs"] and peers[0]["copies"] == e2e.SERVE_COPIES  # shared by both
     kept = json.loads((tmp_path / "sglang_sparse.json").read_text())[-1]  # its tokens, for a look afterwards
-    assert kept["part"] == "serve reference flashmla_sparse" and kept["status"] == "ref"
+    assert kept["part"] == "serve reference flashmla_sparse graphs" and kept["status"] == "ref"
     assert kept["tokens"]["streams"][3] == [7, 8, 5, 5] and len(kept["tokens"]["batch"]) == 4
     fake_servers(monkeypatch, "every stream off the rule", peer_off=(3, 9))
     status, rows = serve_rows(tmp_path)
     assert status == 1 and "(significantly fewer)" in rows["serve graphs: 32 streams tokens"]["note"]
+
+
+def test_an_eager_server_s_break_is_calibrated_by_sglang_s_decode_served_eager_not_with_graphs(monkeypatch, tmp_path):
+    """Eager and graphed batches round their GEMMs differently, so a break of our eager server is
+    weighed against SGLang's flashmla_sparse served eager: where that one parts as often, ours passes;
+    where only its graphed server parts, ours fails."""
+    fake_engines(monkeypatch)
+    started = fake_servers(monkeypatch, "eager stream off the rule", peer_off=(3, 9), peer_off_modes=(False,))
+    status, rows = serve_rows(tmp_path)
+    assert status == 0, rows
+    note = rows["serve eager, checked: 32 streams tokens"]["note"]
+    assert "SGLang's flashmla_sparse served eager breaks it too" in note
+    peers = [s for s in started if s["decode"] == "flashmla_sparse"]
+    assert [p["graphs"] for p in peers] == [False]
+    fake_servers(monkeypatch, "eager stream off the rule", peer_off=(3, 9), peer_off_modes=(True,))
+    status, rows = serve_rows(tmp_path)
+    assert status == 1
+    assert "flashmla_sparse served eager keeps the rule" in rows["serve eager, checked: 32 streams tokens"]["note"]
 
 
 def test_the_count_sums_sglang_s_labels_and_the_decode_mode_follows_the_start():
