@@ -17,7 +17,8 @@
 #     SGLang's dsa backend with --dsa-decode-backend mla_backend against its flashmla_sparse / flashmla_kv;
 #     SGL_FAMILIES (default DeepSeek-V3.2,GLM-5; Name@heads), SGL_KV (default auto,fp8_e4m3), SGL_PARTS of
 #     tokens,check,selftest,serve (serve: sglang.launch_server, needs the bundle's server part from
-#     dev/sglang_server_extras.sh); four engines per family and KV dtype, about 80 s each: LIMIT, or DETACH=1)
+#     dev/sglang_server_extras.sh; SGL_SERVE_MODES of graphs,eager, its servers of ours); four engines per
+#     family and KV dtype, about 80 s each: LIMIT, or DETACH=1)
 #   | sglang_faults (integration/sglang_fault_check.py, carried as sglang is, with the bundle's server
 #     part from dev/sglang_server_extras.sh: SGL_KV one of fp8_e4m3 and auto, FAULT_PARTS of
 #     preemption,aborts,radix, SELFTEST=1)
@@ -196,7 +197,8 @@ for part in ${PART//,/ }; do
         --dp-attention "${SGL_DP:-1}" --spec-tokens "${SGL_SPEC:-0}" --page-sizes "${SGL_PAGES:-1,64}" \
         --references "${SGL_REFS:-triton}" --parts "${SGL_PARTS:-tokens,check,selftest}" --out "$OUT/sglang" ;;
     sglang_sparse) run python3 integration/sglang_sparse_e2e.py --families "${SGL_FAMILIES:-DeepSeek-V3.2,GLM-5}" \
-      --kv "${SGL_KV:-auto,fp8_e4m3}" --parts "${SGL_PARTS:-tokens,check,selftest}" --out "$OUT/sglang_sparse" ;;
+      --kv "${SGL_KV:-auto,fp8_e4m3}" --parts "${SGL_PARTS:-tokens,check,selftest}" \
+      --serve-modes "${SGL_SERVE_MODES:-graphs,eager}" --out "$OUT/sglang_sparse" ;;
     sglang_faults) run python3 integration/sglang_fault_check.py --heads "$HEADS" --kv "${SGL_KV:-fp8_e4m3}" \
       --parts "${FAULT_PARTS:-preemption,aborts,radix}" ${SELFTEST:+--selftest} --out "$OUT/sglang_faults" ;;
     realdims) run python3 integration/real_dims.py --heads "$HEADS" --kv "$KV" --out "$OUT" ;;

@@ -23,7 +23,9 @@ from integration.judges.tokens import (  # noqa: E402
     agreed_steps,
     agreement,
     closest_gaps,
+    first_ties,
     significantly_fewer_steps,
+    steps_before_tie,
 )
 from integration.judges.vllm_run import judge, rule_calibration, runs_of  # noqa: E402
 from integration.run_e2e import mtp_specs, parallel_specs  # noqa: E402
@@ -118,6 +120,16 @@ def test_closest_gaps_keeps_the_longer_run_and_needs_one_with_gaps():
 
 def test_agreed_steps_counts_the_common_prefix_of_each_prompt():
     assert agreed_steps([[1, 2, 9, 9], [5, 6, 7, 8]], REF) == 2 + 4
+
+
+def test_steps_before_the_tie_stop_at_the_first_low_gap_or_the_first_step_a_repeat_parts():
+    gaps = [[1.0, 1.0, TIE_NATS / 2, 1.0], [1.0] * 4]
+    repeat = [[1, 2, 3, 4], [5, 6, 7, 9]]  # the reference again parts from itself at prompt 1, step 3
+    ties = first_ties(REF, gaps, repeat)
+    assert ties == [2, 3] and first_ties(REF, [[1.0] * 4] * 2) == [4, 4]
+    # prompt 0 parts at its tie (free), prompt 1 a step before its tie (short by one)
+    assert steps_before_tie([[1, 2, 9, 9], [5, 6, 9, 9]], REF, ties) == [2, 2]
+    assert steps_before_tie(REF, REF, ties) == ties  # agreeing past the ties counts no more
 
 
 def test_a_step_where_a_repeated_reference_run_differs_is_a_tie():

@@ -159,7 +159,8 @@ def test_served_tokens_off_the_rule_pass_where_sglang_s_served_decode_parts_as_e
     status, rows = serve_rows(tmp_path)
     assert status == 0, rows
     note = rows["serve graphs: 32 streams tokens"]["note"]
-    assert "SGLang's flashmla_sparse served graphs breaks it too" in note and "ours 125 steps agreed, its 124" in note
+    assert "SGLang's flashmla_sparse served graphs breaks it too" in note
+    assert "of the 128 steps before the ties ours agreed 125, it 124" in note
     peers = [s for s in started if s["decode"] == "flashmla_sparse"]
     assert len(peers) == 1 and peers[0]["graphs"] and peers[0]["copies"] == e2e.SERVE_COPIES  # shared by both
     kept = json.loads((tmp_path / "sglang_sparse.json").read_text())[-1]  # its tokens, for a look afterwards
@@ -186,6 +187,18 @@ def test_an_eager_server_s_break_is_calibrated_by_sglang_s_decode_served_eager_n
     status, rows = serve_rows(tmp_path)
     assert status == 1
     assert "flashmla_sparse served eager keeps the rule" in rows["serve eager, checked: 32 streams tokens"]["note"]
+
+
+def test_serve_modes_start_only_the_servers_asked_for_and_unknown_modes_are_refused(monkeypatch, tmp_path):
+    fake_engines(monkeypatch)
+    started = fake_servers(monkeypatch)
+    argv = ["--families", "GLM-5", "--kv", "auto", "--parts", "serve", "--out", str(tmp_path)]
+    assert e2e.main([*argv, "--serve-modes", "eager"]) == 0
+    assert [s["graphs"] for s in started] == [False]
+    rows = json.loads((tmp_path / "sglang_sparse.json").read_text())
+    assert {r["part"].split(":")[0] for r in rows if r["part"].startswith("serve")} == {"serve eager, checked"}
+    with pytest.raises(SystemExit):
+        e2e.parse([*argv, "--serve-modes", "graphs,offline"])
 
 
 def test_the_count_sums_sglang_s_labels_and_the_decode_mode_follows_the_start():

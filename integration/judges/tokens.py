@@ -47,18 +47,33 @@ def agreement(
     if len(ours) != len(ref):
         raise ValueError(f"{len(ours)} outputs for {len(ref)} reference prompts")
     divergent, failures = [], []
-    for i, (a, b) in enumerate(zip(ours, ref)):
+    for i, (a, b, first_tie) in enumerate(zip(ours, ref, first_ties(ref, ref_gaps, *others))):
         differ = first_difference(a, b)
         if differ is None:
             continue
-        first_tie = next((k for k, gap in enumerate(ref_gaps[i]) if gap < TIE_NATS), len(b))
-        for other in others:
-            undecided = first_difference(b, other[i])
-            first_tie = min(first_tie, len(b) if undecided is None else undecided)
         divergent.append((i, differ, first_tie))
         if differ < first_tie:
             failures.append((i, differ, first_tie))
     return {"identical": len(ours) - len(divergent), "divergent": divergent, "failures": failures, "ok": not failures}
+
+
+def first_ties(ref: list[list[int]], ref_gaps: list[list[float]], *others: list[list[int]]) -> list[int]:
+    """Per prompt, the reference's first tie (agreement's): its first top-2 gap below TIE_NATS, or the
+    first step where another run of the reference parts from it; its length where there is none."""
+    ties = []
+    for i, b in enumerate(ref):
+        first_tie = next((k for k, gap in enumerate(ref_gaps[i]) if gap < TIE_NATS), len(b))
+        for other in others:
+            undecided = first_difference(b, other[i])
+            first_tie = min(first_tie, len(b) if undecided is None else undecided)
+        ties.append(first_tie)
+    return ties
+
+
+def steps_before_tie(ours: list[list[int]], ref: list[list[int]], ties: list[int]) -> list[int]:
+    """Per prompt, the greedy steps ours agrees with the reference before its first tie (``ties``): what
+    the tie rule asks for. Steps past the tie are free under the rule, so they say nothing of a run."""
+    return [min(steps, tie) for steps, tie in zip(steps_per_prompt(ours, ref), ties, strict=True)]
 
 
 def steps_per_prompt(ours: list[list[int]], ref: list[list[int]]) -> list[int]:
