@@ -22,10 +22,11 @@ from integration.judges.tokens import (  # noqa: E402
     TIE_NATS,
     agreed_steps,
     agreement,
+    agreement_before,
     closest_gaps,
     first_ties,
     significantly_fewer_steps,
-    steps_before_tie,
+    ties_with_repeats,
 )
 from integration.judges.vllm_run import judge, rule_calibration, runs_of  # noqa: E402
 from integration.run_e2e import mtp_specs, parallel_specs  # noqa: E402
@@ -122,14 +123,24 @@ def test_agreed_steps_counts_the_common_prefix_of_each_prompt():
     assert agreed_steps([[1, 2, 9, 9], [5, 6, 7, 8]], REF) == 2 + 4
 
 
-def test_steps_before_the_tie_stop_at_the_first_low_gap_or_the_first_step_a_repeat_parts():
+def test_first_ties_stop_at_the_first_low_gap_or_the_first_step_a_repeat_parts():
     gaps = [[1.0, 1.0, TIE_NATS / 2, 1.0], [1.0] * 4]
     repeat = [[1, 2, 3, 4], [5, 6, 7, 9]]  # the reference again parts from itself at prompt 1, step 3
-    ties = first_ties(REF, gaps, repeat)
-    assert ties == [2, 3] and first_ties(REF, [[1.0] * 4] * 2) == [4, 4]
-    # prompt 0 parts at its tie (free), prompt 1 a step before its tie (short by one)
-    assert steps_before_tie([[1, 2, 9, 9], [5, 6, 9, 9]], REF, ties) == [2, 2]
-    assert steps_before_tie(REF, REF, ties) == ties  # agreeing past the ties counts no more
+    assert first_ties(REF, gaps, repeat) == [2, 3] and first_ties(REF, WIDE) == [4, 4]
+
+
+def test_a_served_repeat_of_one_prompt_brings_that_prompt_s_tie_forward_and_no_other():
+    """Repeats come as (prompt, tokens), any number per prompt: the reference's backend answering
+    copies of a prompt under a server. Ours parting at step 1 of prompt 1 passes once a repeat of
+    prompt 1 parts there or earlier, not where one parts later or on another prompt."""
+    ours = [[1, 2, 3, 4], [5, 9, 9, 9]]
+    ties = first_ties(REF, WIDE)
+    assert not agreement_before(ours, REF, ties)["ok"]
+    later, other = (1, [5, 6, 0, 0]), (0, [1, 0, 0, 0])
+    assert ties_with_repeats(REF, ties, [later, other, (1, REF[1])]) == [1, 2]
+    assert not agreement_before(ours, REF, ties_with_repeats(REF, ties, [later, other]))["ok"]
+    assert agreement_before(ours, REF, ties_with_repeats(REF, ties, [later, (1, [5, 0, 0, 0])]))["ok"]
+    assert agreement_before(ours, REF, ties) == agreement(ours, REF, WIDE)
 
 
 def test_a_step_where_a_repeated_reference_run_differs_is_a_tie():

@@ -43,14 +43,14 @@ def metrics(requests: float, tokens: float, graph_decodes: float, eager_decodes:
 
 
 def fake_servers(
-    monkeypatch, breakage: str | None = None, peer_off: tuple[int, ...] = (), peer_off_modes=(True, False)
+    monkeypatch, breakage: str | None = None, peer_off: dict | None = None, peer_off_modes=(True, False)
 ) -> list[dict]:
     """Servers that answer every request with fake_engines' tokens and count what they answered; a
     checked one writes the recorder's summary of a real call (its output times the corruption).
     ``breakage`` names what goes wrong on our server with graphs (or, for the selftest, the corrupted
     server's check; "eager stream off the rule": our eager checked server's); SGLang's served decode
-    answers the streams ``peer_off`` off the tie rule where it is served with graphs or eager as
-    ``peer_off_modes`` lists."""
+    answers the streams ``peer_off`` names (index: tokens) with those tokens where it is served with
+    graphs or eager as ``peer_off_modes`` lists."""
     started: list[dict] = []
     monkeypatch.setattr(e2e, "NEW_TOKENS", len(TOKENS))
 
@@ -73,12 +73,11 @@ def fake_servers(
         broken = graphs and decode == e2e.OURS and breakage
         if broken == "stream off the rule":
             streams[5] = dict(answer, tokens=[7, 5, 5, 5])
-        if broken == "every stream off the rule":
-            streams = [dict(answer, tokens=[7, 5, 5, 5]) for _ in streams]
         if breakage == "eager stream off the rule" and not graphs and decode == e2e.OURS and scale == 1.0:
             streams[5] = dict(answer, tokens=[7, 5, 5, 5])
         if decode != e2e.OURS and graphs in peer_off_modes:
-            streams = [dict(answer, tokens=[7, 8, 5, 5]) if i in peer_off else r for i, r in enumerate(streams)]
+            off = peer_off or {}
+            streams = [dict(answer, tokens=off[i]) if i in off else r for i, r in enumerate(streams)]
         if broken == "short answer":
             batch[2] = dict(answer, tokens=TOKENS[:3])
         answered = len(batch) + len(streams)
@@ -112,8 +111,8 @@ def test_servers_that_behave_pass_every_row_and_each_starts_as_a_user_starts_it(
     status, rows = serve_rows(tmp_path, kv)
     graphs = [f"serve graphs: {what}" for what in [*SERVED_ROWS, "selftest, a request uncounted"]]
     checked = [f"serve eager, checked: {what}" for what in [*SERVED_ROWS, "float64"]]
-    expected = graphs + checked + ["serve eager x1.05: check"]
-    assert list(rows) == expected and all(r["status"] == "PASS" for r in rows.values()), rows
+    expected = graphs + checked + ["serve eager x1.05: check", f"serve reference {e2e.REFERENCES[kv]} offline"]
+    assert list(rows) == expected and all(r["status"] == "PASS" for r in list(rows.values())[:-1]), rows
     assert status == 0  # the check and selftest parts' own rows pass too
     assert rows["serve graphs: 32 streams tokens"]["note"].startswith("32/32 complete; 32/32 identical")
     assert "/metrics counted 36 of 36 requests, 144 of 144 tokens" in rows["serve graphs: /metrics"]["note"]
@@ -148,45 +147,55 @@ def test_each_breakage_fails_the_row_that_sees_it_and_the_run(monkeypatch, tmp_p
     assert [part for part, r in rows.items() if r["status"] == "FAIL"] == [failing]
 
 
-def test_served_tokens_off_the_rule_pass_where_sglang_s_served_decode_parts_as_early_and_as_often(
-    monkeypatch, tmp_path
+PROMPT_1_AT_STEP_1 = {9: [7, 5, 0, 0]}  # stream 9 is a copy of prompt 1 (streams: the prompts, 8 times over)
+
+
+@pytest.mark.parametrize(
+    ("peer_off", "earlier", "ok"),
+    [
+        (PROMPT_1_AT_STEP_1, "{1: (4, 1)}", True),  # the reference's backend itself parts there on a copy
+        ({9: [7, 8, 5, 5]}, "{1: (4, 2)}", False),  # it parts on prompt 1 a step later than ours
+        ({3: [7, 5, 0, 0]}, "{3: (4, 1)}", False),  # it parts on another prompt
+        ({}, "{}", False),  # it keeps the rule (as the breakage test above)
+    ],
+)
+def test_served_tokens_off_the_rule_pass_only_where_sglang_s_served_decode_parts_on_that_prompt_as_early(
+    monkeypatch, tmp_path, peer_off, earlier, ok
 ):
-    """Ours parting at step 1 on one stream: SGLang's flashmla_sparse served the same traffic decides.
-    It keeps the rule: ours fails (the breakage test above); it parts on two streams at step 2: ours
-    passes (one step fewer in all is chance); ours parting on every stream: significantly fewer, fails."""
+    """Ours parting from the offline reference at step 1 on one copy of prompt 1: SGLang's
+    flashmla_sparse served with the same traffic is the reference run again, each of its answers one
+    more run of its prompt, and a step where one parts is a tie."""
     fake_engines(monkeypatch)
-    started = fake_servers(monkeypatch, "stream off the rule", peer_off=(3, 9))
+    started = fake_servers(monkeypatch, "stream off the rule", peer_off=peer_off)
     status, rows = serve_rows(tmp_path)
-    assert status == 0, rows
+    assert status == (0 if ok else 1), rows
     note = rows["serve graphs: 32 streams tokens"]["note"]
-    assert "SGLang's flashmla_sparse served graphs breaks it too" in note
-    assert "of the 128 steps before the ties ours agreed 125, it 124" in note
+    served = "SGLang's flashmla_sparse served graphs (36 answers)"
+    assert f"{served} parts before the reference's first tie at (prompt: tie, step) {earlier}" in note
+    assert ok or "ours still breaks it at [(5, 1, " in note
     peers = [s for s in started if s["decode"] == "flashmla_sparse"]
-    assert len(peers) == 1 and peers[0]["graphs"] and peers[0]["copies"] == e2e.SERVE_COPIES  # shared by both
-    kept = json.loads((tmp_path / "sglang_sparse.json").read_text())[-1]  # its tokens, for a look afterwards
-    assert kept["part"] == "serve reference flashmla_sparse graphs" and kept["status"] == "ref"
-    assert kept["tokens"]["streams"][3] == [7, 8, 5, 5] and len(kept["tokens"]["batch"]) == 4
-    fake_servers(monkeypatch, "every stream off the rule", peer_off=(3, 9))
-    status, rows = serve_rows(tmp_path)
-    assert status == 1 and "(significantly fewer)" in rows["serve graphs: 32 streams tokens"]["note"]
+    assert len(peers) == 1 and peers[0]["graphs"] and peers[0]["copies"] == e2e.SERVE_COPIES
+    kept = json.loads((tmp_path / "sglang_sparse.json").read_text())  # the verdicts' inputs, for a look afterwards
+    offline, served = kept[-2], kept[-1]
+    assert offline["part"] == "serve reference flashmla_sparse offline" and offline["tokens"] == [TOKENS] * 4
+    assert len(offline["gaps"]) == len(offline["alone_tokens"]) == 4
+    assert served["part"] == "serve reference flashmla_sparse graphs" and served["status"] == "ref"
+    assert served["tokens"]["streams"][9] == peer_off.get(9, TOKENS) and len(served["tokens"]["batch"]) == 4
 
 
-def test_an_eager_server_s_break_is_calibrated_by_sglang_s_decode_served_eager_not_with_graphs(monkeypatch, tmp_path):
-    """Eager and graphed batches round their GEMMs differently, so a break of our eager server is
-    weighed against SGLang's flashmla_sparse served eager: where that one parts as often, ours passes;
-    where only its graphed server parts, ours fails."""
+@pytest.mark.parametrize(("peer_off_modes", "ok"), [((False,), True), ((True,), False)])
+def test_an_eager_server_s_break_is_weighed_by_sglang_s_decode_served_eager_not_with_graphs(
+    monkeypatch, tmp_path, peer_off_modes, ok
+):
+    """Eager and graphed batches round their GEMMs differently, so where our eager server breaks the
+    rule, SGLang's flashmla_sparse served eager is the reference run again, not its graphed server."""
     fake_engines(monkeypatch)
-    started = fake_servers(monkeypatch, "eager stream off the rule", peer_off=(3, 9), peer_off_modes=(False,))
+    started = fake_servers(monkeypatch, "eager stream off the rule", PROMPT_1_AT_STEP_1, peer_off_modes)
     status, rows = serve_rows(tmp_path)
-    assert status == 0, rows
+    assert status == (0 if ok else 1), rows
     note = rows["serve eager, checked: 32 streams tokens"]["note"]
-    assert "SGLang's flashmla_sparse served eager breaks it too" in note
-    peers = [s for s in started if s["decode"] == "flashmla_sparse"]
-    assert [p["graphs"] for p in peers] == [False]
-    fake_servers(monkeypatch, "eager stream off the rule", peer_off=(3, 9), peer_off_modes=(True,))
-    status, rows = serve_rows(tmp_path)
-    assert status == 1
-    assert "flashmla_sparse served eager keeps the rule" in rows["serve eager, checked: 32 streams tokens"]["note"]
+    assert "SGLang's flashmla_sparse served eager (36 answers) parts" in note
+    assert [p["graphs"] for p in started if p["decode"] == "flashmla_sparse"] == [False]
 
 
 def test_serve_modes_start_only_the_servers_asked_for_and_unknown_modes_are_refused(monkeypatch, tmp_path):
@@ -196,7 +205,8 @@ def test_serve_modes_start_only_the_servers_asked_for_and_unknown_modes_are_refu
     assert e2e.main([*argv, "--serve-modes", "eager"]) == 0
     assert [s["graphs"] for s in started] == [False]
     rows = json.loads((tmp_path / "sglang_sparse.json").read_text())
-    assert {r["part"].split(":")[0] for r in rows if r["part"].startswith("serve")} == {"serve eager, checked"}
+    served = {r["part"].split(":")[0] for r in rows if r["part"].startswith("serve")}
+    assert served == {"serve eager, checked", "serve reference flashmla_sparse offline"}
     with pytest.raises(SystemExit):
         e2e.parse([*argv, "--serve-modes", "graphs,offline"])
 

@@ -44,10 +44,15 @@ def agreement(
     """Per prompt: the first step where tokens differ and the first tie of the reference: a top-2
     gap below TIE_NATS, or a step where the reference and another run of vLLM's (its second
     backend, or the same backend run again) differ: vLLM itself is undecided there."""
+    return agreement_before(ours, ref, first_ties(ref, ref_gaps, *others))
+
+
+def agreement_before(ours: list[list[int]], ref: list[list[int]], ties: list[int]) -> dict:
+    """agreement's verdict with the reference's first ties given per prompt (``ties``)."""
     if len(ours) != len(ref):
         raise ValueError(f"{len(ours)} outputs for {len(ref)} reference prompts")
     divergent, failures = [], []
-    for i, (a, b, first_tie) in enumerate(zip(ours, ref, first_ties(ref, ref_gaps, *others))):
+    for i, (a, b, first_tie) in enumerate(zip(ours, ref, ties, strict=True)):
         differ = first_difference(a, b)
         if differ is None:
             continue
@@ -70,10 +75,16 @@ def first_ties(ref: list[list[int]], ref_gaps: list[list[float]], *others: list[
     return ties
 
 
-def steps_before_tie(ours: list[list[int]], ref: list[list[int]], ties: list[int]) -> list[int]:
-    """Per prompt, the greedy steps ours agrees with the reference before its first tie (``ties``): what
-    the tie rule asks for. Steps past the tie are free under the rule, so they say nothing of a run."""
-    return [min(steps, tie) for steps, tie in zip(steps_per_prompt(ours, ref), ties, strict=True)]
+def ties_with_repeats(ref: list[list[int]], ties: list[int], repeats: list[tuple[int, list[int]]]) -> list[int]:
+    """``ties`` brought forward to the first step where a repeat of a prompt (its index, its tokens:
+    the reference's backend answering the same prompt again, one answer of many) parts from the
+    reference: the engine is undecided there."""
+    ties = list(ties)
+    for prompt, tokens in repeats:
+        parts = first_difference(ref[prompt], tokens)
+        if parts is not None:
+            ties[prompt] = min(ties[prompt], parts)
+    return ties
 
 
 def steps_per_prompt(ours: list[list[int]], ref: list[list[int]]) -> list[int]:
