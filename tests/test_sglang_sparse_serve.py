@@ -71,9 +71,8 @@ def fake_servers(
         batch = [dict(answer) for _ in prompts]
         streams = [dict(answer, cached=len(p) - 1) for p in prompts * copies]
         broken = graphs and decode == e2e.OURS and breakage
-        if broken == "stream off the rule":
-            streams[5] = dict(answer, tokens=[7, 5, 5, 5])
-        if breakage == "eager stream off the rule" and not graphs and decode == e2e.OURS and scale == 1.0:
+        eager_checked = not graphs and decode == e2e.OURS and scale == 1.0
+        if broken == "stream off the rule" or (eager_checked and breakage == "eager stream off the rule"):
             streams[5] = dict(answer, tokens=[7, 5, 5, 5])
         if decode != e2e.OURS and graphs in peer_off_modes:
             off = peer_off or {}

@@ -65,14 +65,8 @@ def agreement_before(ours: list[list[int]], ref: list[list[int]], ties: list[int
 def first_ties(ref: list[list[int]], ref_gaps: list[list[float]], *others: list[list[int]]) -> list[int]:
     """Per prompt, the reference's first tie (agreement's): its first top-2 gap below TIE_NATS, or the
     first step where another run of the reference parts from it; its length where there is none."""
-    ties = []
-    for i, b in enumerate(ref):
-        first_tie = next((k for k, gap in enumerate(ref_gaps[i]) if gap < TIE_NATS), len(b))
-        for other in others:
-            undecided = first_difference(b, other[i])
-            first_tie = min(first_tie, len(b) if undecided is None else undecided)
-        ties.append(first_tie)
-    return ties
+    gap_ties = [next((k for k, gap in enumerate(gaps) if gap < TIE_NATS), len(b)) for b, gaps in zip(ref, ref_gaps)]
+    return ties_with_repeats(ref, gap_ties, [(i, other[i]) for other in others for i in range(len(ref))])
 
 
 def ties_with_repeats(ref: list[list[int]], ties: list[int], repeats: list[tuple[int, list[int]]]) -> list[int]:
