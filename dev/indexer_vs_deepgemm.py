@@ -1,6 +1,6 @@
 """Probe: DeepGEMM's indexer logits (what vLLM 0.26's DSA indexer calls on SM90) against ours
-(mla_backend.indexer, same arguments), at DeepSeek-V3.2's shape: 64 index heads x 128, pages of 64, an
-fp8 index cache of 132 bytes a token (128 e4m3 values, one fp32 scale).
+(mla_backend.indexer, same arguments), at DeepSeek-V3.2's shape: 64 index heads x 128 (INDEXER_HEADS=32:
+GLM-5's), pages of 64, an fp8 index cache of 132 bytes a token (128 e4m3 values, one fp32 scale).
 
 Error: both against float64 on random inputs, per row the worst |got - float64| over the row's scored
 positions as a fraction of the row's largest |logit|, worst row shown. Self-check: the same with one page
@@ -9,8 +9,9 @@ out large, or the comparison could not fail. Time: decode by CUDA-graph replay o
 caches past L2 (median, as dev/indexer_cost.py), prefill (causal rows, ragged K) by CUDA events.
 Run on the GPU after ``bash dev/install_deepgemm_on_gpu.sh && source /tmp/site/env.sh``, from the repo
 root: ``PYTHONPATH=.:tests python3 dev/indexer_vs_deepgemm.py`` (deep_gemm from $PYTHONPATH, else from
-$DEEPGEMM_SITE, default /tmp/site). ``--keys-major`` adds ours with keys as the tensor-core tile's rows
-(mla_backend.indexer_triton.KEYS_MAJOR) at a few tile sizes, measured the same way. Exits 1 if a check fails."""
+$DEEPGEMM_SITE, default /tmp/site). ``--keys-major`` adds ours at other tiles (mla_backend.indexer_triton's
+KEYS_MAJOR, ROW_TARGET, KEY_BLOCK): rows-major, and keys-major at a few sizes, measured the same way.
+Exits 1 if a check fails."""
 
 import importlib
 import os
@@ -23,7 +24,7 @@ from indexer_cases import away_from_zero, quantize_tokens, reference_paged64, wr
 from mla_backend import indexer
 from mla_backend.tools.bench import copies_past_l2, time_graph
 
-HEADS, DIM, PAGE = 64, 128, 64
+HEADS, DIM, PAGE = int(os.environ.get("INDEXER_HEADS", 64)), 128, 64
 TOKEN_BYTES = DIM + 4
 TOL, CORRUPT_MIN = 1e-2, 0.1  # clean error must be below TOL, corrupted above CORRUPT_MIN
 DECODE = ((1, 4096), (8, 4096), (32, 4096), (32, 16384), (32, 32768))
@@ -52,15 +53,19 @@ def our_ragged(q, k, scales, weights, starts, ends):
     return indexer.fp8_fp4_mqa_logits((q, None), (k, scales), weights, starts, ends, clean_logits=False)
 
 
-def keys_major(paged, ragged, row_target, key_block):
-    """Ours with mla_backend.indexer_triton's keys-major tiles of ``row_target`` (token, head) columns by
-    ``key_block`` prefill keys, set for each call (a graph captured around it keeps them)."""
+def tiled(paged, ragged, keys_major, row_target, key_block):
+    """Ours with mla_backend.indexer_triton's tiles of ``row_target`` (token, head) pairs by ``key_block``
+    prefill keys, keys-major or not, set for each call (a graph captured around it keeps them)."""
     from mla_backend import indexer_triton
 
     def wrap(fn):
         def call(*args):
             shipped = indexer_triton.KEYS_MAJOR, indexer_triton.ROW_TARGET, indexer_triton.KEY_BLOCK
-            indexer_triton.KEYS_MAJOR, indexer_triton.ROW_TARGET, indexer_triton.KEY_BLOCK = True, row_target, key_block
+            indexer_triton.KEYS_MAJOR, indexer_triton.ROW_TARGET, indexer_triton.KEY_BLOCK = (
+                keys_major,
+                row_target,
+                key_block,
+            )
             try:
                 return fn(*args)
             finally:
@@ -72,7 +77,8 @@ def keys_major(paged, ragged, row_target, key_block):
 
 
 IMPLS = {"DeepGEMM": (dg_paged, dg_ragged), "ours": (our_paged, our_ragged)}
-KEYS_MAJOR_TILES = ((128, 64), (256, 64), (128, 128), (256, 128))  # (columns, prefill keys) a program holds
+# (keys-major, (token, head) pairs, prefill keys) a program holds
+TILES = ((False, 128, 64), (True, 128, 64), (True, 256, 64), (True, 128, 128), (True, 256, 128))
 
 
 def row_error(got, want):
@@ -179,9 +185,11 @@ def prefill_us(fn, rows, keys):
 
 def main() -> int:
     if "--keys-major" in sys.argv[1:]:
-        for columns, keys in KEYS_MAJOR_TILES:
-            IMPLS[f"km {columns}x{keys}"] = keys_major(our_paged, our_ragged, columns, keys)
+        for keys_major, pairs, keys in TILES:
+            name = f"{'km' if keys_major else 'rows'} {pairs}x{keys}"
+            IMPLS[name] = tiled(our_paged, our_ragged, keys_major, pairs, keys)
     print(f"{torch.cuda.get_device_name()} ({NUM_SMS} SMs) | deep_gemm {deep_gemm.__version__} {deep_gemm.__file__}")
+    print(f"{HEADS} index heads x {DIM}, pages of {PAGE}")
     errors = accuracy()
     failed = [key for key, (clean, bad) in errors.items() if not (clean < TOL and bad > CORRUPT_MIN)]
     times = []  # (case, bytes read, {impl: us})

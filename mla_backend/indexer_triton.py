@@ -28,12 +28,13 @@ KEY_BLOCK = 64  # prefill keys a program scores per step
 # fp32 (2.4e-4 of a row's largest logit at V3.2's shape, dev/indexer_precision.py); "bf16" widens the
 # same values exactly and sums in fp32 (1.4e-7), at twice the decode time (H200).
 DOT_OPERANDS = "e4m3"
-ROW_TARGET = 128  # query rows x heads a program holds: one tensor-core tile of rows
+ROW_TARGET = 256  # (token, head) pairs a program holds: the tile's columns (keys-major) or rows
 PROGRAMS_PER_SM = 4
 # The tile's orientation: False, (token, head) rows by keys; True, keys by (token, head) columns, where
 # on SM90 (wgmma) the sum over heads stays within a warp instead of crossing warps through shared
-# memory (dev/indexer_tile_layout.py shows which; dev/indexer_vs_deepgemm.py --keys-major times both).
-KEYS_MAJOR = False
+# memory (dev/indexer_tile_layout.py shows which). Keys-major with 256 columns is the faster on the H200
+# at every decode and prefill shape timed (dev/indexer_vs_deepgemm.py --keys-major, docs/performance.md).
+KEYS_MAJOR = True
 
 
 @triton.jit
