@@ -40,7 +40,7 @@
 #   | deepgemm (dev/indexer_vs_deepgemm.py: our indexer logits against DeepGEMM's and float64; carry
 #     .gpu-deepgemm (bash dev/make_deepgemm_part.sh) beside .gpu: DeepGEMM is then installed into the
 #     site, and every vLLM part on that machine scores the DSA indexer with it; KEYS_MAJOR=1 also times
-#     the keys-major tiles of mla_backend.indexer_triton)
+#     other tiles of mla_backend.indexer_triton, rows-major and keys-major; INDEXER_HEADS=32: GLM-5's)
 #   | profile (Nsight Compute on ours and FlashMLA at SHAPE="heads batch seq [q_len]", FP8, and on the
 #     wheel in .gpu/ab/ as ours_base where carried: two builds of ours side by side; reports in $OUT)
 #   | ab (our times, dev/time_ours.py, alternating the wheel in .gpu/ab/ (base) and .gpu/dist/, 3 rounds)
